@@ -1,0 +1,64 @@
+"""The one task record every layer shares, and its JSON file I/O.
+
+A task file (`data/processed/train.json`, `dev.json`) is a JSON list of objects with exactly the
+fields of `Task`. Databases live Spider-style at `<db_root>/<db_id>/<db_id>.sqlite`, so one MCP
+server started with `--db-root` serves both the built-in data and Spider.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Difficulty = Literal["easy", "medium", "hard"]
+SpiderHardness = Literal["easy", "medium", "hard", "extra"]
+
+
+class Task(BaseModel):
+    """One text-to-SQL question with its gold query."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str = Field(description="Unique id, e.g. 'builtin-train-00017' or 'spider-dev-0042'.")
+    db_id: str = Field(description="Database id; the file is <db_root>/<db_id>/<db_id>.sqlite.")
+    question: str = Field(description="Natural-language question shown to the policy.")
+    gold_sql: str = Field(description="Reference SQLite query; executes on the database.")
+    difficulty: Difficulty = Field(description="Curriculum bucket (Spider 'extra' maps to 'hard').")
+    source: str = Field(default="builtin", description="'builtin' or 'spider'.")
+    split: str = Field(default="train", description="'train' or 'dev'.")
+    spider_hardness: SpiderHardness | None = Field(
+        default=None, description="Official Spider hardness, kept as-is (only for Spider tasks)."
+    )
+    template_id: str | None = Field(
+        default=None, description="Generator template for built-in tasks (for per-template analysis)."
+    )
+
+
+def db_path_for(db_root: str | Path, db_id: str) -> Path:
+    """Spider layout: `<db_root>/<db_id>/<db_id>.sqlite`."""
+    return Path(db_root) / db_id / f"{db_id}.sqlite"
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Read a task file (JSON list). Raises FileNotFoundError / ValueError with the path in the message."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file not found: {path}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, list):
+        raise ValueError(f"{path}: expected a JSON list of task objects")
+    return [Task.model_validate(item) for item in raw]
+
+
+def save_tasks(tasks: list[Task], path: str | Path) -> None:
+    """Write tasks deterministically (stable key order, indent 1, trailing newline)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = [t.model_dump(mode="json") for t in tasks]
+    path.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

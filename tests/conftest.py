@@ -1,0 +1,29 @@
+"""Shared fixtures. Async tests use anyio (`@pytest.mark.anyio`) on the asyncio backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUILTIN_DATA = REPO_ROOT / "data" / "processed"
+BUILTIN_DB_ROOT = BUILTIN_DATA / "databases"
+SPIDER_ROOT = (REPO_ROOT / ".." / "shared" / "spider").resolve()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def spider_root() -> Path:
+    if not (SPIDER_ROOT / "dev.json").is_file():
+        pytest.skip(f"Spider not found at {SPIDER_ROOT}")
+    return SPIDER_ROOT
