@@ -1,0 +1,347 @@
+"""Execution match: does the predicted SQL return the same result as the gold SQL?
+
+Semantics follow the official Spider test-suite evaluator (taoyds/test-suite-sql-eval,
+``exec_eval.py``: ``eval_exec_match`` + ``result_eq``), which accepts a prediction when some
+permutation of its columns makes its rows equal to the gold rows -- as a list when the gold query
+orders its result, as a multiset (bag) otherwise. Both queries run through
+``mcp_tools.sandbox.run_query`` (read-only, same timeouts as the ``execute_sql`` tool).
+
+How ``results_match`` decides, and where it deliberately differs from the official code:
+
+* Both empty -> match (whatever the columns); different row or column counts -> no match.
+* Column order: the official code enumerates permutations (all of them up to 3 columns, a
+  random-row-pruned set beyond). Here the search is exact and deterministic: a pred column can
+  stand for a gold column only if their value bags (their value sequences when order matters)
+  are equal -- a necessary condition -- and a backtracking search over those candidates checks
+  the projected rows at every step. Same answers as the official code, without its randomness.
+* Values are compared after canonicalisation: ``None`` equals ``None`` (NULL-safe, as Python's
+  ``==`` in the official code), booleans are ints, integral floats are ints (``1.0 == 1`` as in
+  Python), other floats are rounded to 10 significant digits so ``0.1 + 0.2`` matches ``0.3``
+  (DIFFERENCE: the official code compares floats exactly; relative tolerance here ~5e-11).
+  Strings and blobs compare exactly; ``'1'`` never equals ``1`` (as in the official code).
+* Order sensitivity: only a top-level ORDER BY of the gold query (found with sqlglot) makes row
+  order matter (DIFFERENCE: the official code checks ``'order by' in gold.lower()``, so an ORDER
+  BY inside a subquery -- ``WHERE x = (SELECT ... ORDER BY ... LIMIT 1)`` -- also counts there).
+* DISTINCT is kept (DIFFERENCE: the official default deletes every DISTINCT token from both
+  queries unless run with ``--keep_distinct``, which also turns ``COUNT(DISTINCT x)`` into
+  ``COUNT(x)``). ``spider_official=True`` reproduces the official defaults for comparable
+  evaluation numbers: DISTINCT removal, its ``'> ='`` -> ``'>='`` fix-ups, substring ORDER BY
+  detection and exact float comparison.
+* LIMIT with ties: results are compared, not intent, so ``ORDER BY score DESC LIMIT 1`` with a
+  tie may legitimately return another row than gold and then does not match (official: same).
+* A prediction that fails (syntax error, write attempt, timeout, ...) does not match. A gold query
+  that fails raises ``GoldQueryError``: that is a dataset bug, not the policy's fault.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mcp_tools.sandbox import QueryResult, SandboxError, run_query
+from skyrl_tool_agent.rewards.sqlnorm import has_top_level_order_by, remove_distinct_tokens
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ExecutionComparison",
+    "GoldQueryError",
+    "GoldResultCache",
+    "compare_execution",
+    "execution_match",
+    "gold_order_matters",
+    "results_match",
+]
+
+#: Significant digits kept when comparing non-integral floats.
+FLOAT_SIGNIFICANT_DIGITS = 10
+#: Upper bound on search nodes when matching columns (only reached by pathological results with
+#: many columns holding identical value bags); beyond it the results count as different.
+MAX_COLUMN_SEARCH_NODES = 20_000
+
+Rows = Sequence[Sequence[Any]]
+
+
+class GoldQueryError(RuntimeError):
+    """The gold SQL failed on its own database: a dataset bug, reported loudly."""
+
+
+class _NaN:
+    """Stand-in for float NaN so that NaN == NaN inside a result comparison."""
+
+    def __repr__(self) -> str:
+        return "NaN"
+
+
+_NAN = _NaN()
+
+
+def _canon_value(value: Any, float_tolerant: bool) -> Any:
+    """Canonical, hashable form of one cell (see the module docstring)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return _NAN
+        if math.isinf(value):
+            return value
+        if value.is_integer():
+            return int(value)
+        if float_tolerant:
+            rounded = float(f"{value:.{FLOAT_SIGNIFICANT_DIGITS}g}")
+            return int(rounded) if rounded.is_integer() else rounded
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    return value
+
+
+def _rows_of(result: QueryResult | Rows) -> list[tuple[Any, ...]]:
+    rows = result.rows if isinstance(result, QueryResult) else result
+    return [tuple(row) for row in rows]
+
+
+def results_match(
+    pred: QueryResult | Rows,
+    gold: QueryResult | Rows,
+    order_matters: bool,
+    *,
+    float_tolerant: bool = True,
+) -> bool:
+    """Whether ``pred`` denotes the same result as ``gold`` (pure; see the module docstring).
+
+    True when some permutation of pred's columns makes its rows equal to gold's: in the same
+    order if ``order_matters``, as multisets otherwise.
+    """
+    gold_rows = [tuple(_canon_value(v, float_tolerant) for v in r) for r in _rows_of(gold)]
+    pred_rows = [tuple(_canon_value(v, float_tolerant) for v in r) for r in _rows_of(pred)]
+    if not gold_rows and not pred_rows:
+        return True
+    if len(gold_rows) != len(pred_rows):
+        return False
+    n_cols = len(gold_rows[0])
+    if any(len(r) != n_cols for r in gold_rows) or any(len(r) != n_cols for r in pred_rows):
+        return False
+    if not order_matters and Counter(map(_unordered_row, gold_rows)) != Counter(
+        map(_unordered_row, pred_rows)
+    ):
+        return False  # quick rejection, as the official quick_rej (rows compared as bags of cells)
+
+    def signature(rows: list[tuple[Any, ...]], col: int) -> Any:
+        values = tuple(r[col] for r in rows)
+        return values if order_matters else frozenset(Counter(values).items())
+
+    gold_sigs = [signature(gold_rows, c) for c in range(n_cols)]
+    pred_sigs = [signature(pred_rows, c) for c in range(n_cols)]
+    # Pred columns with identical value sequences are interchangeable: try one per class.
+    pred_class = {}
+    class_of = [pred_class.setdefault(tuple(r[c] for r in pred_rows), c) for c in range(n_cols)]
+    candidates = [[j for j in range(n_cols) if pred_sigs[j] == gold_sigs[i]] for i in range(n_cols)]
+    if any(not c for c in candidates):
+        return False
+
+    def projection_equal(assigned: list[int]) -> bool:
+        k = len(assigned)
+        g = [r[:k] for r in gold_rows]
+        p = [tuple(r[j] for j in assigned) for r in pred_rows]
+        return g == p if order_matters else Counter(g) == Counter(p)
+
+    budget = [MAX_COLUMN_SEARCH_NODES]
+
+    def search(assigned: list[int], used: set[int]) -> bool:
+        if len(assigned) == n_cols:
+            return projection_equal(assigned)
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        options: list[int] = []
+        for j in candidates[len(assigned)]:
+            if j not in used and all(class_of[j] != class_of[o] for o in options):
+                options.append(j)
+        for j in options:
+            assigned.append(j)
+            used.add(j)
+            # Prune with the projected rows only where there is a choice; forced steps are
+            # checked once, at the end (keeps wide, long results linear).
+            if (len(options) == 1 or projection_equal(assigned)) and search(assigned, used):
+                return True
+            assigned.pop()
+            used.discard(j)
+        return False
+
+    found = search([], set())
+    if not found and budget[0] < 0:
+        logger.warning("column matching gave up after %d nodes (%d columns)", MAX_COLUMN_SEARCH_NODES, n_cols)
+    return found
+
+
+def _unordered_row(row: tuple[Any, ...]) -> frozenset[tuple[Any, int]]:
+    return frozenset(Counter(row).items())
+
+
+class GoldResultCache:
+    """Bounded, thread-safe LRU of gold query results keyed by (database path, gold SQL).
+
+    Gold queries are re-run for every episode of a task (many per GRPO group); their results never
+    change because the databases are opened read-only.
+    """
+
+    def __init__(self, maxsize: int = 4096) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+        self.maxsize = maxsize
+        self._data: OrderedDict[tuple[str, str], QueryResult] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def _key(db_path: str | Path, sql: str) -> tuple[str, str]:
+        return (str(Path(db_path).resolve()), sql)
+
+    def get(self, db_path: str | Path, sql: str) -> QueryResult | None:
+        """The cached result (counted as a hit) or None (counted as a miss)."""
+        key = self._key(db_path, sql)
+        with self._lock:
+            result = self._data.get(key)
+            if result is None:
+                self.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.hits += 1
+            return result
+
+    def put(self, db_path: str | Path, sql: str, result: QueryResult) -> None:
+        """Store a result, evicting the least recently used entry beyond ``maxsize``."""
+        key = self._key(db_path, sql)
+        with self._lock:
+            self._data[key] = result
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def get_or_run(self, db_path: str | Path, sql: str, run: Callable[[], QueryResult]) -> QueryResult:
+        """Cached result, else ``run()`` (outside the lock: two threads may both run it) and store."""
+        result = self.get(db_path, sql)
+        if result is None:
+            result = run()
+            self.put(db_path, sql, result)
+        return result
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits / lookups (0.0 before the first lookup)."""
+        with self._lock:
+            total = self.hits + self.misses
+            return self.hits / total if total else 0.0
+
+    def clear(self) -> None:
+        """Drop all entries and reset the counters."""
+        with self._lock:
+            self._data.clear()
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._data)
+
+
+@dataclass(frozen=True)
+class ExecutionComparison:
+    """Outcome of ``compare_execution``: the verdict and, if the prediction failed, why."""
+
+    match: bool
+    pred_error: str | None = None
+    pred_error_kind: str | None = None  # a SandboxError kind, or "unparseable"
+
+
+def gold_order_matters(gold_sql: str, *, spider_official: bool = False) -> bool:
+    """Whether row order matters: the gold query has a top-level ORDER BY.
+
+    With ``spider_official`` (or when sqlglot cannot parse the gold) the official evaluator's
+    substring test ``'order by' in gold.lower()`` is used.
+    """
+    if not spider_official:
+        top_level = has_top_level_order_by(gold_sql)
+        if top_level is not None:
+            return top_level
+    return "order by" in gold_sql.lower()
+
+
+def _official_postprocess(sql: str) -> str:
+    return sql.replace("> =", ">=").replace("< =", "<=").replace("! =", "!=")
+
+
+def compare_execution(
+    pred_sql: str,
+    gold_sql: str,
+    db_path: str | Path,
+    *,
+    timeout_s: float = 5.0,
+    cache: GoldResultCache | None = None,
+    spider_official: bool = False,
+) -> ExecutionComparison:
+    """Run both queries in the sandbox and compare their results (module docstring).
+
+    Raises GoldQueryError if the gold query fails; a failing prediction is a non-match whose
+    error is reported in the returned object.
+    """
+    if spider_official:
+        pred_sql, gold_sql = _official_postprocess(pred_sql), _official_postprocess(gold_sql)
+        gold_stripped = remove_distinct_tokens(gold_sql)
+        if gold_stripped is None:
+            raise GoldQueryError(f"gold SQL does not tokenize: {gold_sql!r}")
+        gold_sql = gold_stripped
+        pred_stripped = remove_distinct_tokens(pred_sql)
+        if pred_stripped is None:
+            return ExecutionComparison(False, "prediction does not tokenize", "unparseable")
+        pred_sql = pred_stripped
+
+    def run_gold() -> QueryResult:
+        try:
+            return run_query(db_path, gold_sql, timeout_s=timeout_s, max_rows=None)
+        except SandboxError as exc:
+            raise GoldQueryError(
+                f"gold SQL failed on {db_path} ({exc.kind}: {exc}); fix the dataset: {gold_sql!r}"
+            ) from exc
+
+    gold = cache.get_or_run(db_path, gold_sql, run_gold) if cache is not None else run_gold()
+    try:
+        # One row more than gold is enough to know they differ; no need to fetch a huge result.
+        pred = run_query(db_path, pred_sql, timeout_s=timeout_s, max_rows=gold.row_count + 1)
+    except SandboxError as exc:
+        return ExecutionComparison(False, str(exc), exc.kind)
+    if pred.truncated:
+        return ExecutionComparison(False, None, None)
+    order_matters = gold_order_matters(gold_sql, spider_official=spider_official)
+    match = results_match(pred, gold, order_matters, float_tolerant=not spider_official)
+    return ExecutionComparison(match)
+
+
+def execution_match(
+    pred_sql: str,
+    gold_sql: str,
+    db_path: str | Path,
+    *,
+    timeout_s: float = 5.0,
+    cache: GoldResultCache | None = None,
+    spider_official: bool = False,
+) -> bool:
+    """True when ``pred_sql`` returns the same result as ``gold_sql`` on ``db_path``.
+
+    Spider execution-accuracy semantics (module docstring). A failing or timed-out prediction is
+    False; a failing gold query raises GoldQueryError.
+    """
+    return compare_execution(
+        pred_sql, gold_sql, db_path, timeout_s=timeout_s, cache=cache, spider_official=spider_official
+    ).match
