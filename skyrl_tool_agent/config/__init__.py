@@ -1,0 +1,78 @@
+"""The one config schema for every YAML file, `load_config`, `--set` overrides and one-line errors.
+
+Layout (one module per file it validates):
+
+* `model.ModelConfig`       configs/model_config.yaml
+* `training.TrainingConfig` configs/training_config.yaml
+* `grpo.GRPOConfig`         configs/grpo_config.yaml
+* `env.EnvConfig`           configs/env_config.yaml
+* `distributed`             configs/accelerate_config.yaml, configs/deepspeed_config.json (permissive, on demand)
+* `loader`                  `Config` (the four sections) and `load_config`
+* `overrides`, `yaml_io`    `--set` parsing, error rendering, YAML read/write
+* `errors`                  `UserInputError`, `ConfigError`, `cli_main_guard` (exit 2, one `error:` line)
+* `cli`                     `add_config_args` / `config_from_args` for the scripts
+
+Every knob is documented once, in its `Field(description=...)`; the shipped YAML files are
+generated from the schemas (`python -m skyrl_tool_agent.config write-defaults configs`) and hold
+the CPU defaults, with the H100 value in each comment. This package never imports torch.
+"""
+
+from __future__ import annotations
+
+from skyrl_tool_agent.config.cli import add_config_args, config_from_args
+from skyrl_tool_agent.config.distributed import AccelerateConfig, DeepSpeedConfig
+from skyrl_tool_agent.config.env import (
+    CollectorConfig,
+    EnvConfig,
+    MCPServerConfig,
+    RewardConfig,
+)
+from skyrl_tool_agent.config.errors import ConfigError, UserInputError, cli_main_guard
+from skyrl_tool_agent.config.grpo import (
+    BatcherConfig,
+    CurriculumConfig,
+    DifficultyMix,
+    GRPOConfig,
+    TurnLevelCreditConfig,
+)
+from skyrl_tool_agent.config.loader import (
+    Config,
+    ConfigSources,
+    load_accelerate_config,
+    load_config,
+    load_deepspeed_config,
+)
+from skyrl_tool_agent.config.model import EMBEDDED, LoraConfig, ModelConfig, QuantizationConfig
+from skyrl_tool_agent.config.training import DataConfig, PushToHubConfig, TrainingConfig, WandbConfig
+
+__all__ = [
+    "EMBEDDED",
+    "AccelerateConfig",
+    "BatcherConfig",
+    "CollectorConfig",
+    "Config",
+    "ConfigError",
+    "ConfigSources",
+    "CurriculumConfig",
+    "DataConfig",
+    "DeepSpeedConfig",
+    "DifficultyMix",
+    "EnvConfig",
+    "GRPOConfig",
+    "LoraConfig",
+    "MCPServerConfig",
+    "ModelConfig",
+    "PushToHubConfig",
+    "QuantizationConfig",
+    "RewardConfig",
+    "TrainingConfig",
+    "TurnLevelCreditConfig",
+    "UserInputError",
+    "WandbConfig",
+    "add_config_args",
+    "cli_main_guard",
+    "config_from_args",
+    "load_accelerate_config",
+    "load_config",
+    "load_deepspeed_config",
+]

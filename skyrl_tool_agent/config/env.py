@@ -1,0 +1,166 @@
+"""`EnvConfig` (configs/env_config.yaml): MCP tool servers, timeouts, turn format, reward weights,
+rollout concurrency.
+
+Server commands may use placeholders, filled when the servers are started (`resolved_servers`):
+
+* ``${db_root}`` in `command`, `args`, `env` values or `cwd` becomes the absolute database root
+  (training.data.db_root, or the dataset's default). No other names exist; an unknown
+  ``${...}`` is a config error. There is no escape syntax (no server needs a literal ``${``).
+* A `command` that is literally ``python`` becomes `sys.executable`, so servers run in the same
+  interpreter/virtualenv as the trainer.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from skyrl_tool_agent.config.base import Section, knob
+
+#: Placeholder names `${...}` understood in MCP server specs.
+PLACEHOLDERS: tuple[str, ...] = ("db_root",)
+_PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    """Replace each `${name}` in `text` by `values[name]` (names must be known; see module doc)."""
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+
+
+def _check_placeholders(text: str) -> str:
+    for name in _PLACEHOLDER.findall(text):
+        if name not in PLACEHOLDERS:
+            known = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
+            raise ValueError(f"unknown placeholder '${{{name}}}' (known: {known})")
+    return text
+
+
+class MCPServerConfig(Section):
+    """One MCP server, started as a stdio subprocess."""
+
+    name: str = knob(..., "Server name (unique; tools are routed by it).", pattern=r"^[A-Za-z0-9_.-]+$")
+    command: str = knob(..., "Executable; 'python' = the trainer's interpreter.", min_length=1)
+    args: list[str] = knob(default_factory=list, description="Arguments; ${db_root} is filled in.")
+    env: dict[str, str] = knob(
+        default_factory=dict, description="Extra environment variables for the server process."
+    )
+    cwd: str | None = knob(None, "Working directory of the server; null = the trainer's.")
+
+    @field_validator("command", "cwd")
+    @classmethod
+    def _known_placeholders(cls, value: str | None) -> str | None:
+        return None if value is None else _check_placeholders(value)
+
+    @field_validator("args")
+    @classmethod
+    def _known_placeholders_args(cls, value: list[str]) -> list[str]:
+        for item in value:
+            _check_placeholders(item)
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _known_placeholders_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for item in value.values():
+            _check_placeholders(item)
+        return value
+
+    def resolved(self, db_root: str | Path) -> MCPServerConfig:
+        """A copy with placeholders filled and `python` pinned to `sys.executable`."""
+        values = {"db_root": str(Path(db_root).expanduser().resolve())}
+        command = sys.executable if self.command == "python" else substitute(self.command, values)
+        return MCPServerConfig(
+            name=self.name,
+            command=command,
+            args=[substitute(a, values) for a in self.args],
+            env={k: substitute(v, values) for k, v in self.env.items()},
+            cwd=None if self.cwd is None else substitute(self.cwd, values),
+        )
+
+
+def _default_servers() -> list[MCPServerConfig]:
+    return [
+        MCPServerConfig(
+            name="sqlite",
+            command="python",
+            args=["-m", "mcp_tools.sqlite_server", "--db-root", "${db_root}"],
+        )
+    ]
+
+
+class RewardConfig(Section):
+    """Reward terms. The reward is execution_weight * execution, plus, only when
+    env.shaping_rewards is on, the format, syntax and partial terms."""
+
+    execution_weight: float = knob(
+        1.0,
+        "Weight of execution accuracy. Spider semantics: the answer's result set equals the gold "
+        "query's; row order only matters when the gold query has ORDER BY.",
+        ge=0,
+    )
+    format_weight: float = knob(
+        0.1, "Weight of format: well-formed tool calls and exactly one final answer.", ge=0
+    )
+    syntax_weight: float = knob(0.05, "Weight of syntax: sqlglot parses the answer as SQLite.", ge=0)
+    partial_weight: float = knob(
+        0.2,
+        "Weight of partial credit (only when execution fails). It is the sqlglot overlap of "
+        "tables, columns, aggregates and conditions with the gold query.",
+        ge=0,
+    )
+    gold_cache_size: int = knob(4096, "Gold-query results cached (LRU entries).", ge=0)
+
+
+class CollectorConfig(Section):
+    """The async trajectory collector."""
+
+    concurrency: int = knob(16, "Episodes in flight at once.", h100=64, ge=1)
+    max_episode_retries: int = knob(
+        1, "Retries of an episode failed by infrastructure. That is a server crash or timeout, not a "
+        "wrong answer.",
+        ge=0,
+    )
+
+
+class EnvConfig(Section):
+    """The tool environment: MCP servers, timeouts, turn format, rewards, collector."""
+
+    mcp_servers: list[MCPServerConfig] = knob(
+        default_factory=_default_servers,
+        description="MCP servers to start (see module doc for ${db_root} and 'python').",
+        min_length=1,
+    )
+    call_timeout_s: float = knob(10.0, "Client-side limit for one tool call, in seconds.", gt=0)
+    sql_timeout_s: float = knob(5.0, "Limit for one SQL query inside the sandbox, in seconds.", gt=0)
+    sessions_per_server: int = knob(
+        1, "MCP client sessions (server processes) per server spec.", h100=4, ge=1
+    )
+    tool_call_format: Literal["hermes", "skyrl_sql"] = knob(
+        "hermes",
+        "Turn format and final-answer tags. hermes = Qwen2.5 function calling, "
+        "<tool_call>{json}</tool_call>, final answer "
+        "<answer>SQL</answer>; skyrl_sql = SkyRL-SQL tags, <sql>...</sql> runs a query and "
+        "<solution>...</solution> is the final answer (skyrl_tool_agent.env.parsing is the "
+        "reference).",
+    )
+    shaping_rewards: bool = knob(
+        False, "Add the format, syntax and partial reward terms (else execution only)."
+    )
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward weights.")
+    collector: CollectorConfig = Field(default_factory=CollectorConfig, description="Rollout collector.")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> EnvConfig:
+        names = [s.name for s in self.mcp_servers]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"mcp_servers: duplicate server names {duplicates}")
+        return self
+
+    def resolved_servers(self, db_root: str | Path) -> list[MCPServerConfig]:
+        """The servers with placeholders filled for this database root (see module doc)."""
+        return [server.resolved(db_root) for server in self.mcp_servers]

@@ -1,0 +1,75 @@
+"""User-facing errors and the CLI guard that turns them into one `error: ...` line and exit status 2.
+
+Library code raises `UserInputError` (or its subclass `ConfigError`) for mistakes the user can fix
+(a bad config value, a missing file they named); scripts wrap their entry point in
+`cli_main_guard()` so such mistakes never print a traceback. Programming errors still do.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import ContextDecorator
+from types import TracebackType
+
+#: Exit status for user errors, as argparse uses for bad command lines.
+USER_ERROR_EXIT = 2
+#: Exit status after Ctrl-C (128 + SIGINT), the shell convention.
+INTERRUPTED_EXIT = 130
+
+
+def one_line(text: str) -> str:
+    """Collapse whitespace runs (including newlines) so a message prints as exactly one line."""
+    return " ".join(str(text).split())
+
+
+class UserInputError(Exception):
+    """A mistake in what the user supplied (a path, a value); its str is one line saying what and where."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
+
+class ConfigError(UserInputError):
+    """An invalid config: str names the file (or the `--set` override) and the field, on one line.
+
+    Examples::
+
+        configs/grpo_config.yaml: group_size: Input should be a valid integer, ... (got 'four')
+        configs/training_config.yaml: unknown key 'learning_rat' (did you mean 'learning_rate'?)
+        config file not found: configs/model_config.yaml
+        --set grpo.group_size=x: group_size: Input should be a valid integer, ... (got 'x')
+    """
+
+
+class cli_main_guard(ContextDecorator):  # noqa: N801 - reads as a function at call sites
+    """Context manager / decorator for script entry points.
+
+    A `UserInputError` (and any type in `also`, e.g. `FileNotFoundError`) is printed to stderr as
+    ``error: <one line>`` and the process exits with status 2; Ctrl-C exits with status 130 after
+    ``interrupted``. Everything else propagates (with its traceback: that is a bug).
+
+        @cli_main_guard()
+        def main() -> None: ...
+
+        with cli_main_guard(also=(FileNotFoundError,)):
+            cfg = load_config(...)
+    """
+
+    def __init__(self, also: tuple[type[BaseException], ...] = ()) -> None:
+        self.also = tuple(also)
+
+    def __enter__(self) -> cli_main_guard:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc is None:
+            return False
+        if isinstance(exc, (UserInputError, *self.also)):
+            print(f"error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+            raise SystemExit(USER_ERROR_EXIT) from None
+        if isinstance(exc, KeyboardInterrupt):
+            print("interrupted", file=sys.stderr, flush=True)
+            raise SystemExit(INTERRUPTED_EXIT) from None
+        return False

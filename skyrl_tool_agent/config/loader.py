@@ -1,0 +1,275 @@
+"""`Config` (the four sections composed) and `load_config`, which reads configs/*.yaml, applies
+`--set` overrides, validates, and reports any problem as one `ConfigError` line."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from skyrl_tool_agent.config.base import Section
+from skyrl_tool_agent.config.distributed import AccelerateConfig, DeepSpeedConfig
+from skyrl_tool_agent.config.env import EnvConfig, MCPServerConfig
+from skyrl_tool_agent.config.errors import ConfigError
+from skyrl_tool_agent.config.grpo import GRPOConfig
+from skyrl_tool_agent.config.model import ModelConfig
+from skyrl_tool_agent.config.overrides import Loc, Override, apply_override, parse_override, validation_message
+from skyrl_tool_agent.config.training import TrainingConfig
+from skyrl_tool_agent.config.yaml_io import read_json_mapping, read_yaml_mapping, render_section
+
+DEFAULT_CONFIG_DIR = "configs"
+#: Section name -> (schema, file name in the config directory). The first four make up `Config`.
+SECTIONS: dict[str, tuple[type[Section], str]] = {
+    "model": (ModelConfig, "model_config.yaml"),
+    "training": (TrainingConfig, "training_config.yaml"),
+    "grpo": (GRPOConfig, "grpo_config.yaml"),
+    "env": (EnvConfig, "env_config.yaml"),
+    "accelerate": (AccelerateConfig, "accelerate_config.yaml"),
+    "deepspeed": (DeepSpeedConfig, "deepspeed_config.json"),
+}
+CORE_SECTIONS = ("model", "training", "grpo", "env")
+#: The source file each schema is defined in (named in the generated YAML headers).
+SCHEMA_MODULES = {"model": "model.py", "training": "training.py", "grpo": "grpo.py", "env": "env.py"}
+
+
+@dataclass(frozen=True)
+class ConfigSources:
+    """Where a `Config` came from: the file of each section and the `--set` overrides."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    overrides: tuple[Override, ...] = ()
+
+    def overrides_for(self, section: str) -> list[Override]:
+        return [o for o in self.overrides if o.section == section]
+
+
+def cross_check(model: ModelConfig, training: TrainingConfig, grpo: GRPOConfig) -> list[tuple[str, Loc, str]]:
+    """Rules spanning files, as (section, field location, message)."""
+    problems: list[tuple[str, Loc, str]] = []
+    if model.quantization.load_in_4bit and training.mode != "lora":
+        problems.append(
+            ("model", ("quantization", "load_in_4bit"), "4-bit loading (QLoRA) needs training.mode=lora, got full")
+        )
+    accumulation = training.gradient_accumulation
+    if accumulation is not None and not grpo.batcher.enabled:
+        micro_batches = nominal_micro_batches(training, grpo)
+        if accumulation > micro_batches:
+            problems.append(
+                (
+                    "training",
+                    ("gradient_accumulation",),
+                    f"{accumulation} is more than the {micro_batches} micro-batches a step has "
+                    f"(tasks_per_step {training.tasks_per_step} x group_size {grpo.group_size} / "
+                    f"micro_batch_size {training.micro_batch_size})",
+                )
+            )
+    return problems
+
+
+def nominal_micro_batches(training: TrainingConfig, grpo: GRPOConfig) -> int:
+    """Micro-batches in one update epoch of a step with no filtered groups (fixed tasks_per_step)."""
+    return math.ceil(training.tasks_per_step * grpo.group_size / training.micro_batch_size)
+
+
+class Config(BaseModel):
+    """Everything a run needs: the four validated sections, plus the accelerate and DeepSpeed
+    files loaded on demand (`load_accelerate()`, `load_deepspeed()`) by multi-GPU runs."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="configs/model_config.yaml")
+    training: TrainingConfig = Field(default_factory=TrainingConfig, description="configs/training_config.yaml")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="configs/grpo_config.yaml")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="configs/env_config.yaml")
+
+    _sources: ConfigSources = PrivateAttr(default_factory=ConfigSources)
+    _distributed: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        problems = cross_check(self.model, self.training, self.grpo)
+        if problems:
+            section, loc, message = problems[0]
+            raise ValueError(f"{section}.{'.'.join(map(str, loc))}: {message}")
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the four sections are; where they were loaded from does not matter."""
+        if not isinstance(other, Config):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in CORE_SECTIONS)
+
+    __hash__ = None  # type: ignore[assignment] - mutable, like every pydantic model
+
+    # ------------------------------------------------------------------ provenance and dumps
+    @property
+    def sources(self) -> ConfigSources:
+        """The files and overrides this config was loaded from (empty when built in code)."""
+        return self._sources
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible {'model': ..., 'training': ..., 'grpo': ..., 'env': ...}."""
+        return self.model_dump(mode="json")
+
+    def dump_yaml(self) -> str:
+        """The resolved config as one YAML document (sections in file order), for run logs."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    def save(self, directory: str | Path) -> dict[str, Path]:
+        """Write each section as its own commented YAML file into `directory`, so that
+        `load_config(directory)` reproduces this config. Returns section -> written path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        written = {}
+        for name in CORE_SECTIONS:
+            path = directory / SECTIONS[name][1]
+            path.write_text(section_yaml(name, getattr(self, name)), encoding="utf-8")
+            written[name] = path
+        return written
+
+    # ------------------------------------------------------------------ derived values
+    def nominal_gradient_accumulation(self) -> int:
+        """Micro-batches per optimizer step: `training.gradient_accumulation`, or (null) all
+        micro-batches of a step, assuming no filtered groups and the fixed tasks_per_step."""
+        return self.training.gradient_accumulation or nominal_micro_batches(self.training, self.grpo)
+
+    def deepspeed_auto_values(self) -> dict[str, int | float]:
+        """Values for the DeepSpeed 'auto' keys that accelerate cannot fill without a dataloader:
+        assign them into `accelerator.state.deepspeed_plugin.deepspeed_config` before `prepare`."""
+        return {
+            "train_micro_batch_size_per_gpu": self.training.micro_batch_size,
+            "gradient_accumulation_steps": self.nominal_gradient_accumulation(),
+            "gradient_clipping": self.training.max_grad_norm,
+        }
+
+    def db_root(self) -> Path:
+        """The database root the run uses (training.data.db_root or the dataset's default)."""
+        return self.training.data.resolved_db_root()
+
+    def mcp_servers(self) -> list[MCPServerConfig]:
+        """env.mcp_servers with ${db_root} filled from `db_root()` and `python` pinned."""
+        return self.env.resolved_servers(self.db_root())
+
+    # ------------------------------------------------------------------ on-demand files
+    def load_accelerate(self) -> AccelerateConfig:
+        """configs/accelerate_config.yaml (or the path given to load_config), validated; cached."""
+        if "accelerate" not in self._distributed:
+            path = self._sources.files.get("accelerate", str(Path(DEFAULT_CONFIG_DIR) / SECTIONS["accelerate"][1]))
+            self._distributed["accelerate"] = load_accelerate_config(
+                path, [o.text for o in self._sources.overrides_for("accelerate")]
+            )
+        return self._distributed["accelerate"]
+
+    def load_deepspeed(self) -> DeepSpeedConfig:
+        """configs/deepspeed_config.json, validated for `training.mode` (ZeRO-3 for full, bf16); cached."""
+        if "deepspeed" not in self._distributed:
+            path = self._sources.files.get("deepspeed", str(Path(DEFAULT_CONFIG_DIR) / SECTIONS["deepspeed"][1]))
+            self._distributed["deepspeed"] = load_deepspeed_config(
+                path, [o.text for o in self._sources.overrides_for("deepspeed")], mode=self.training.mode
+            )
+        return self._distributed["deepspeed"]
+
+
+def section_yaml(name: str, value: BaseModel, profile: str = "cpu") -> str:
+    """A core section as the commented YAML file it is stored in (see yaml_io.render_section)."""
+    schema, filename = SECTIONS[name]
+    other = "CPU" if profile == "h100" else "H100"
+    header = [
+        f"{filename}: {(schema.__doc__ or '').strip().splitlines()[0]}",
+        f"Values: the {'H100 (Qwen2.5-1.5B)' if profile == 'h100' else 'CPU (embedded tiny model)'} profile; "
+        f"comments give the {other} value where it differs.",
+        f"Each knob is documented once, in skyrl_tool_agent/config/{SCHEMA_MODULES[name]} (Field descriptions).",
+        "Regenerate: python -m skyrl_tool_agent.config write-defaults configs"
+        + (" --profile h100" if profile == "h100" else ""),
+    ]
+    return render_section(value, header, profile)
+
+
+def _parse_overrides(overrides: Sequence[str]) -> tuple[Override, ...]:
+    if isinstance(overrides, str):  # a lone string would be iterated character by character
+        overrides = [overrides]
+    return tuple(parse_override(text, tuple(SECTIONS)) for text in overrides)
+
+
+def _validate(name: str, data: dict[str, Any], shown: str, overrides: Sequence[Override]) -> Section:
+    schema = SECTIONS[name][0]
+    data = copy.deepcopy(data)
+    written: list[tuple[Loc, Override]] = [(apply_override(data, o), o) for o in overrides]
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, schema, shown, written)) from None
+
+
+def _read(path: str | Path) -> dict[str, Any]:
+    """A config file's top-level mapping (JSON for *.json, else YAML); errors name it as given."""
+    shown = str(path)
+    return read_json_mapping(path, shown) if shown.endswith(".json") else read_yaml_mapping(path, shown)
+
+
+def load_accelerate_config(path: str | Path, overrides: Sequence[str] = ()) -> AccelerateConfig:
+    """Read and validate an accelerate launcher config (`accelerate.*` overrides apply)."""
+    parsed = [o for o in _parse_overrides(overrides) if o.section == "accelerate"]
+    result = _validate("accelerate", _read(path), str(path), parsed)
+    assert isinstance(result, AccelerateConfig)
+    return result
+
+
+def load_deepspeed_config(path: str | Path, overrides: Sequence[str] = (), *, mode: str = "full") -> DeepSpeedConfig:
+    """Read and validate a DeepSpeed JSON for training.mode `mode` (`deepspeed.*` overrides apply)."""
+    parsed = [o for o in _parse_overrides(overrides) if o.section == "deepspeed"]
+    result = _validate("deepspeed", _read(path), str(path), parsed)
+    assert isinstance(result, DeepSpeedConfig)
+    for loc, message in result.check_for_mode(mode):
+        raise ConfigError(f"{path}: {loc}: {message}")
+    return result
+
+
+def load_config(
+    config_dir: str | Path = DEFAULT_CONFIG_DIR,
+    overrides: Sequence[str] = (),
+    *,
+    model_config: str | Path | None = None,
+    training_config: str | Path | None = None,
+    grpo_config: str | Path | None = None,
+    env_config: str | Path | None = None,
+    accelerate_config: str | Path | None = None,
+    deepspeed_config: str | Path | None = None,
+) -> Config:
+    """Load `<config_dir>/{model,training,grpo,env}_config.yaml`, apply `overrides`
+    (`["grpo.group_size=4", "model.lora.r=8"]`, values parsed as YAML) before validation, and
+    return the validated `Config`. `*_config=` replaces one file's path (the scripts'
+    `--model-config` etc.). The accelerate/DeepSpeed paths are only read by `Config.load_*()`.
+
+    Raises `ConfigError` (one line naming the file or `--set` and the field) on any problem.
+    """
+    given = {
+        "model": model_config,
+        "training": training_config,
+        "grpo": grpo_config,
+        "env": env_config,
+        "accelerate": accelerate_config,
+        "deepspeed": deepspeed_config,
+    }
+    paths = {name: str(given[name] or Path(config_dir) / SECTIONS[name][1]) for name in SECTIONS}
+    sources = ConfigSources(files=paths, overrides=_parse_overrides(overrides))
+    parts = {
+        name: _validate(name, _read(paths[name]), paths[name], sources.overrides_for(name))
+        for name in CORE_SECTIONS
+    }
+    model, training, grpo = parts["model"], parts["training"], parts["grpo"]
+    assert isinstance(model, ModelConfig) and isinstance(training, TrainingConfig) and isinstance(grpo, GRPOConfig)
+    for section, loc, message in cross_check(model, training, grpo):
+        written = {o.path: o for o in sources.overrides_for(section)}
+        dotted = ".".join(map(str, loc))
+        where = written[loc].label if loc in written else paths[section]
+        raise ConfigError(f"{where}: {dotted}: {message}")
+    config = Config(**parts)
+    config._sources = sources
+    return config

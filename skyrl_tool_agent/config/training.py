@@ -1,0 +1,165 @@
+"""`TrainingConfig` (configs/training_config.yaml): optimiser, step budget, eval/checkpoint cadence,
+data, logging and publishing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from skyrl_tool_agent.config.base import Section, expand_path, knob
+
+#: Built-in data written by the data helper (task JSON lists + Spider-layout SQLite databases).
+BUILTIN_TRAIN_FILE = "data/processed/train.json"
+BUILTIN_DEV_FILE = "data/processed/dev.json"
+BUILTIN_DB_ROOT = "data/processed/databases"
+#: Files of the Spider release, relative to `spider_root`.
+SPIDER_TRAIN_FILE = "train_spider_compact.json"
+SPIDER_DEV_FILE = "dev.json"
+SPIDER_DB_DIR = "database"
+
+
+class DataConfig(Section):
+    """Which tasks to train and evaluate on. Relative paths are relative to the working directory."""
+
+    dataset: Literal["builtin", "spider"] = knob(
+        "builtin",
+        "Task family. builtin = the project's generated SQLite tasks (data/processed); spider = "
+        "Spider 1.0 read from spider_root.",
+        h100="spider",
+    )
+    train_file: str | None = knob(
+        None,
+        "Training tasks. null = the dataset's own: data/processed/train.json (Task JSON) for "
+        "builtin, <spider_root>/train_spider_compact.json (Spider JSON) for spider.",
+    )
+    dev_file: str | None = knob(
+        None,
+        "Dev tasks. null = data/processed/dev.json for builtin, <spider_root>/dev.json for spider.",
+    )
+    db_root: str | None = knob(
+        None,
+        "Database root, Spider layout <db_root>/<db_id>/<db_id>.sqlite. null = "
+        "data/processed/databases for builtin, <spider_root>/database for spider.",
+    )
+    spider_root: str = knob("../shared/spider", "Spider 1.0 directory (dev.json, database/, ...).")
+
+    def resolved_train_file(self) -> Path:
+        """`train_file`, or the dataset's default training file."""
+        return self._resolve(self.train_file, BUILTIN_TRAIN_FILE, SPIDER_TRAIN_FILE)
+
+    def resolved_dev_file(self) -> Path:
+        """`dev_file`, or the dataset's default dev file."""
+        return self._resolve(self.dev_file, BUILTIN_DEV_FILE, SPIDER_DEV_FILE)
+
+    def resolved_db_root(self) -> Path:
+        """`db_root`, or the dataset's default database root."""
+        return self._resolve(self.db_root, BUILTIN_DB_ROOT, SPIDER_DB_DIR)
+
+    def _resolve(self, given: str | None, builtin: str, spider_name: str) -> Path:
+        if given is not None:
+            return expand_path(given)
+        if self.dataset == "spider":
+            return expand_path(self.spider_root) / spider_name
+        return Path(builtin)
+
+
+class WandbConfig(Section):
+    """Weights & Biases logging."""
+
+    project: str = knob("skyrl-tool-agent", "W&B project.")
+    entity: str | None = knob(None, "W&B entity (team or user); null = your default entity.")
+    mode: Literal["auto", "online", "offline", "disabled"] = knob(
+        "auto",
+        "Logging mode; auto = online when WANDB_API_KEY is set, else offline. Offline runs can "
+        "be uploaded later with `wandb sync`; disabled = no W&B at all.",
+    )
+    run_name: str | None = knob(None, "Run name; null = W&B picks one.")
+
+    def resolved_mode(self, environ: Mapping[str, str] | None = None) -> Literal["online", "offline", "disabled"]:
+        """`mode` with auto decided from WANDB_API_KEY in `environ` (default: os.environ)."""
+        if self.mode != "auto":
+            return self.mode
+        env = os.environ if environ is None else environ
+        return "online" if env.get("WANDB_API_KEY") else "offline"
+
+
+class PushToHubConfig(Section):
+    """Uploading the final adapter/model to the Hugging Face Hub."""
+
+    repo_id: str | None = knob(None, "Hub repo pushed to at the end (like 'me/sql-agent'); null = no push.")
+    private: bool = knob(True, "Create the repo private.")
+
+
+class TrainingConfig(Section):
+    """Optimisation and run bookkeeping: what is trained, how fast, how long, what is saved."""
+
+    mode: Literal["lora", "full"] = knob(
+        "lora",
+        "What is trained. lora = adapters on a frozen base (QLoRA with model.quantization); full = "
+        "all parameters (multi-GPU: DeepSpeed ZeRO-3 via configs/accelerate_config.yaml).",
+    )
+    learning_rate: float = knob(
+        2e-4,
+        "Peak AdamW learning rate. The tiny CPU model needs a large one; on H100 use 1e-5 for "
+        "full and 1e-5..5e-5 for LoRA.",
+        h100=2e-5,
+        gt=0,
+    )
+    lr_scheduler: Literal["constant", "linear", "cosine"] = knob(
+        "constant", "Learning-rate decay after warmup. linear and cosine reach 0 at max_steps."
+    )
+    warmup_steps: int = knob(0, "Linear warmup from 0 over this many optimizer steps.", h100=10, ge=0)
+    weight_decay: float = knob(0.0, "AdamW weight decay.", ge=0)
+    adam_betas: tuple[float, float] = knob((0.9, 0.999), "AdamW (beta1, beta2).")
+    adam_eps: float = knob(1e-8, "AdamW epsilon.", gt=0)
+    max_steps: int = knob(20, "Training steps (one rollout batch + its updates each).", h100=300, ge=1)
+    tasks_per_step: int = knob(
+        2,
+        "Tasks (prompts) per step, unless grpo.batcher.enabled. Each task is rolled out "
+        "grpo.group_size times; with the batcher on, it sizes each step instead.",
+        h100=16,
+        ge=1,
+    )
+    micro_batch_size: int = knob(
+        4, "Sequences per forward/backward pass (per GPU).", h100=16, ge=1
+    )
+    gradient_accumulation: int | None = knob(
+        None,
+        "Micro-batches per optimizer step; null = derived. Derived means one optimizer step per "
+        "update epoch over the whole rollout batch (Config.nominal_gradient_accumulation() gives "
+        "the count without filtered groups); an integer N = a step every N micro-batches "
+        "(PPO-style minibatches, several optimizer steps per rollout batch).",
+        ge=1,
+    )
+    update_epochs: int = knob(1, "Passes over each rollout batch (>1 = reuse samples, needs clipping).", ge=1)
+    max_grad_norm: float = knob(1.0, "Gradient clipping norm; 0 = no clipping.", ge=0)
+    eval_every: int = knob(10, "Evaluate on the dev subset every N steps; 0 = only at the end.", h100=25, ge=0)
+    eval_num_tasks: int = knob(
+        8, "Size of the fixed, stratified dev subset evaluated during training.", h100=200, ge=1
+    )
+    checkpoint_every: int = knob(10, "Save a checkpoint every N steps; 0 = only at the end.", h100=50, ge=0)
+    keep_checkpoints: int = knob(2, "Most recent checkpoints kept (older ones are deleted).", h100=3, ge=1)
+    log_every: int = knob(1, "Log metrics every N steps.", ge=1)
+    seed: int = knob(42, "Seed for data order, sampling and initialisation.")
+    output_dir: str = knob("outputs/grpo", "Run directory: checkpoints, metrics, resolved config.")
+    time_budget_minutes: float | None = knob(
+        None, "Stop cleanly (with a checkpoint) after this many minutes; null = no limit.", gt=0
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Datasets and database root.")
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases logging.")
+    push_to_hub: PushToHubConfig = Field(default_factory=PushToHubConfig, description="Hub upload.")
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each beta must be in [0, 1), got {list(value)}")
+        return value
+
+    def resolved_output_dir(self) -> Path:
+        """`output_dir` with `~` and $VARS expanded."""
+        return expand_path(self.output_dir)

@@ -1,0 +1,477 @@
+"""The config schema, the shipped configs/ files, `--set` overrides and the one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from skyrl_tool_agent.config import (
+    Config,
+    ConfigError,
+    DifficultyMix,
+    EnvConfig,
+    GRPOConfig,
+    ModelConfig,
+    TrainingConfig,
+    add_config_args,
+    cli_main_guard,
+    config_from_args,
+    load_config,
+    load_deepspeed_config,
+)
+from skyrl_tool_agent.config.__main__ import main as config_cli
+from skyrl_tool_agent.config.loader import CORE_SECTIONS, SECTIONS, section_yaml
+from skyrl_tool_agent.data.tasks import Difficulty
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+@pytest.fixture
+def cfg_dir(tmp_path: Path) -> Path:
+    """A private copy of the shipped configs/ to break."""
+    target = tmp_path / "configs"
+    shutil.copytree(CONFIGS, target)
+    return target
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def config_error(*args: Any, **kwargs: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------------------- defaults and shipped files
+def test_shipped_yaml_equals_model_defaults() -> None:
+    loaded = load_config(CONFIGS)
+    assert loaded == Config()
+    for name in CORE_SECTIONS:
+        assert getattr(loaded, name) == SECTIONS[name][0]()
+    assert loaded.grpo.group_size == 8 and loaded.model.name_or_path == "embedded"
+    assert loaded.sources.files["grpo"] == str(CONFIGS / "grpo_config.yaml")
+
+
+@pytest.mark.parametrize("name", CORE_SECTIONS)
+def test_shipped_yaml_is_the_generated_file(name: str) -> None:
+    """The YAML files are written by `write-defaults`; a hand edit of a default must go to the schema."""
+    schema, filename = SECTIONS[name]
+    assert (CONFIGS / filename).read_text() == section_yaml(name, schema()), (
+        f"configs/{filename} drifted: run `python -m skyrl_tool_agent.config write-defaults configs`"
+    )
+
+
+def test_h100_profile_is_valid_and_matches_the_documented_values(tmp_path: Path) -> None:
+    config_cli(["write-defaults", str(tmp_path), "--profile", "h100"])
+    h100 = load_config(tmp_path)
+    assert h100.grpo.group_size == 16
+    assert h100.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert h100.training.data.dataset == "spider" and h100.grpo.batcher.enabled
+    assert h100.grpo.curriculum == GRPOConfig().curriculum  # knobs without an H100 value keep the CPU one
+    assert "CPU default 8; H100: 16." in (GRPOConfig.model_fields["group_size"].description or "")
+    assert "group_size: 16" in (tmp_path / "grpo_config.yaml").read_text()
+
+
+def _all_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for name, field in model.model_fields.items():
+        out.append((prefix + name, field))
+        for arg in (field.annotation, *get_args(field.annotation)):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                out.extend(_all_fields(arg, f"{prefix}{name}."))
+    return out
+
+
+def test_every_knob_is_documented() -> None:
+    for name in CORE_SECTIONS:
+        for dotted, field in _all_fields(SECTIONS[name][0], f"{name}."):
+            assert (field.description or "").strip(), f"{dotted} has no description"
+
+
+def test_difficulty_mix_matches_task_difficulties() -> None:
+    assert tuple(DifficultyMix.model_fields) == get_args(Difficulty)
+
+
+def test_knobs_listing(capsys: pytest.CaptureFixture[str]) -> None:
+    config_cli(["knobs", "--markdown"])
+    out = capsys.readouterr().out
+    assert "| grpo.group_size | int | 8 | 16 |" in out
+    assert "| model.lora.r | int | 16 |  |" in out
+
+
+# ---------------------------------------------------------------------------- one-line errors from files
+def test_wrong_type_names_file_and_field(cfg_dir: Path) -> None:
+    edit(cfg_dir / "grpo_config.yaml", "group_size: 8 ", "group_size: four ")
+    assert config_error(cfg_dir) == (
+        f"{cfg_dir}/grpo_config.yaml: group_size: Input should be a valid integer, "
+        "unable to parse string as an integer (got 'four')"
+    )
+
+
+def test_unknown_key_names_file_and_suggests(cfg_dir: Path) -> None:
+    edit(cfg_dir / "training_config.yaml", "learning_rate:", "learning_rat:")
+    assert config_error(cfg_dir) == (
+        f"{cfg_dir}/training_config.yaml: unknown key 'learning_rat' (did you mean 'learning_rate'?)"
+    )
+
+
+def test_nested_unknown_key(cfg_dir: Path) -> None:
+    edit(cfg_dir / "training_config.yaml", "  dataset: builtin", "  datset: builtin")
+    assert config_error(cfg_dir) == (
+        f"{cfg_dir}/training_config.yaml: unknown key 'data.datset' (did you mean 'dataset'?)"
+    )
+
+
+def test_missing_file(cfg_dir: Path) -> None:
+    (cfg_dir / "model_config.yaml").unlink()
+    assert config_error(cfg_dir) == f"config file not found: {cfg_dir}/model_config.yaml"
+    assert config_error("no/such/dir") == "config file not found: no/such/dir/model_config.yaml"
+
+
+def test_yaml_syntax_error_has_line_number(cfg_dir: Path) -> None:
+    edit(cfg_dir / "env_config.yaml", "sql_timeout_s: 5.0", "sql_timeout_s: [5.0")
+    message = config_error(cfg_dir)
+    assert message.startswith(f"{cfg_dir}/env_config.yaml: invalid YAML at line ")
+    line = next(i for i, t in enumerate((cfg_dir / "env_config.yaml").read_text().splitlines(), 1) if "[5.0" in t)
+    assert f"line {line}," in message or f"line {line + 1}," in message
+
+
+def test_duplicate_key_is_an_error(cfg_dir: Path) -> None:
+    path = cfg_dir / "grpo_config.yaml"
+    path.write_text(path.read_text() + "group_size: 4\n")
+    message = config_error(cfg_dir)
+    assert message.startswith(f"{path}: invalid YAML at line ") and "duplicate key 'group_size'" in message
+
+
+def test_top_level_must_be_a_mapping(cfg_dir: Path) -> None:
+    (cfg_dir / "model_config.yaml").write_text("- a\n- b\n")
+    assert config_error(cfg_dir) == (
+        f"{cfg_dir}/model_config.yaml: expected a mapping of keys to values at the top level, got list"
+    )
+
+
+def test_empty_file_means_defaults(cfg_dir: Path) -> None:
+    (cfg_dir / "env_config.yaml").write_text("# nothing\n")
+    assert load_config(cfg_dir).env == EnvConfig()
+
+
+def test_several_problems_stay_on_one_line(cfg_dir: Path) -> None:
+    edit(cfg_dir / "grpo_config.yaml", "temperature: 1.0", "temperature: -1")
+    edit(cfg_dir / "grpo_config.yaml", "top_p: 1.0", "top_p: 2")
+    message = config_error(cfg_dir)
+    assert "temperature: Input should be greater than 0 (got -1)" in message
+    assert "; " in message and "top_p: Input should be less than or equal to 1 (got 2)" in message
+
+
+def test_per_file_path_override(cfg_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "my_grpo.yaml"
+    other.write_text("group_size: 4\n")
+    assert load_config(cfg_dir, grpo_config=other).grpo.group_size == 4
+    other.write_text("group_size: 1\n")
+    assert config_error(cfg_dir, grpo_config=other) == (
+        f"{other}: group_size: Input should be greater than or equal to 2 (got 1)"
+    )
+
+
+# ---------------------------------------------------------------------------- --set overrides
+def test_overrides_apply_before_validation() -> None:
+    cfg = load_config(
+        CONFIGS,
+        [
+            "grpo.group_size=4",
+            "model.lora.r=8",
+            "training.data.dataset=spider",
+            "training.learning_rate=1e-5",
+            "model.lora.target_modules=[q_proj, v_proj]",
+            "env.mcp_servers.0.args=[-m, mcp_tools.sqlite_server, --db-root, '${db_root}', --verbose]",
+            "training.wandb.run_name=my run",
+            "grpo.curriculum.start={easy: 0.5, medium: 0.5, hard: 0.0}",
+        ],
+    )
+    assert cfg.grpo.group_size == 4 and cfg.model.lora.r == 8
+    assert cfg.training.data.dataset == "spider" and cfg.training.learning_rate == 1e-5
+    assert cfg.model.lora.target_modules == ["q_proj", "v_proj"]
+    assert cfg.env.mcp_servers[0].args[-1] == "--verbose"
+    assert cfg.training.wandb.run_name == "my run"
+    assert cfg.grpo.curriculum.start.as_dict() == {"easy": 0.5, "medium": 0.5, "hard": 0.0}
+    assert load_config(CONFIGS, "grpo.group_size=4").grpo.group_size == 4  # a lone string is one override
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "grpo.group_size=x",
+            "--set grpo.group_size=x: group_size: Input should be a valid integer, "
+            "unable to parse string as an integer (got 'x')",
+        ),
+        (
+            "grpo.group_size=1",
+            "--set grpo.group_size=1: group_size: Input should be greater than or equal to 2 (got 1)",
+        ),
+        (
+            "training.learning_rat=1",
+            "--set training.learning_rat=1: unknown key 'learning_rat' (did you mean 'learning_rate'?)",
+        ),
+        (
+            "grpo.curriculum.start.easy=0.5",
+            "--set grpo.curriculum.start.easy=0.5: curriculum.start: weights must sum to 1, got 1.2 "
+            "(easy 0.5, medium 0.5, hard 0.2)",
+        ),
+        ("grpo.group_size", "--set grpo.group_size: expected KEY=VALUE, e.g. grpo.group_size=4"),
+        (
+            "grp.group_size=4",
+            "--set grp.group_size=4: unknown section 'grp' (expected one of model, training, grpo, env, "
+            "accelerate, deepspeed); did you mean 'grpo'?",
+        ),
+        ("grpo=4", "--set grpo=4: name a key inside the section, e.g. grpo.<key>=VALUE"),
+        ("model.dtype.x=1", "--set model.dtype.x=1: 'dtype' is str, not a mapping"),
+        (
+            "env.mcp_servers.3.name=x",
+            "--set env.mcp_servers.3.name=x: index 3 out of range ('mcp_servers' has 1 item)",
+        ),
+        (
+            "env.mcp_servers.name=x",
+            "--set env.mcp_servers.name=x: 'mcp_servers' is a list; use an index, e.g. mcp_servers.0",
+        ),
+        (
+            "training.seed=[1",
+            "--set training.seed=[1: value is not valid YAML (expected ',' or ']', but got '<stream end>'); "
+            "quote it if it is a string",
+        ),
+        (
+            "model.quantization.load_in_4bit=true",
+            "--set model.quantization.load_in_4bit=true: quantization.load_in_4bit: 4-bit loading (QLoRA) needs "
+            "training.mode=lora, got full",
+        ),
+    ],
+)
+def test_bad_overrides_name_the_override(override: str, expected: str) -> None:
+    extra = ["training.mode=full"] if "load_in_4bit" in override else []
+    assert config_error(CONFIGS, [*extra, override]) == expected
+
+
+def test_model_level_error_names_file_and_overrides(cfg_dir: Path) -> None:
+    """A rule over several fields cannot be pinned on one override, so both are named."""
+    message = config_error(cfg_dir, ["grpo.max_total_tokens=64"])
+    assert message.startswith(f"{cfg_dir}/grpo_config.yaml (with --set grpo.max_total_tokens=64): ")
+    assert "max_total_tokens (64) must be >= max_new_tokens_per_turn (128)" in message
+
+
+# ---------------------------------------------------------------------------- validators
+@pytest.mark.parametrize(
+    ("mix", "ok"),
+    [
+        ({"easy": 0.1, "medium": 0.2, "hard": 0.7}, True),  # 0.1 + 0.2 != 0.3 exactly in floats
+        ({"easy": 1.0, "medium": 0.0, "hard": 5e-7}, True),
+        ({"easy": 1.0, "medium": 0.0, "hard": 2e-6}, False),
+        ({"easy": 0.3, "medium": 0.3, "hard": 0.3}, False),
+        ({"easy": 1.2, "medium": -0.2, "hard": 0.0}, False),
+        ({"easy": 0.5, "medium": 0.5}, False),
+    ],
+)
+def test_difficulty_mix_validation(mix: dict[str, float], ok: bool) -> None:
+    if ok:
+        DifficultyMix(**mix)
+    else:
+        with pytest.raises(ValidationError):
+            DifficultyMix(**mix)
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("grpo.clip_eps_low=-0.1", "clip_eps_low: Input should be greater than or equal to 0"),
+        ("grpo.curriculum.adaptive_low=0.95", "adaptive_low (0.95) must be below adaptive_high (0.9)"),
+        ("grpo.top_p=0", "top_p: Input should be greater than 0"),
+        (
+            "grpo.loss_aggregation=mean",
+            "loss_aggregation: Input should be 'token_mean', 'sequence_mean' or 'fixed_length'",
+        ),
+        ("training.adam_betas=[0.9, 1.5]", "each beta must be in [0, 1), got [0.9, 1.5]"),
+        ("training.gradient_accumulation=9", "gradient_accumulation: 9 is more than the 4 micro-batches a step has"),
+        ("env.mcp_servers.0.args=[--db, '${dbroot}']", "unknown placeholder '${dbroot}' (known: ${db_root})"),
+        ("env.reward.format_weight=-1", "reward.format_weight: Input should be greater than or equal to 0"),
+        ("model.dtype=fp16", "dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16' (got 'fp16')"),
+    ],
+)
+def test_validators(override: str, fragment: str) -> None:
+    message = config_error(CONFIGS, [override])
+    assert message.startswith(f"--set {override}: ") and fragment in message
+
+
+def test_duplicate_server_names() -> None:
+    with pytest.raises(ValidationError, match="duplicate server names"):
+        EnvConfig(mcp_servers=[{"name": "a", "command": "x"}, {"name": "a", "command": "y"}])
+
+
+def test_cross_file_rule_also_holds_in_code() -> None:
+    with pytest.raises(ValidationError, match="needs training.mode=lora"):
+        Config(model={"quantization": {"load_in_4bit": True}}, training={"mode": "full"})
+
+
+# ---------------------------------------------------------------------------- resolution helpers
+def test_server_placeholders_and_python(tmp_path: Path) -> None:
+    cfg = load_config(CONFIGS, [f"training.data.db_root={tmp_path}"])
+    (server,) = cfg.mcp_servers()
+    assert server.command == sys.executable
+    assert server.args == ["-m", "mcp_tools.sqlite_server", "--db-root", str(tmp_path.resolve())]
+    assert cfg.env.mcp_servers[0].args[-1] == "${db_root}"  # the config itself stays as written
+
+
+def test_data_paths_follow_the_dataset() -> None:
+    builtin = TrainingConfig().data
+    assert builtin.resolved_db_root() == Path("data/processed/databases")
+    assert builtin.resolved_train_file() == Path("data/processed/train.json")
+    spider = load_config(CONFIGS, ["training.data.dataset=spider", "training.data.spider_root=/s"]).training.data
+    assert spider.resolved_db_root() == Path("/s/database")
+    assert spider.resolved_dev_file() == Path("/s/dev.json")
+    assert spider.resolved_train_file() == Path("/s/train_spider_compact.json")
+
+
+def test_wandb_auto_mode() -> None:
+    wandb = TrainingConfig().wandb
+    assert wandb.resolved_mode({"WANDB_API_KEY": "k"}) == "online"
+    assert wandb.resolved_mode({}) == "offline"
+    assert wandb.model_copy(update={"mode": "disabled"}).resolved_mode({"WANDB_API_KEY": "k"}) == "disabled"
+
+
+def test_embedded_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("SKYRL_TOOL_AGENT_CACHE", raising=False)
+    assert ModelConfig().resolved_embedded_dir() == Path.home() / ".cache/skyrl_tool_agent/embedded"
+    monkeypatch.setenv("SKYRL_TOOL_AGENT_CACHE", str(tmp_path))
+    assert ModelConfig().resolved_embedded_dir() == tmp_path / "embedded"
+    assert ModelConfig(embedded_dir="~/x").resolved_embedded_dir() == Path.home() / "x"
+    assert ModelConfig().is_embedded() and not ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B-Instruct").is_embedded()
+    assert ModelConfig().resolved_dtype("cuda") == "bfloat16" and ModelConfig().resolved_dtype("cpu") == "float32"
+
+
+def test_dump_and_save_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(CONFIGS, ["grpo.group_size=4", "training.data.dataset=spider", "env.shaping_rewards=true"])
+    dumped = yaml.safe_load(cfg.dump_yaml())
+    assert list(dumped) == list(CORE_SECTIONS)
+    assert Config.model_validate(dumped) == cfg
+    cfg.save(tmp_path)
+    assert load_config(tmp_path) == cfg
+    assert "group_size: 4" in (tmp_path / "grpo_config.yaml").read_text()
+
+
+def test_gradient_accumulation_and_deepspeed_values() -> None:
+    cfg = load_config(CONFIGS)
+    assert cfg.nominal_gradient_accumulation() == 4  # 2 tasks x 8 episodes / micro-batch 4
+    assert cfg.deepspeed_auto_values() == {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 4,
+        "gradient_clipping": 1.0,
+    }
+
+
+# ---------------------------------------------------------------------------- accelerate / DeepSpeed files
+def test_distributed_files_load_and_are_real() -> None:
+    cfg = load_config(CONFIGS, ["training.mode=full"])
+    acc = cfg.load_accelerate()
+    assert acc.distributed_type == "DEEPSPEED" and acc.num_processes == 8
+    assert acc.deepspeed_config is not None
+    assert acc.deepspeed_config.deepspeed_config_file == "configs/deepspeed_config.json"
+    assert load_config(CONFIGS, ["accelerate.num_processes=2"]).load_accelerate().num_processes == 2
+    ds = cfg.load_deepspeed()
+    assert ds.zero_optimization.stage == 3 and ds.bf16.enabled is True
+    assert ds.zero_optimization.offload_optimizer is None  # no offload by default
+    # accelerate itself reads the launcher file (it rejects unknown keys) ...
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    assert config_args.ClusterConfig.from_yaml_file(str(CONFIGS / "accelerate_config.yaml")).mixed_precision is None
+
+
+def test_accelerate_accepts_the_deepspeed_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DeepSpeed plugin as `accelerate launch` builds it from our files: ZeRO-3 and bf16 on."""
+    utils = pytest.importorskip("accelerate.utils")
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", "deepspeed_config_file,zero3_init_flag")
+    plugin = utils.DeepSpeedPlugin(hf_ds_config="configs/deepspeed_config.json", zero3_init_flag=True)
+    plugin.set_mixed_precision("no")  # what the launcher passes when mixed_precision is null
+    assert plugin.zero_stage == 3 and plugin.deepspeed_config["bf16"]["enabled"] is True
+    # Why AccelerateConfig insists on mixed_precision: null next to a deepspeed_config_file:
+    monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", "deepspeed_config_file,zero3_init_flag,mixed_precision")
+    with pytest.raises(ValueError, match="will be ignored"):
+        utils.DeepSpeedPlugin(hf_ds_config="configs/deepspeed_config.json")
+
+
+def test_distributed_file_errors(cfg_dir: Path) -> None:
+    ds = cfg_dir / "deepspeed_config.json"
+    edit(ds, '"stage": 3', '"stage": 2')
+    assert load_deepspeed_config(ds, mode="lora").zero_optimization.stage == 2
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg_dir, ["training.mode=full"]).load_deepspeed()
+    assert str(info.value) == f"{ds}: zero_optimization.stage: must be 3 for training.mode=full, got 2"
+    with pytest.raises(ConfigError, match=r"bf16.enabled: must be true, got 'auto'"):
+        load_deepspeed_config(CONFIGS / "deepspeed_config.json", ["deepspeed.bf16.enabled=auto"])
+    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu: expected an integer or 'auto', got 'big'"):
+        load_deepspeed_config(CONFIGS / "deepspeed_config.json", ["deepspeed.train_micro_batch_size_per_gpu=big"])
+    edit(ds, '"stage": 2,', '"stage": 2')
+    with pytest.raises(ConfigError, match=rf"^{ds}: invalid JSON at line \d+, column \d+: "):
+        load_deepspeed_config(ds)
+    edit(cfg_dir / "accelerate_config.yaml", "mixed_precision: null", "mixed_precision: bf16")
+    with pytest.raises(ConfigError, match="mixed_precision must be null with a deepspeed_config_file"):
+        load_config(cfg_dir).load_accelerate()
+
+
+# ---------------------------------------------------------------------------- scripts
+def test_cli_args(tmp_path: Path) -> None:
+    other = tmp_path / "g.yaml"
+    other.write_text("group_size: 6\n")
+    parser = add_config_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--config-dir", str(CONFIGS), "--set", "model.lora.r=4", "--grpo-config", str(other)])
+    cfg = config_from_args(args)
+    assert cfg.model.lora.r == 4 and cfg.grpo.group_size == 6
+
+
+def test_guard_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info, cli_main_guard():
+        load_config(CONFIGS, ["grpo.group_size=x"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --set grpo.group_size=x: group_size: ")
+    with pytest.raises(RuntimeError), cli_main_guard():  # bugs are not swallowed
+        raise RuntimeError("bug")
+
+
+def test_script_with_bad_config_exits_2_with_one_line(cfg_dir: Path) -> None:
+    edit(cfg_dir / "grpo_config.yaml", "group_size: 8 ", "group_size: four ")
+    script = textwrap.dedent(
+        """
+        import sys
+        from skyrl_tool_agent.config import cli_main_guard, load_config
+
+        @cli_main_guard()
+        def main() -> None:
+            load_config(sys.argv[1])
+            print("loaded")
+
+        main()
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(cfg_dir)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"error: {cfg_dir}/grpo_config.yaml: group_size: Input should be a valid integer, "
+        "unable to parse string as an integer (got 'four')"
+    ]
+    assert "Traceback" not in proc.stderr
