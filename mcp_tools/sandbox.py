@@ -1,0 +1,380 @@
+"""Read-only SQLite sandbox: the security boundary between model-written SQL and the databases.
+
+Used by the MCP SQLite server (every query a policy sends) and by `skyrl_tool_agent.rewards`
+(gold and predicted queries). Contract: /work/briefs/sandbox_api.md.
+
+Layers, each sufficient for writes on its own (defence in depth):
+
+1. the file is opened through a `file:...?mode=ro` URI, so SQLite itself refuses to write it or to
+   create `-journal`/`-wal` files next to it;
+2. `PRAGMA query_only=ON`;
+3. an authorizer (`set_authorizer`) built as an allow-list: only SELECT, column reads, function
+   calls (minus `load_extension` and friends), recursive CTEs and a few read-only schema PRAGMAs
+   pass; writes, DDL (temp objects included), ATTACH/DETACH, transactions, VACUUM, ANALYZE, and
+   every other PRAGMA are denied at prepare time, before anything runs;
+4. limits (`setlimit`): no attached databases at all, 1 MB per value/row (so `randomblob(1e9)`
+   fails fast instead of allocating), 100 k characters of SQL, short LIKE/GLOB patterns.
+
+Resource limits: a wall-clock deadline checked from `set_progress_handler` (no signals, so it works
+in worker threads), and caps on returned rows and characters with a `truncated` flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+ErrorKind = Literal["syntax", "denied", "timeout", "multiple_statements", "not_found", "too_large", "error"]
+
+#: Largest string/BLOB/row SQLite may build or read (Spider's largest row is < 1 kB). Also bounds
+#: the superlinear built-ins (instr, replace, trim: O(n*m) inside one VM op the deadline cannot stop).
+MAX_VALUE_BYTES = 100_000
+#: Longest accepted SQL text, in characters (a model-written query is a few hundred).
+MAX_SQL_CHARS = 100_000
+#: Longest LIKE/GLOB pattern; pathological patterns are O(len(text) * len(pattern)) inside one opcode.
+MAX_LIKE_PATTERN = 1_000
+#: Largest prepared program (opcodes); guards against enormous generated statements.
+MAX_VDBE_OPS = 250_000
+#: VM instructions between two deadline checks (~0.1 ms of work; the check costs well under 1 us).
+PROGRESS_EVERY_N_OPS = 10_000
+
+#: PRAGMAs that only read the schema; every other PRAGMA is denied.
+ALLOWED_PRAGMAS = frozenset(
+    {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
+)
+#: Functions that reach outside the database (or take raw pointers); denied even if compiled in.
+DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"})
+
+
+class SandboxError(Exception):
+    """A query the sandbox refused or that failed; `str(exc)` is written for the model to read.
+
+    `kind` is one of: "syntax" (SQLite could not parse it), "denied" (not read-only), "timeout",
+    "multiple_statements", "not_found" (no such database file), "too_large" (a size limit was hit),
+    "error" (anything else, e.g. no such table/column).
+    """
+
+    def __init__(self, message: str, kind: ErrorKind = "error") -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """Rows of one query, capped; `truncated` says whether rows (or characters) were cut."""
+
+    columns: list[str]
+    rows: list[tuple]
+    truncated: bool
+    row_count: int
+
+
+class SandboxConnection(sqlite3.Connection):
+    """A connection made by `open_readonly`; remembers why the authorizer last said no."""
+
+    last_denial: str | None = None
+
+
+_ACTION_NAMES: dict[int, str] = {
+    getattr(sqlite3, name): name.removeprefix("SQLITE_").replace("_", " ")
+    for name in dir(sqlite3)
+    if name.startswith(("SQLITE_CREATE_", "SQLITE_DROP_"))
+    or name
+    in {
+        "SQLITE_INSERT",
+        "SQLITE_UPDATE",
+        "SQLITE_DELETE",
+        "SQLITE_ALTER_TABLE",
+        "SQLITE_REINDEX",
+        "SQLITE_ANALYZE",
+        "SQLITE_ATTACH",
+        "SQLITE_DETACH",
+        "SQLITE_TRANSACTION",
+        "SQLITE_SAVEPOINT",
+    }
+}
+_WRITE_ACTIONS = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
+
+
+def _denial_message(action: int, arg1: str | None, arg2: str | None) -> str:
+    """Short reason for a denied action, for the model."""
+    name = _ACTION_NAMES.get(action, f"action {action}")
+    if action in _WRITE_ACTIONS:
+        return f"write operations are not allowed ({name})"
+    if action == sqlite3.SQLITE_PRAGMA:
+        return f"PRAGMA {arg1} is not allowed (read-only PRAGMAs: {', '.join(sorted(ALLOWED_PRAGMAS))})"
+    if action == sqlite3.SQLITE_FUNCTION:
+        return f"function {arg2}() is not allowed"
+    if action == sqlite3.SQLITE_ATTACH:
+        return "ATTACH (and VACUUM, which attaches) is not allowed"
+    if action == sqlite3.SQLITE_DETACH:
+        return "DETACH is not allowed"
+    if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
+        return "transactions are not allowed"
+    if "TEMP" in name:
+        return f"temporary objects are not allowed ({name})"
+    if action in _ACTION_NAMES:
+        return f"schema changes are not allowed ({name})"
+    return "only read-only SELECT queries are allowed"
+
+
+def _make_authorizer(conn: SandboxConnection) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
+    """Allow-list authorizer: anything not explicitly read-only is denied (and the reason kept)."""
+    ok, deny = sqlite3.SQLITE_OK, sqlite3.SQLITE_DENY
+    always_ok = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
+
+    def authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None) -> int:
+        if action in always_ok:
+            return ok
+        if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() not in DENIED_FUNCTIONS:
+            return ok
+        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in ALLOWED_PRAGMAS:
+            return ok
+        # The first use of an eponymous virtual table (json_each, pragma_table_info, ...) on a
+        # connection is authorized as an UPDATE of sqlite_master's columns, though nothing is
+        # written. A real `UPDATE sqlite_master` never reaches the authorizer: SQLite refuses it
+        # earlier ("may not be modified") unless writable_schema is on, and that PRAGMA is denied.
+        if action == sqlite3.SQLITE_UPDATE and arg1 in ("sqlite_master", "sqlite_schema"):
+            return ok
+        if conn.last_denial is None:  # keep the first reason: later ones are consequences of it
+            conn.last_denial = _denial_message(action, arg1, arg2)
+        return deny
+
+    return authorizer
+
+
+def _decode_text(raw: bytes) -> str:
+    # Some real databases hold Latin-1 or broken UTF-8; never fail a query over it.
+    return raw.decode("utf-8", errors="replace")
+
+
+def open_readonly(db_path: str | Path) -> SandboxConnection:
+    """Open `db_path` read-only with every sandbox layer on (see the module docstring).
+
+    The connection may be handed between threads (`check_same_thread=False`) but must be used by
+    one thread at a time. Raises SandboxError(kind="not_found") if the file does not exist.
+    """
+    path = Path(db_path)
+    if not path.is_file():
+        raise SandboxError(f"database not found: {path}", kind="not_found")
+    uri = path.resolve().as_uri() + "?mode=ro"
+    try:
+        conn = sqlite3.connect(
+            uri, uri=True, factory=SandboxConnection, check_same_thread=False, isolation_level=None
+        )
+    except sqlite3.Error as exc:
+        raise SandboxError(f"cannot open database {path.name}: {exc}", kind="error") from exc
+    assert isinstance(conn, SandboxConnection)
+    try:
+        conn.execute("PRAGMA query_only=ON")
+        if hasattr(conn, "enable_load_extension"):  # absent when Python is built without it
+            conn.enable_load_extension(False)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_CHARS * 4)  # bytes; UTF-8 <= 4 per char
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VDBE_OP, MAX_VDBE_OPS)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_WORKER_THREADS, 0)
+        conn.text_factory = _decode_text
+        conn.set_authorizer(_make_authorizer(conn))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+# --------------------------------------------------------------------------- running a query
+
+
+def _check_sql_text(sql: Any) -> None:
+    """Refuse inputs SQLite should never see: non-strings, empty, oversized, NUL, lone surrogates."""
+    if not isinstance(sql, str):
+        raise SandboxError(f"SQL must be a string, got {type(sql).__name__}")
+    if not sql.strip():
+        raise SandboxError("empty query: write one SELECT statement")
+    if len(sql) > MAX_SQL_CHARS:
+        raise SandboxError(f"query too long ({len(sql)} characters, limit {MAX_SQL_CHARS})", kind="too_large")
+    if "\x00" in sql:
+        raise SandboxError("SQL error: the query contains a NUL character")
+    try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SandboxError("SQL error: the query is not valid UTF-8 text") from exc
+
+
+_MULTI = "only one SQL statement per call is allowed"
+
+
+def _first_statement_if_rest_empty(sql: str) -> str:
+    """`sql` minus trailing empty statements (`SELECT 1;;`), or SandboxError if a second real one exists.
+
+    Only called after SQLite reported more than one statement. The end of the first statement is
+    found with SQLite's own tokenizer (`complete_statement`), so `;` inside literals and comments is
+    handled exactly as SQLite does; the remainder is accepted only if it is semicolons, whitespace
+    and comments (checked with sqlglot's tokenizer, which drops comments).
+    """
+    from sqlglot.errors import TokenError
+    from sqlglot.tokens import TokenType
+    from sqlglot.dialects.sqlite import SQLite
+
+    pos = sql.find(";")
+    while pos != -1 and not sqlite3.complete_statement(sql[: pos + 1]):
+        pos = sql.find(";", pos + 1)
+    if pos == -1:
+        raise SandboxError(_MULTI, kind="multiple_statements")
+    first, rest = sql[: pos + 1], sql[pos + 1 :]
+    try:
+        tokens = SQLite().tokenize(rest)
+    except (TokenError, ValueError) as exc:
+        raise SandboxError(_MULTI, kind="multiple_statements") from exc
+    if any(tok.token_type != TokenType.SEMICOLON for tok in tokens):
+        raise SandboxError(_MULTI, kind="multiple_statements")
+    return first
+
+
+def _cell_chars(value: Any) -> int:
+    """Characters a cell takes when rendered (bytes count as hex)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, bytes):
+        return 2 * len(value)
+    return 8
+
+
+def _clip_cell(value: Any, limit: int) -> Any:
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "…"
+    if isinstance(value, bytes) and 2 * len(value) > limit:
+        return value[: max(limit // 2, 1)]
+    return value
+
+
+def _fetch(cur: sqlite3.Cursor, max_rows: int | None, max_chars: int | None) -> tuple[list[tuple], bool]:
+    """Fetch at most `max_rows` rows and about `max_chars` characters; return (rows, truncated)."""
+    if max_chars is None:
+        if max_rows is None:
+            return cur.fetchall(), False
+        rows = cur.fetchmany(max_rows + 1)
+        return (rows[:max_rows], True) if len(rows) > max_rows else (rows, False)
+    # Row by row, so a few huge values never sit in memory all at once.
+    rows: list[tuple] = []
+    total = 0
+    for row in cur:
+        if max_rows is not None and len(rows) >= max_rows:
+            return rows, True
+        size = sum(_cell_chars(v) for v in row)
+        if total + size > max_chars:
+            if not rows:  # keep one (clipped) row rather than an empty answer
+                rows.append(tuple(_clip_cell(v, max_chars) for v in row))
+            return rows, True
+        total += size
+        rows.append(row)
+    return rows, False
+
+
+def _classify(exc: BaseException, conn: SandboxConnection, timeout_s: float, timed_out: bool) -> SandboxError:
+    """Turn whatever SQLite/Python raised into a SandboxError with a model-readable message."""
+    msg = str(exc)
+    low = msg.lower()
+    code = getattr(exc, "sqlite_errorname", "") or ""
+    if isinstance(exc, sqlite3.Error | sqlite3.Warning) and "one statement at a time" in low:
+        return SandboxError(_MULTI, kind="multiple_statements")
+    if code == "SQLITE_INTERRUPT" or low == "interrupted":
+        if timed_out:
+            return SandboxError(
+                f"timeout: query ran longer than {timeout_s:g} s and was interrupted", kind="timeout"
+            )
+        return SandboxError("SQL error: query was interrupted")
+    if code == "SQLITE_AUTH" or "not authorized" in low or "prohibited" in low:
+        return SandboxError(f"denied: {conn.last_denial or 'only read-only SELECT queries are allowed'}", "denied")
+    if code.startswith("SQLITE_READONLY") or "readonly database" in low or "may not be modified" in low:
+        return SandboxError("denied: the database is read-only", kind="denied")
+    if "too many attached databases" in low:
+        return SandboxError("denied: ATTACH is not allowed", kind="denied")
+    if (
+        isinstance(exc, MemoryError | OverflowError)
+        or code in ("SQLITE_TOOBIG", "SQLITE_NOMEM")
+        or any(s in low for s in ("too big", "too large", "too complex", "too many", "too long"))
+    ):
+        return SandboxError(f"too large: {msg or type(exc).__name__}", kind="too_large")
+    if any(s in low for s in ("syntax error", "incomplete input", "unrecognized token")):
+        return SandboxError(f"SQL error: {msg}", kind="syntax")
+    return SandboxError(f"SQL error: {msg or type(exc).__name__}", kind="error")
+
+
+def run_query(
+    conn_or_path: sqlite3.Connection | str | Path,
+    sql: str,
+    *,
+    timeout_s: float = 5.0,
+    max_rows: int | None = 200,
+    max_chars: int | None = None,
+) -> QueryResult:
+    """Run exactly one read-only statement and return its (capped) rows.
+
+    `conn_or_path` is a connection from `open_readonly` (reused; not thread-safe, one query at a
+    time) or a database path (opened and closed around this call). A trailing semicolon, whitespace
+    or comments are fine; a second statement raises SandboxError("multiple_statements").
+    `max_rows=None` / `max_chars=None` lift the caps (rewards compare full results); with
+    `max_chars`, rows stop once their rendered size would pass it (a single oversized first row is
+    kept with its long values clipped). Never raises anything but SandboxError.
+    """
+    if isinstance(conn_or_path, str | Path):
+        conn = open_readonly(conn_or_path)
+        try:
+            return run_query(conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars)
+        finally:
+            conn.close()
+    if not isinstance(conn_or_path, SandboxConnection):
+        raise SandboxError("internal error: connection was not opened with open_readonly()")
+    conn = conn_or_path
+    _check_sql_text(sql)
+
+    deadline = time.monotonic() + timeout_s
+    conn.last_denial = None
+    # The handler returns True to abort; checked every N VM ops, so it also bounds fetching.
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_EVERY_N_OPS)
+    cur: sqlite3.Cursor | None = None
+    try:
+        try:
+            cur = conn.execute(sql)
+        except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:
+            if "one statement at a time" not in str(exc):
+                raise
+            cur = conn.execute(_first_statement_if_rest_empty(sql))
+        columns = [d[0] for d in cur.description] if cur.description else []
+        rows, truncated = _fetch(cur, max_rows, max_chars)
+        return QueryResult(columns=columns, rows=rows, truncated=truncated, row_count=len(rows))
+    except SandboxError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the contract: nothing but SandboxError escapes
+        err = _classify(exc, conn, timeout_s, timed_out=time.monotonic() > deadline)
+        logger.debug("query refused (%s): %s", err.kind, err)
+        raise err from exc
+    finally:
+        if cur is not None:
+            try:
+                cur.close()
+            except sqlite3.Error:
+                pass
+        try:
+            conn.set_progress_handler(None, 0)
+        except sqlite3.Error:
+            pass
+
+
+def jsonable_cell(value: Any) -> Any:
+    """A cell as a JSON-safe value: BLOBs as hex strings, non-finite floats as strings."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

@@ -1,0 +1,46 @@
+"""Helpers shared by the scripts in training/scripts: logging setup and the progress display.
+(Config flags are `skyrl_tool_agent.config.add_config_args` / `config_from_args`.)"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    from rich.logging import RichHandler
+
+    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
+                        handlers=[RichHandler(show_path=False, rich_tracebacks=False)])
+    for noisy in ("httpx", "mcp", "urllib3", "transformers", "peft", "wandb", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def training_progress(total_steps: int) -> Iterator[Any]:
+    """A rich progress bar; the yielded callback takes ('step', metrics) or (phase text, fraction)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
+    with Progress(*columns, refresh_per_second=2) as bar:
+        build = bar.add_task("build", total=1.0, info="", visible=False)
+        train = bar.add_task("GRPO", total=total_steps, info="")
+        last = [time.monotonic()]
+
+        def update(kind: str, value: Any) -> None:
+            if kind == "step":
+                m = value
+                info = f"reward {m['reward/mean']:.3f}  train EX {m['train/execution_accuracy']:.2f}"
+                if "eval/execution_accuracy" in m:
+                    info += f"  dev EX {m['eval/execution_accuracy']:.3f}"
+                bar.update(train, completed=m["step"], info=info)
+            else:
+                if time.monotonic() - last[0] > 0.5 or value >= 1.0:
+                    bar.update(build, visible=True, description=f"embedded model: {kind}", completed=value)
+                    last[0] = time.monotonic()
+
+        yield update

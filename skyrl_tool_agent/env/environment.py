@@ -1,0 +1,201 @@
+"""`MCPToolEnvironment`: a skyrl-gym text environment whose tools are MCP servers.
+
+One instance is one episode (SkyRL-train creates an env per trajectory). MCP server processes are
+not per episode: envs share a pool (`skyrl_tool_agent.env.pools`) keyed by the server specs, or use
+the pool the collector passes in.
+
+Turn protocol (Qwen2.5 / Hermes, documented in README):
+- a tool turn holds one or more `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks;
+  each is executed through MCP and its result returned as `<tool_response>...</tool_response>`;
+- the final turn is `<answer>SQL</answer>`; the episode ends there, or after `max_turns` turns.
+- With `tool_call_format: skyrl_sql`, SkyRL-SQL's `<sql>`/`<solution>` tags are accepted instead.
+Malformed turns get an error observation telling the model what to fix; they count as a turn and
+never raise. The reward (see `skyrl_tool_agent.rewards.scoring`) is returned when the episode ends.
+
+`step` is synchronous (the skyrl-gym API); `astep` is the same step for asyncio callers (our
+collector), so tool calls of many episodes overlap with generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
+
+from skyrl_tool_agent.data.tasks import db_path_for
+from skyrl_tool_agent.env.chat_format import DEFAULT_SYSTEM_PROMPT, system_prompt_with_tools, tool_to_openai
+from skyrl_tool_agent.env.parsing import ParsedTurn, ToolCall, format_tool_response, parse_turn
+from skyrl_tool_agent.env.pools import EnvRuntime, resolve_runtime
+from skyrl_tool_agent.rewards.scoring import RewardBreakdown, score_answer
+
+logger = logging.getLogger(__name__)
+
+# Used when the dataset row does not say (SkyRL-SQL's default is 5; the oracle needs 4 on most tasks).
+DEFAULT_MAX_TURNS = 6
+
+
+@dataclass
+class _StepPlan:
+    """What a parsed turn asks for, before any tool runs."""
+
+    parsed: ParsedTurn
+    calls: list[ToolCall] = field(default_factory=list)
+    done: bool = False
+    done_reason: str | None = None
+
+
+class MCPToolEnvironment(BaseTextEnv):
+    """Multi-turn tool-use episode over MCP tools, scored with execution accuracy.
+
+    Args:
+        env_config: `EnvConfig` (configs/env_config.yaml), a mapping of its fields (SkyRL passes a
+            DictConfig), or None for defaults. A mapping may also carry `db_root`.
+        extras: one dataset row's extras in SkyRL-train's shape: `reward_spec.ground_truth` (gold SQL),
+            `db_id`, optional `max_turns` and `db_root`/`db_path`.
+        runtime: an already-started `EnvRuntime` (pool, reward cache, settings) to share; built from
+            `env_config` and cached per process when omitted.
+    """
+
+    def __init__(
+        self,
+        env_config: Any = None,
+        extras: Mapping[str, Any] | None = None,
+        *,
+        runtime: EnvRuntime | None = None,
+    ) -> None:
+        super().__init__()
+        extras = dict(extras or {})
+        self.runtime = runtime or resolve_runtime(env_config, extras)
+        settings = self.runtime.settings
+        reward_spec = extras.get("reward_spec") or {}
+        self.gold_sql: str | None = reward_spec.get("ground_truth") or extras.get("gold_sql")
+        self.db_id: str | None = extras.get("db_id")
+        if extras.get("db_path"):
+            self.db_path: Path | None = Path(extras["db_path"])
+        elif self.db_id and self.runtime.db_root:
+            self.db_path = db_path_for(self.runtime.db_root, self.db_id)
+        else:
+            self.db_path = None
+        self.max_turns = int(extras.get("max_turns") or DEFAULT_MAX_TURNS)
+        self.style = settings.tool_call_format
+        self.system_prompt: str = extras.get("system_prompt") or DEFAULT_SYSTEM_PROMPT
+        self.chat_history: ConversationType = []
+        self.final_sql: str | None = None
+        self.done = False
+        self.format_errors = 0
+        self.tool_calls = 0
+        self.tool_errors = 0
+        self.reward: RewardBreakdown | None = None
+
+    # ----------------------------------------------------------------- prompt
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools the MCP servers actually list, as OpenAI/Qwen function dicts."""
+        return [tool_to_openai(t.name, t.description or "", t.input_schema) for t in self.runtime.tools]
+
+    def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
+        """Prepend a system message listing the tools (Qwen2.5 format) to the task prompt.
+
+        A system message already in `prompt` is kept as the instruction part and gets the tool block.
+        """
+        messages = [dict(m) for m in prompt]
+        system = self.system_prompt
+        if messages and messages[0].get("role") == "system":
+            system = messages.pop(0)["content"]
+        full = [{"role": "system", "content": system_prompt_with_tools(self.tool_schemas(), system)}, *messages]
+        self.chat_history = list(full)
+        return full, {"db_id": self.db_id, "max_turns": self.max_turns, "tools": [t.name for t in self.runtime.tools]}
+
+    # ------------------------------------------------------------------- step
+    def _plan(self, action: str) -> _StepPlan:
+        self.turns += 1
+        self.chat_history.append({"role": "assistant", "content": action})
+        parsed = parse_turn(action, self.runtime.tool_arg_schemas, style=self.style, db_id=self.db_id)
+        if parsed.errors:
+            self.format_errors += 1
+        plan = _StepPlan(parsed=parsed)
+        if parsed.answer is not None and not parsed.errors:
+            self.final_sql = parsed.answer
+            plan.done, plan.done_reason = True, "answer"
+        elif self.turns >= self.max_turns:
+            plan.done, plan.done_reason = True, "max_turns"
+        else:
+            plan.calls = list(parsed.tool_calls)
+        return plan
+
+    def _finish(self, plan: _StepPlan, results: Sequence[tuple[str, bool]]) -> BaseTextEnvStepOutput:
+        metadata: dict[str, Any] = {"turn": self.turns, "tool_calls": [c.name for c in plan.calls]}
+        if plan.parsed.errors:
+            metadata["format_errors"] = list(plan.parsed.errors)
+        if plan.done:
+            self.done = True
+            assert self.reward is not None
+            metadata.update(
+                done_reason=plan.done_reason,
+                final_sql=self.final_sql,
+                reward_components=self.reward.as_dict(),
+                **self.get_metrics(),
+            )
+            return BaseTextEnvStepOutput(observations=[], reward=self.reward.total, done=True, metadata=metadata)
+
+        self.tool_calls += len(results)
+        self.tool_errors += sum(1 for _, is_error in results if is_error)
+        if plan.parsed.errors:
+            text = "Error: " + " ".join(plan.parsed.errors)
+            if results:  # valid calls in the same turn still ran: show both
+                text += "\n" + format_tool_response([t for t, _ in results])
+        else:
+            text = format_tool_response([t for t, _ in results])
+        observation = {"role": "user", "content": text}
+        self.chat_history.append(observation)
+        metadata["tool_errors"] = sum(1 for _, e in results if e)
+        return BaseTextEnvStepOutput(observations=[observation], reward=0.0, done=False, metadata=metadata)
+
+    def _score(self) -> RewardBreakdown:
+        if self.gold_sql is None or self.db_path is None:
+            raise ValueError("cannot score: extras need reward_spec.ground_truth and db_id (+ db_root) or db_path")
+        settings = self.runtime.settings
+        return score_answer(
+            self.final_sql,
+            self.gold_sql,
+            self.db_path,
+            format_ok=self.format_errors == 0 and self.final_sql is not None,
+            weights=settings.reward_weights,
+            cache=self.runtime.gold_cache,
+            timeout_s=settings.sql_timeout_s,
+        )
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        """Synchronous step (skyrl-gym API): tool calls go to the shared pool's own event loop."""
+        plan = self._plan(action)
+        if plan.done:
+            self.reward = self._score()
+        results = [self.runtime.call_tool_sync(c.name, c.arguments) for c in plan.calls]
+        return self._finish(plan, results)
+
+    async def astep(self, action: str) -> BaseTextEnvStepOutput:
+        """The same step for asyncio callers: calls of one turn run concurrently, scoring in a thread."""
+        plan = self._plan(action)
+        if plan.done:
+            self.reward = await asyncio.to_thread(self._score)
+        results = await asyncio.gather(*(self.runtime.call_tool(c.name, c.arguments) for c in plan.calls))
+        return self._finish(plan, results)
+
+    # ---------------------------------------------------------------- metrics
+    def get_metrics(self) -> dict[str, Any]:
+        solved = bool(self.reward and self.reward.execution >= 1.0)
+        return {
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "format_errors": self.format_errors,
+            "solved": float(solved),
+            "answered": float(self.final_sql is not None),
+        }
+
+    def close(self) -> None:
+        """Nothing per episode: the shared pool outlives episodes and is closed at process exit."""

@@ -1,0 +1,126 @@
+"""What episodes share: the MCP pool, the tool list, the gold-result cache and resolved settings.
+
+SkyRL-train builds one env per trajectory from `(env_config, extras)`. Starting MCP servers per
+episode would cost a process spawn per trajectory, so runtimes are cached per process, keyed by
+the server specs and database root, and closed at exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skyrl_tool_agent.config import EnvConfig
+from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, ServerSpec, ToolSpec
+from skyrl_tool_agent.rewards.execution import GoldResultCache
+from skyrl_tool_agent.rewards.scoring import RewardWeights
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DB_ROOT = Path(__file__).resolve().parents[2] / "data" / "processed" / "databases"
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """The env-side knobs, resolved from `EnvConfig` (documented there)."""
+
+    tool_call_format: str
+    sql_timeout_s: float
+    call_timeout_s: float
+    reward_weights: RewardWeights
+
+
+def server_specs(config: EnvConfig, db_root: Path) -> list[ServerSpec]:
+    """The configured servers as pool specs, `${db_root}` filled in (see `EnvConfig`)."""
+    return [ServerSpec(**server.model_dump()) for server in config.resolved_servers(db_root)]
+
+
+class EnvRuntime:
+    """A started MCP pool plus everything episodes of one configuration share."""
+
+    def __init__(self, config: EnvConfig, db_root: str | Path | None, pool: BackgroundMCPPool | None = None) -> None:
+        self.config = config
+        self.db_root = Path(db_root) if db_root else None
+        self.settings = EnvSettings(
+            tool_call_format=config.tool_call_format,
+            sql_timeout_s=config.sql_timeout_s,
+            call_timeout_s=config.call_timeout_s,
+            reward_weights=RewardWeights(
+                execution=config.reward.execution_weight,
+                format=config.reward.format_weight,
+                syntax=config.reward.syntax_weight,
+                partial=config.reward.partial_weight,
+            ),
+        )
+        self.gold_cache = GoldResultCache(maxsize=config.reward.gold_cache_size)
+        self._owns_pool = pool is None
+        if pool is None:
+            pool = BackgroundMCPPool(
+                server_specs(config, self.db_root or DEFAULT_DB_ROOT),
+                call_timeout_s=config.call_timeout_s,
+                sessions_per_server=config.sessions_per_server,
+            )
+            pool.start()
+        self.pool = pool
+        self.tools: list[ToolSpec] = list(pool.list_tools())
+        self.tool_arg_schemas: dict[str, Mapping[str, Any]] = {t.name: t.input_schema for t in self.tools}
+
+    def call_tool_sync(self, name: str, arguments: Mapping[str, Any]) -> tuple[str, bool]:
+        result = self.pool.call_tool_sync(name, dict(arguments))
+        return result.text, result.is_error
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> tuple[str, bool]:
+        result = await self.pool.call_tool(name, dict(arguments))
+        return result.text, result.is_error
+
+    def close(self) -> None:
+        if self._owns_pool:
+            self.pool.close()
+
+
+_RUNTIMES: dict[tuple[Any, ...], EnvRuntime] = {}
+_LOCK = threading.Lock()
+
+
+def _as_env_config(env_config: Any) -> tuple[EnvConfig, Any]:
+    """Accept EnvConfig, a mapping/DictConfig of its fields (+ optional db_root), or None."""
+    if env_config is None:
+        return EnvConfig(), None
+    if isinstance(env_config, EnvConfig):
+        return env_config, None
+    if hasattr(env_config, "items"):  # dict or omegaconf DictConfig
+        data = {str(k): v for k, v in env_config.items()}
+        db_root = data.pop("db_root", None)
+        try:  # omegaconf containers -> plain python
+            from omegaconf import OmegaConf
+
+            data = {k: (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v) for k, v in data.items()}
+        except ImportError:  # pragma: no cover
+            pass
+        return EnvConfig.model_validate(data), db_root
+    raise TypeError(f"env_config must be EnvConfig, a mapping or None, not {type(env_config).__name__}")
+
+
+def resolve_runtime(env_config: Any, extras: Mapping[str, Any]) -> EnvRuntime:
+    """The cached runtime for this configuration, started on first use."""
+    config, cfg_root = _as_env_config(env_config)
+    db_root = extras.get("db_root") or cfg_root or DEFAULT_DB_ROOT
+    key = (config.model_dump_json(), str(Path(db_root).resolve()))
+    with _LOCK:
+        runtime = _RUNTIMES.get(key)
+        if runtime is None:
+            runtime = EnvRuntime(config, db_root)
+            _RUNTIMES[key] = runtime
+        return runtime
+
+
+def close_shared_runtimes() -> None:
+    """Close every cached runtime (their pools also close at interpreter exit)."""
+    with _LOCK:
+        for runtime in _RUNTIMES.values():
+            runtime.close()
+        _RUNTIMES.clear()

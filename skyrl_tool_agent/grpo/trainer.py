@@ -1,0 +1,259 @@
+"""`GRPOTrainer`: rollouts through the MCP environment, group-relative advantages, clipped updates.
+
+One step: take a batch of tasks from the curriculum loader, collect `group_size` episodes per task
+(the collector batches generation across all of them), turn final rewards into group-relative
+advantages, drop groups with no spread (DAPO dynamic sampling), then update on the policy tokens
+only (micro-batched, gradient accumulation with one normaliser for the whole batch). Per-task pass
+rates go back to the curriculum. Evaluation (greedy, fixed dev subset) and checkpoints on cadence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean, pstdev
+from typing import Any
+
+import torch
+
+from skyrl_tool_agent.config import Config
+from skyrl_tool_agent.data.loader import TaskDataLoader
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.metrics import summarize
+from skyrl_tool_agent.grpo.batch import TrainBatch, collate, compute_group_advantages
+from skyrl_tool_agent.grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
+from skyrl_tool_agent.grpo.run_logging import RunLogger
+from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+from skyrl_tool_agent.rollout.agents import PolicyAgent
+from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutput:
+    metrics: dict[str, Any]
+    trajectories: list[Trajectory]
+
+
+def build_optimizer(policy: QwenPolicy, config: Config) -> tuple[torch.optim.Optimizer, Any]:
+    t = config.training
+    optimizer = torch.optim.AdamW(
+        policy.trainable_parameters(), lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps,
+        weight_decay=t.weight_decay,
+    )
+
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else 1.0
+        frac = min(1.0, step / max(1, t.max_steps))
+        if t.lr_scheduler == "linear":
+            return warm * (1.0 - frac)
+        if t.lr_scheduler == "cosine":
+            return warm * 0.5 * (1.0 + math.cos(math.pi * frac))
+        return warm
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class GRPOTrainer:
+    """Trains a `QwenPolicy` with GRPO on tasks from a `TaskDataLoader` through an `EnvRuntime`."""
+
+    def __init__(
+        self,
+        config: Config,
+        policy: QwenPolicy,
+        runtime: EnvRuntime,
+        loader: TaskDataLoader,
+        eval_tasks: Sequence[Task],
+        *,
+        output_dir: Path,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.runtime = runtime
+        self.loader = loader
+        self.eval_tasks = list(eval_tasks)
+        self.output_dir = output_dir
+        self.checkpoint_dir = output_dir / "checkpoints"
+        self.optimizer, self.scheduler = build_optimizer(policy, config)
+        self.step = 0
+        g = config.grpo
+        self.collector_settings = CollectorSettings(
+            max_turns=g.max_turns,
+            max_new_tokens_per_turn=g.max_new_tokens_per_turn,
+            max_total_tokens=g.max_total_tokens,
+            concurrency=max(config.env.collector.concurrency, 1),
+            max_batch=max(config.env.collector.concurrency, 1),
+            max_episode_retries=config.env.collector.max_episode_retries,
+            # Lockstep turns: generation batches (hence sampling RNG use) do not depend on tool
+            # latency, so a resumed run samples exactly what an uninterrupted one would.
+            deterministic=True,
+        )
+        self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
+
+    # ---------------------------------------------------------------- resume
+    def resume(self, path: str | None) -> bool:
+        """`path` = a checkpoint dir, 'auto' (latest under output_dir, if any) or None."""
+        if path is None:
+            return False
+        ckpt = latest_checkpoint(self.checkpoint_dir) if path == "auto" else Path(path)
+        if ckpt is None:
+            logger.info("no checkpoint under %s: starting fresh", self.checkpoint_dir)
+            return False
+        state = load_checkpoint(ckpt, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.loader.load_state_dict(state["loader"])
+        self.step = int(state["step"])
+        logger.info("resumed from %s at step %d", ckpt, self.step)
+        return True
+
+    def save(self) -> Path:
+        return save_checkpoint(
+            self.checkpoint_dir, self.step, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+            trainer_state={"loader": self.loader.state_dict()}, keep=self.config.training.keep_checkpoints,
+        )
+
+    # ------------------------------------------------------------- rollouts
+    def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams) -> list[Trajectory]:
+        collector = TrajectoryCollector(self.runtime, PolicyAgent(self.policy, params), tokenizer=self.policy.tokenizer,
+                                        settings=self.collector_settings)
+        return asyncio.run(collector.collect(tasks, group_size))
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy execution accuracy etc. on the fixed dev subset."""
+        params = SamplingParams(temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
+        return summarize(self.collect(self.eval_tasks, 1, params))
+
+    # --------------------------------------------------------------- update
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
+        g, t = self.config.grpo, self.config.training
+        norm = loss_normalizer(batch.loss_mask, g.loss_aggregation, g.fixed_length_normalizer)
+        micro = max(1, t.micro_batch_size)
+        use_ref = g.kl_coef > 0
+        stats_acc: dict[str, float] = {}
+        tokens = 0.0
+        grad_norms = []
+        for _ in range(t.update_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            epoch_loss = 0.0  # micro-batch losses share the full-batch normaliser, so they add up
+            for start in range(0, len(batch), micro):
+                mb = batch.slice(range(start, min(start + micro, len(batch))))
+                ref_logp = (
+                    self.policy.reference_logprobs(mb.input_ids, mb.attention_mask, temperature=g.temperature)
+                    if use_ref else None
+                )
+                logp, entropy = self.policy.token_logprobs(
+                    mb.input_ids, mb.attention_mask, temperature=g.temperature, with_entropy=True
+                )
+                if g.entropy_coef == 0:
+                    entropy = entropy.detach()
+                loss, stats = grpo_loss(
+                    logp, mb.old_logp, mb.advantages, mb.loss_mask, ref_logp=ref_logp, kl_coef=g.kl_coef,
+                    kl_estimator=g.kl_estimator, entropy=entropy, entropy_coef=g.entropy_coef,
+                    eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, aggregation=g.loss_aggregation,
+                    fixed_length=g.fixed_length_normalizer, normalizer=norm,
+                )
+                loss.backward()
+                epoch_loss += float(loss)
+                n = stats.pop("num_tokens", 0.0)
+                stats.pop("loss", None)
+                tokens += n
+                for key, value in stats.items():  # token-weighted means over micro-batches
+                    stats_acc[key] = stats_acc.get(key, 0.0) + value * n
+            params = self.policy.trainable_parameters()
+            if t.max_grad_norm > 0:
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)))
+            self.optimizer.step()
+        self.scheduler.step()
+        out = {k: v / max(tokens, 1.0) for k, v in stats_acc.items()}
+        out["loss"] = epoch_loss
+        if grad_norms:
+            out["grad_norm"] = mean(grad_norms)
+        return out
+
+    def train_step(self) -> StepOutput:
+        g = self.config.grpo
+        t0 = time.monotonic()
+        torch.manual_seed(self.config.training.seed * 100_003 + self.step)  # sampling RNG per step
+        tasks = self.loader.next_batch()
+        trajectories = self.collect(tasks, g.group_size, self.sampling)
+        rollout_s = time.monotonic() - t0
+        rewards = [tr.result.reward for tr in trajectories]
+        adv = compute_group_advantages(
+            rewards, g.group_size, estimator=g.advantage_estimator, scale_batch=g.scale_advantages_by_batch,
+            filter_uniform=g.filter_uniform_groups,
+        )
+        self.loader.record_results({
+            task.task_id: (sum(tr.result.solved for tr in trajectories[i * g.group_size:(i + 1) * g.group_size]), g.group_size)
+            for i, task in enumerate(tasks)
+        })
+        kept = [(tr, a) for tr, a, k in zip(trajectories, adv.values, adv.keep) if k and tr.token_ids]
+        update_stats: dict[str, float] = {}
+        t1 = time.monotonic()
+        if kept:
+            batch = collate([tr for tr, _ in kept], [a for _, a in kept], self.policy.tokenizer.pad_token_id)
+            update_stats = self._update(batch)
+        else:
+            self.scheduler.step()
+        update_s = time.monotonic() - t1
+        self.step += 1
+        policy_tokens = sum(tr.num_policy_tokens for tr in trajectories)
+        all_tokens = sum(len(tr.token_ids) for tr in trajectories)
+        summary = summarize(trajectories)
+        metrics: dict[str, Any] = {
+            "step": self.step,
+            "reward/mean": mean(rewards),
+            "reward/std": pstdev(rewards),
+            "train/execution_accuracy": summary["execution_accuracy"],
+            "train/loss": update_stats.get("loss", 0.0),
+            "train/pg_loss": update_stats.get("pg_loss", 0.0),
+            "train/kl": update_stats.get("kl", 0.0),
+            "train/entropy": update_stats.get("entropy", 0.0),
+            "train/clip_frac": update_stats.get("clip_frac", 0.0),
+            "train/grad_norm": update_stats.get("grad_norm", 0.0),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/groups_dropped": adv.dropped_groups,
+            "train/trajectories_used": len(kept),
+            "episode/turns_mean": summary["mean_turns"],
+            "episode/tool_errors": sum(tr.result.tool_errors for tr in trajectories),
+            "episode/format_ok_rate": summary["format_ok_rate"],
+            "episode/tasks": len(tasks),
+            "tokens_per_s": all_tokens / max(time.monotonic() - t0, 1e-9),
+            "policy_tokens": policy_tokens,
+            "time/rollout_s": rollout_s,
+            "time/update_s": update_s,
+        }
+        return StepOutput(metrics, trajectories)
+
+    # ----------------------------------------------------------------- loop
+    def train(self, run_logger: RunLogger, *, on_step: Callable[[dict[str, Any]], None] | None = None,
+              deadline: float | None = None) -> list[dict[str, Any]]:
+        """Run until `training.max_steps` (or the wall-clock `deadline`); returns the logged metrics."""
+        t = self.config.training
+        history = []
+        while self.step < t.max_steps:
+            out = self.train_step()
+            metrics = out.metrics
+            last = self.step >= t.max_steps or (deadline is not None and time.monotonic() > deadline)
+            if (t.eval_every and self.step % t.eval_every == 0) or last:
+                ev = self.evaluate()
+                metrics["eval/execution_accuracy"] = ev["execution_accuracy"]
+                metrics["eval/reward_mean"] = ev["reward_mean"]
+                metrics["eval/format_ok_rate"] = ev["format_ok_rate"]
+            if self.step % t.log_every == 0 or last:
+                run_logger.log(metrics)
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
+                self.save()
+            if last:
+                break
+        return history

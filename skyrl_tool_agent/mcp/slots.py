@@ -1,0 +1,223 @@
+"""One supervised MCP server process + client session (`ServerSlot`), and the slots of one spec.
+
+A slot's supervisor task owns the server's whole life: it enters `stdio_client` and
+`ClientSession` and leaves them in the same task (anyio cancel scopes require that), marks the
+slot ready, and waits until the session breaks (the server's stdout hits EOF), a health check
+fails, or the pool closes; then it tears the process down and starts a new one with backoff.
+Callers on the same event loop use the live session concurrently; they never own it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import sys
+from typing import Any, TextIO
+
+import anyio
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp_types import Tool
+
+from skyrl_tool_agent.mcp.specs import ServerSpec
+
+logger = logging.getLogger(__name__)
+
+#: Set in each server's environment so `ServerSlot.pid()` can find the process with psutil.
+SLOT_ENV_VAR = "SKYRL_MCP_SLOT"
+#: Parent environment variables passed on besides the SDK's safe default set (HOME, PATH, ...):
+#: without them a `python -m ...` server may not import what the parent can.
+PASSED_ENV_VARS = ("PYTHONPATH", "VIRTUAL_ENV")
+_slot_ids = itertools.count()
+
+
+class _EofWatchingStream:
+    """A session read stream that calls `on_eof` when the server's output ends (it died or exited)."""
+
+    def __init__(self, inner: Any, on_eof: Any) -> None:
+        self._inner = inner
+        self._on_eof = on_eof
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_eof()
+            raise
+
+    def __aiter__(self) -> _EofWatchingStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _EofWatchingStream:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+
+class ServerSlot:
+    """One server process and its live `ClientSession`, restarted whenever it breaks."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        index: int,
+        group: SlotGroup,
+        *,
+        startup_timeout_s: float,
+        ping_timeout_s: float,
+        errlog: TextIO | None,
+    ) -> None:
+        self.spec = spec
+        self.index = index
+        self.group = group
+        self.startup_timeout_s = startup_timeout_s
+        self.ping_timeout_s = ping_timeout_s
+        self.errlog = errlog
+        self.tag = f"{os.getpid()}-{next(_slot_ids)}"
+        self.session: ClientSession | None = None
+        self.tools: list[Tool] | None = None
+        self.starts = 0  # successful starts so far
+        self.last_error: str | None = None
+        self.first_attempt_done = asyncio.Event()
+        self._broken = asyncio.Event()
+        self._closing = False
+        self._checking = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.session is not None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._supervise(), name=f"mcp-slot-{self.spec.name}-{self.index}")
+
+    async def close(self) -> None:
+        self._closing = True
+        self._broken.set()
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    def mark_broken(self, reason: str) -> None:
+        """Tear this session down and start a fresh server (no-op if already restarting)."""
+        if self.session is not None and not self._broken.is_set():
+            logger.warning("MCP server %s[%d] restarting: %s", self.spec.name, self.index, reason)
+            self.session = None
+            self.group.changed()
+        self._broken.set()
+
+    def suspect(self) -> None:
+        """A call timed out: ping the server in the background and restart it if the ping fails."""
+        if self._checking or self.session is None:
+            return
+        self._checking = True
+        asyncio.get_running_loop().create_task(self._health_check(self.session))
+
+    async def _health_check(self, session: ClientSession) -> None:
+        try:
+            with anyio.fail_after(self.ping_timeout_s):
+                await session.send_ping()
+        except Exception as exc:  # noqa: BLE001 - any failure means the session is unusable
+            if session is self.session:
+                self.mark_broken(f"no answer to ping within {self.ping_timeout_s:g} s ({type(exc).__name__})")
+        finally:
+            self._checking = False
+
+    def pid(self) -> int | None:
+        """Process id of the current server (found via its environment tag), or None."""
+        import psutil
+
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if proc.environ().get(SLOT_ENV_VAR) == self.tag:
+                    return proc.pid
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return None
+
+    def _params(self) -> StdioServerParameters:
+        env = {k: os.environ[k] for k in PASSED_ENV_VARS if k in os.environ}
+        env.update(self.spec.env or {})
+        env[SLOT_ENV_VAR] = self.tag
+        return StdioServerParameters(command=self.spec.command, args=list(self.spec.args), env=env, cwd=self.spec.cwd)
+
+    async def _supervise(self) -> None:
+        backoff = 0.2
+        while not self._closing:
+            self._broken.clear()
+            try:
+                await self._serve_once()
+                backoff = 0.2
+            except Exception as exc:  # noqa: BLE001 - a broken server must never kill the supervisor
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                logger.warning("MCP server %s[%d] failed: %s", self.spec.name, self.index, self.last_error)
+            finally:
+                self.session = None
+                self.group.changed()
+                self.first_attempt_done.set()
+            if self._closing:
+                break
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _serve_once(self) -> None:
+        errlog = self.errlog if self.errlog is not None else (sys.__stderr__ or sys.stderr)
+        async with stdio_client(self._params(), errlog=errlog) as (read_stream, write_stream):
+            watched = _EofWatchingStream(read_stream, lambda: self.mark_broken("server output ended"))
+            async with ClientSession(watched, write_stream) as session:
+                with anyio.fail_after(self.startup_timeout_s):
+                    await session.initialize()
+                    # Listing once also fills the session's output-schema cache, so call_tool
+                    # never lists tools again on its own.
+                    self.tools = list((await session.list_tools()).tools)
+                if self._broken.is_set():
+                    return
+                self.session = session
+                self.starts += 1
+                self.last_error = None
+                self.group.changed()
+                self.first_attempt_done.set()
+                await self._broken.wait()
+                self.session = None
+
+
+class SlotGroup:
+    """The slots of one server spec; hands out ready slots round-robin."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.slots: list[ServerSlot] = []
+        self._next = 0
+        self._changed = asyncio.Event()
+
+    def changed(self) -> None:
+        """Wake everyone waiting for a slot state change."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def pick(self) -> ServerSlot | None:
+        """Next ready slot (round-robin), or None if all are restarting."""
+        n = len(self.slots)
+        for k in range(n):
+            slot = self.slots[(self._next + k) % n]
+            if slot.session is not None:
+                self._next = (self._next + k + 1) % n
+                return slot
+        return None
+
+    async def wait_ready(self) -> ServerSlot:
+        """A ready slot, waiting for a restart if needed (callers bound this with a timeout)."""
+        while (slot := self.pick()) is None:
+            await self._changed.wait()
+        return slot

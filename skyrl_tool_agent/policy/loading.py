@@ -1,0 +1,135 @@
+"""Load a Qwen2-architecture causal LM and tokenizer for training: device, dtype, LoRA, QLoRA, full.
+
+`name_or_path` is a hub name (`Qwen/Qwen2.5-1.5B-Instruct`), a local directory, or `embedded`
+(the project's tiny CPU model, built on first use; see `skyrl_tool_agent.policy.embedded`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from skyrl_tool_agent.config import EMBEDDED, ModelConfig, UserInputError
+
+logger = logging.getLogger(__name__)
+
+
+class ModelLoadError(UserInputError):
+    """A model or tokenizer could not be loaded; the message says which path and why (one line)."""
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` = cuda > mps > cpu. Under a distributed launcher, cuda uses LOCAL_RANK."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            device = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            device = "mps"
+        else:
+            device = "cpu"
+    if device == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto` = bf16 on CUDA, fp32 elsewhere (CPU bf16 matmuls are slow and MPS bf16 is partial)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def resolve_model_path(config: ModelConfig) -> str:
+    """The path or hub name to load; builds the embedded default when it is asked for and missing."""
+    if config.name_or_path != EMBEDDED:
+        return config.name_or_path
+    path = config.resolved_embedded_dir()
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"embedded model not built at {path}: run `python training/scripts/build_default_model.py` "
+            "(train_grpo.py does this automatically)"
+        )
+    return str(path)
+
+
+def load_tokenizer(path: str, config: ModelConfig) -> PreTrainedTokenizerBase:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, revision=config.revision, trust_remote_code=config.trust_remote_code
+        )
+    except Exception as exc:  # noqa: BLE001 - any failure is reported as one clear line
+        raise ModelLoadError(f"cannot load tokenizer from {path!r}: {type(exc).__name__}: {exc}") from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # generation batches are left-padded
+    return tokenizer
+
+
+def _quantization_kwargs(config: ModelConfig, device: torch.device) -> dict[str, Any]:
+    if not config.quantization.load_in_4bit:
+        return {}
+    try:
+        from transformers import BitsAndBytesConfig
+    except ImportError as exc:  # pragma: no cover
+        raise ModelLoadError("4-bit loading needs bitsandbytes: pip install -e '.[qlora]'") from exc
+    compute = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
+        config.quantization.compute_dtype
+    ]
+    bnb = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=config.quantization.quant_type,
+        bnb_4bit_compute_dtype=compute,
+        bnb_4bit_use_double_quant=config.quantization.double_quant,
+    )
+    return {"quantization_config": bnb, "device_map": {"": device}}
+
+
+def load_model(path: str, config: ModelConfig, device: torch.device, *, mode: str) -> PreTrainedModel:
+    """Load the base model, then wrap it for `mode` ('lora' adds peft adapters; 'full' trains all)."""
+    dtype = resolve_dtype(config.dtype, device)
+    quant = _quantization_kwargs(config, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            revision=config.revision,
+            dtype=dtype,
+            attn_implementation=config.attn_implementation,
+            trust_remote_code=config.trust_remote_code,
+            **quant,
+        )
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load model from {path!r}: {type(exc).__name__}: {exc}") from exc
+    if not quant:
+        model.to(device)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if mode == "lora":
+        model = _add_lora(model, config, quantized=bool(quant))
+    elif quant:
+        raise ModelLoadError("4-bit quantization only trains adapters: use --mode lora with load_in_4bit")
+    return model
+
+
+def _add_lora(model: PreTrainedModel, config: ModelConfig, *, quantized: bool) -> PreTrainedModel:
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if quantized:
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=config.gradient_checkpointing
+        )
+    lora = LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=list(config.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, lora)
+    trainable, total = peft_model.get_nb_trainable_parameters()
+    logger.info("LoRA: %d trainable of %d parameters (%.2f%%)", trainable, total, 100 * trainable / total)
+    return peft_model

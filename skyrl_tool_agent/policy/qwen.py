@@ -1,0 +1,163 @@
+"""`QwenPolicy`: token-in/token-out sampling and log-probs for a Qwen2-architecture model.
+
+The collector keeps the exact ids this policy sampled and the log-probs of those ids under the
+sampling distribution (temperature-scaled, before top-p truncation, which is what the trainer's
+importance ratio compares against). The trainer recomputes log-probs on the same ids with
+`token_logprobs`; nothing is ever re-tokenised from text.
+
+Dropout is off in both sampling and training forwards (the model stays in eval mode; gradients
+still flow): with dropout on, the ratio of a fully on-policy update would not be 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.grpo.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.policy.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one turn is sampled. temperature 0 = greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+
+
+@dataclass
+class Generation:
+    """One sampled continuation: exact ids, their sampling log-probs, and why it stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (end-of-turn token) or "length"
+
+
+class QwenPolicy:
+    """A causal LM + tokenizer pair with batched sampling and training-time log-probs."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, mode: str = "lora") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.mode = mode
+        self.device = next(model.parameters()).device
+        self.stop_token_ids = self._stop_ids(tokenizer)
+        self._reference: PreTrainedModel | None = None
+        self.model.eval()
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, *, mode: str = "lora") -> QwenPolicy:
+        """Load from `config.name_or_path` (hub name, local path, or the embedded default)."""
+        path = resolve_model_path(config)
+        device = resolve_device(config.device)
+        tokenizer = load_tokenizer(path, config)
+        model = load_model(path, config, device, mode=mode)
+        return cls(model, tokenizer, mode=mode)
+
+    @staticmethod
+    def _stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+        ids = []
+        for token in ("<|im_end|>", "<|endoftext|>"):
+            tid = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
+                ids.append(tid)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+            ids.append(tokenizer.eos_token_id)
+        return ids
+
+    # -------------------------------------------------------------- sampling
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one continuation per prompt (a GRPO group is G copies of a prompt), left-padded batch."""
+        if not prompts:
+            return []
+        pad_id = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            attention[i, width - len(prompt) :] = 1
+        greedy = params.temperature <= 0
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p,
+            top_k=None,
+            eos_token_id=self.stop_token_ids,
+            pad_token_id=pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        new_ids = out.sequences[:, width:].cpu()
+        temperature = 1.0 if greedy else params.temperature
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V], raw (before warping)
+        logprobs = token_logprobs(logits, new_ids.clamp(min=0), temperature)
+        results = []
+        stop = set(self.stop_token_ids)
+        for i in range(len(prompts)):
+            ids = new_ids[i].tolist()
+            end = next((j + 1 for j, t in enumerate(ids) if t in stop), None)
+            finish = "stop" if end is not None else "length"
+            end = end if end is not None else len(ids)
+            results.append(Generation(ids[:end], logprobs[i, :end].tolist(), finish))
+        return results
+
+    # -------------------------------------------------------------- training
+    def token_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of `input_ids[:, 1:]` given the prefix, shape [B, L-1] (and entropy if asked).
+
+        Right-padded batches; position t of the output scores token t+1.
+        """
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        temperature = temperature if temperature > 0 else 1.0
+        logits = logits[:, :-1]
+        logp = token_logprobs(logits, input_ids[:, 1:], temperature)
+        entropy = entropy_from_logits(logits, temperature) if with_entropy else None
+        return logp, entropy
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[PreTrainedModel]:
+        """The reference policy for the KL term: LoRA = the same weights with adapters disabled
+        (no second copy in memory); full = a frozen copy made on first use."""
+        if self.mode == "lora" and hasattr(self.model, "disable_adapter"):
+            with self.model.disable_adapter():
+                yield self.model
+            return
+        if self._reference is None:
+            self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        yield self._reference
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+        with self.reference() as ref:
+            logits = ref(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature if temperature > 0 else 1.0)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def save(self, path: str | Path) -> None:
+        """`save_pretrained` of the adapter (LoRA) or the whole model (full), plus the tokenizer."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)

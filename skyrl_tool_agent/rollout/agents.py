@@ -1,0 +1,109 @@
+"""Agents the collector can drive: the model (`PolicyAgent`) and the scripted oracle (`OracleAgent`).
+
+An agent answers a batch of `TurnRequest`s at once (the collector batches generation across
+episodes waiting for the policy). Model agents return sampled token ids + log-probs; text agents
+return text, which the collector tokenises when it records tokens (warm-start data).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import sqlglot
+from sqlglot import exp
+
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.chat_format import format_answer, format_tool_call
+
+
+@dataclass
+class TurnRequest:
+    """One episode waiting for its next assistant turn."""
+
+    task: Task
+    group_index: int
+    messages: list[dict[str, str]]
+    token_ids: list[int] | None  # the full token history when tokens are recorded
+    max_new_tokens: int
+    turn: int  # 0-based index of the turn being asked for
+    seq: int = 0  # episode number within the collect() call (orders deterministic batches)
+
+
+@dataclass
+class AgentTurn:
+    text: str
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str = "stop"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Agent(Protocol):
+    async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]: ...
+
+
+class PolicyAgent:
+    """Samples turns from a `QwenPolicy`; generation runs in a worker thread so tool calls overlap."""
+
+    def __init__(self, policy: Any, params: Any) -> None:
+        self.policy = policy
+        self.params = params
+
+    async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
+        from dataclasses import replace
+
+        prompts = [r.token_ids or [] for r in requests]
+        params = replace(self.params, max_new_tokens=max(r.max_new_tokens for r in requests))
+        generations = await asyncio.to_thread(self.policy.generate, prompts, params)
+        turns = []
+        for request, gen in zip(requests, generations):
+            ids, logprobs = gen.token_ids[: request.max_new_tokens], gen.logprobs[: request.max_new_tokens]
+            finish = gen.finish_reason if len(ids) == len(gen.token_ids) else "length"
+            text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+            turns.append(AgentTurn(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish))
+        return turns
+
+
+def gold_tables(sql: str) -> list[str]:
+    """Tables a query reads, in order of first appearance (CTE names excluded)."""
+    try:
+        tree = sqlglot.parse_one(sql, read="sqlite")
+    except sqlglot.errors.SqlglotError:
+        return []
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    seen: list[str] = []
+    for table in tree.find_all(exp.Table):
+        name = table.name
+        if name and name.lower() not in ctes and name.lower() not in [s.lower() for s in seen]:
+            seen.append(name)
+    return seen
+
+
+def oracle_turn_texts(task: Task, *, describe: bool = True) -> list[str]:
+    """The scripted oracle's turns: list tables, describe the gold query's tables (one turn, several
+    calls), execute the gold SQL, submit it."""
+    turns = [format_tool_call("list_tables", {"db_id": task.db_id})]
+    tables = gold_tables(task.gold_sql)
+    if describe and tables:
+        turns.append("\n".join(format_tool_call("describe_table", {"db_id": task.db_id, "table": t}) for t in tables))
+    turns.append(format_tool_call("execute_sql", {"db_id": task.db_id, "sql": task.gold_sql}))
+    turns.append(format_answer(task.gold_sql))
+    return turns
+
+
+class OracleAgent:
+    """Scripted oracle: needs no model; drives the real env end to end (and makes warm-start data)."""
+
+    def __init__(self, *, describe: bool = True) -> None:
+        self.describe = describe
+
+    async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
+        out = []
+        for r in requests:
+            script = oracle_turn_texts(r.task, describe=self.describe)
+            out.append(AgentTurn(text=script[min(r.turn, len(script) - 1)]))
+        return out
+

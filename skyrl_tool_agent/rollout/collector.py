@@ -1,0 +1,249 @@
+"""`TrajectoryCollector`: many multi-turn episodes at once, generation batched across them.
+
+Each episode is an asyncio task looping `agent turn -> env.astep -> observation`. Episodes that
+wait for the policy submit a `TurnRequest` to one `_GenerationBatcher`, which hands the agent
+every request pending at that moment (up to `max_batch`); while the model samples in a worker
+thread, other episodes' tool calls run on the MCP pool's event loop. Token ids are appended
+segment by segment (prompt, sampled ids, observation ids), never re-tokenised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.chat_format import render_conversation, render_observation, task_user_message
+from skyrl_tool_agent.env.environment import MCPToolEnvironment
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.mcp.pool import MCPPoolError
+from skyrl_tool_agent.rollout.agents import Agent, AgentTurn, TurnRequest
+from skyrl_tool_agent.rollout.trajectory import EpisodeResult, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """Episode limits and concurrency (mapped from GRPOConfig/EnvConfig by the caller)."""
+
+    max_turns: int = 6
+    max_new_tokens_per_turn: int = 128
+    max_total_tokens: int = 2048
+    concurrency: int = 64
+    max_batch: int = 64
+    max_episode_retries: int = 1
+    batch_wait_s: float = 0.002
+    # True: each generation batch waits for every running episode (lockstep turns) and is ordered
+    # by episode, so sampling does not depend on tool latency (reproducible runs and resumes).
+    deterministic: bool = False
+
+
+class _GenerationBatcher:
+    """Collects turn requests from concurrent episodes and serves them in batches."""
+
+    def __init__(self, agent: Agent, max_batch: int, wait_s: float, deterministic: bool = False) -> None:
+        self.agent = agent
+        self.max_batch = max_batch
+        self.wait_s = wait_s
+        self.deterministic = deterministic
+        self.pending: list[tuple[TurnRequest, asyncio.Future[AgentTurn]]] = []
+        self.active_episodes = 0
+        self._wakeup = asyncio.Event()
+        self.batches = 0
+        self.batched_requests = 0
+
+    async def submit(self, request: TurnRequest) -> AgentTurn:
+        future: asyncio.Future[AgentTurn] = asyncio.get_running_loop().create_future()
+        self.pending.append((request, future))
+        self._wakeup.set()
+        return await future
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            # Give episodes that are finishing a tool call a moment to join this batch.
+            deadline = math.inf if self.deterministic else time.monotonic() + self.wait_s
+            while len(self.pending) < min(self.active_episodes, self.max_batch) and time.monotonic() < deadline:
+                await asyncio.sleep(0 if self.deterministic else 0.0002)
+            if self.deterministic:
+                self.pending.sort(key=lambda item: item[0].seq)
+            batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
+            if not self.pending:
+                self._wakeup.clear()
+            if not batch:
+                continue
+            self.batches += 1
+            self.batched_requests += len(batch)
+            try:
+                turns = await self.agent.act([r for r, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - fail these episodes, keep collecting
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), turn in zip(batch, turns):
+                if not future.done():
+                    future.set_result(turn)
+
+
+class TrajectoryCollector:
+    """Runs episodes for tasks (G per task) through `MCPToolEnvironment` and an `Agent`.
+
+    Args:
+        runtime: the shared env runtime (MCP pool, tools, reward cache).
+        agent: `PolicyAgent`, `OracleAgent`, or any object with `async act(requests)`.
+        tokenizer: records token ids/masks when given (training); None = text only (evaluation).
+        settings: limits and concurrency.
+    """
+
+    def __init__(self, runtime: EnvRuntime, agent: Agent, *, tokenizer: Any = None, settings: CollectorSettings | None = None) -> None:
+        self.runtime = runtime
+        self.agent = agent
+        self.tokenizer = tokenizer
+        self.settings = settings or CollectorSettings()
+        self.last_stats: dict[str, float] = {}
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def collect(
+        self,
+        tasks: Sequence[Task],
+        group_size: int = 1,
+        *,
+        on_episode_done: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Run `group_size` episodes per task; returns trajectories ordered by (task, group index)."""
+        batcher = _GenerationBatcher(
+            self.agent, self.settings.max_batch, self.settings.batch_wait_s, self.settings.deterministic
+        )
+        runner = asyncio.create_task(batcher.run())
+        semaphore = asyncio.Semaphore(self.settings.concurrency)
+        start = time.monotonic()
+
+        async def one(seq: int, task: Task, index: int) -> Trajectory:
+            async with semaphore:
+                batcher.active_episodes += 1
+                try:
+                    traj = await self._episode_with_retries(task, index, batcher, seq)
+                finally:
+                    batcher.active_episodes -= 1
+                if on_episode_done is not None:
+                    on_episode_done(traj)
+                return traj
+
+        try:
+            jobs = [one(k, task, g) for k, (task, g) in enumerate((t, g) for t in tasks for g in range(group_size))]
+            trajectories = list(await asyncio.gather(*jobs))
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        elapsed = time.monotonic() - start
+        steps = sum(t.result.turns for t in trajectories)
+        self.last_stats = {
+            "episodes": float(len(trajectories)),
+            "env_steps": float(steps),
+            "seconds": elapsed,
+            "env_steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
+            "mean_generation_batch": batcher.batched_requests / max(batcher.batches, 1),
+        }
+        return trajectories
+
+    async def _episode_with_retries(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
+        """A crashed MCP server fails only the episodes it was serving; they are retried here."""
+        attempt = 0
+        while True:
+            try:
+                traj = await self._episode(task, index, batcher, seq)
+                traj.result.retries = attempt
+                return traj
+            except MCPPoolError as exc:
+                attempt += 1
+                if attempt > self.settings.max_episode_retries:
+                    logger.warning("episode %s/%d failed after %d retries: %s", task.task_id, index, attempt - 1, exc)
+                    result = EpisodeResult(task.task_id, task.db_id, done_reason="error", error=str(exc), retries=attempt - 1)
+                    return Trajectory(task.task_id, index, [], result)
+                logger.info("retrying episode %s/%d after MCP failure: %s", task.task_id, index, exc)
+
+    async def _episode(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
+        s = self.settings
+        env = MCPToolEnvironment(
+            extras={"reward_spec": {"ground_truth": task.gold_sql}, "db_id": task.db_id, "max_turns": s.max_turns},
+            runtime=self.runtime,
+        )
+        messages, _ = env.init([task_user_message(task.db_id, task.question)])
+        record = self.tokenizer is not None
+        traj = Trajectory(task.task_id, index, list(messages), EpisodeResult(task.task_id, task.db_id))
+        if record:
+            prompt_ids = self._encode(render_conversation(messages))
+            traj.token_ids, traj.loss_mask = list(prompt_ids), [0] * len(prompt_ids)
+            traj.sampling_logprobs, traj.turn_index = [0.0] * len(prompt_ids), [-1] * len(prompt_ids)
+            traj.prompt_length = len(prompt_ids)
+        metadata: dict[str, Any] = {}
+        done_reason = None
+        for turn in range(s.max_turns):
+            budget = s.max_total_tokens - len(traj.token_ids)
+            if record and budget <= 0:
+                done_reason = "max_tokens"
+                break
+            request = TurnRequest(task, index, traj.messages, traj.token_ids if record else None,
+                                  min(s.max_new_tokens_per_turn, budget) if record else s.max_new_tokens_per_turn, turn, seq)
+            reply = await batcher.submit(request)
+            if record:
+                ids = reply.token_ids if reply.token_ids is not None else self._encode(reply.text) + self._end_of_turn()
+                logps = reply.logprobs if reply.logprobs is not None else [0.0] * len(ids)
+                traj.token_ids += ids
+                traj.loss_mask += [1] * len(ids)
+                traj.sampling_logprobs += list(logps)
+                traj.turn_index += [turn] * len(ids)
+            out = await env.astep(reply.text)
+            traj.messages = list(env.chat_history)
+            traj.turn_rewards.append(float(out["reward"]))
+            metadata = out["metadata"]
+            if out["done"]:
+                break
+            if record:
+                obs_ids = self._encode(render_observation(out["observations"]))
+                traj.token_ids += obs_ids
+                traj.loss_mask += [0] * len(obs_ids)
+                traj.sampling_logprobs += [0.0] * len(obs_ids)
+                traj.turn_index += [-1] * len(obs_ids)
+        if not env.done:  # ended by the token budget: score what we have (no answer)
+            env.reward = await asyncio.to_thread(env._score)
+            done_reason = done_reason or "max_tokens"
+            metadata = {"done_reason": done_reason, "reward_components": env.reward.as_dict(), **env.get_metrics()}
+            if traj.turn_rewards:
+                traj.turn_rewards[-1] = env.reward.total
+        traj.result = self._result(task, env, metadata)
+        return traj
+
+    def _end_of_turn(self) -> list[int]:
+        return [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+    @staticmethod
+    def _result(task: Task, env: MCPToolEnvironment, metadata: dict[str, Any]) -> EpisodeResult:
+        reward = env.reward
+        return EpisodeResult(
+            task_id=task.task_id,
+            db_id=task.db_id,
+            reward=reward.total if reward else 0.0,
+            components=reward.as_dict() if reward else {},
+            solved=bool(reward and reward.execution >= 1.0),
+            turns=env.turns,
+            tool_calls=env.tool_calls,
+            tool_errors=env.tool_errors,
+            format_errors=env.format_errors,
+            done_reason=metadata.get("done_reason", "max_turns"),
+            final_sql=env.final_sql,
+        )
+
+
+def collect_sync(collector: TrajectoryCollector, tasks: Sequence[Task], group_size: int = 1) -> list[Trajectory]:
+    """Blocking wrapper for scripts and the trainer loop."""
+    return asyncio.run(collector.collect(tasks, group_size))

@@ -1,0 +1,96 @@
+"""Build the embedded default model: oracle episodes -> tokenizer -> tiny Qwen2 -> warm start.
+
+Run by `training/scripts/build_default_model.py`, and by `train_grpo.py` when the embedded model
+is asked for and missing. The oracle episodes run through the real environment (real MCP server),
+so the warm start teaches exactly the turn format, tool names and observations the policy meets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.chat_format import render_conversation
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.metrics import summarize
+from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
+from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+from skyrl_tool_agent.rollout.agents import OracleAgent, PolicyAgent
+from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
+
+logger = logging.getLogger(__name__)
+
+
+def oracle_conversations(runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings) -> list[list[dict]]:
+    """Finished oracle conversations (text) for `tasks`, through the real env; unsolved ones dropped."""
+    collector = TrajectoryCollector(runtime, OracleAgent(), settings=settings)
+    trajectories = asyncio.run(collector.collect(tasks, 1))
+    solved = [t.messages for t in trajectories if t.result.solved]
+    if len(solved) < len(trajectories):
+        logger.warning("oracle solved %d of %d warm-start tasks", len(solved), len(trajectories))
+    return solved
+
+
+def greedy_eval(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings) -> dict[str, float]:
+    """Held-out execution accuracy etc. of greedy decoding through the real env."""
+    agent = PolicyAgent(policy, SamplingParams(temperature=0.0, max_new_tokens=settings.max_new_tokens_per_turn))
+    collector = TrajectoryCollector(runtime, agent, tokenizer=policy.tokenizer, settings=settings)
+    trajectories = asyncio.run(collector.collect(tasks, 1))
+    return summarize(trajectories)
+
+
+def build_embedded_model(
+    out_dir: Path,
+    runtime: EnvRuntime,
+    train_tasks: Sequence[Task],
+    dev_tasks: Sequence[Task],
+    *,
+    sft: SFTSettings,
+    collector_settings: CollectorSettings,
+    vocab_size: int = 2048,
+    progress: Callable[[str, float], None] | None = None,
+) -> dict:
+    """Build and save the embedded model into `out_dir`; returns the build report (also saved as
+    `warmstart.json`: warm-start loss curve, held-out EX at each eval step, timings)."""
+    t0 = time.monotonic()
+    report: dict = {"train_tasks": len(train_tasks), "dev_tasks": len(dev_tasks)}
+    if progress:
+        progress("oracle episodes", 0.0)
+    conversations = oracle_conversations(runtime, train_tasks, collector_settings)
+    report["oracle_seconds"] = time.monotonic() - t0
+
+    if progress:
+        progress("tokenizer", 0.0)
+    tokenizer = train_tokenizer((render_conversation(c, add_generation_prompt=False) for c in conversations), vocab_size)
+    examples = [conversation_to_ids(c, tokenizer) for c in conversations]
+    lengths = sorted(len(ids) for ids, _ in examples)
+    report.update(vocab_size=len(tokenizer), median_tokens=lengths[len(lengths) // 2], max_tokens=lengths[-1])
+
+    model = new_tiny_qwen2(tokenizer, seed=sft.seed)
+    report["parameters"] = sum(p.numel() for p in model.parameters())
+    policy = QwenPolicy(model, tokenizer, mode="full")
+
+    def evaluate(step: int) -> dict[str, float]:
+        figures = greedy_eval(policy, runtime, dev_tasks, collector_settings)
+        return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns") if k in figures}
+
+    def on_step(step: int, loss: float) -> None:
+        if progress:
+            progress(f"warm start loss {loss:.3f}", step / sft.steps)
+
+    history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=on_step)
+    report["sft"] = {"settings": asdict(sft), "loss": history.loss, "evals": history.evals, "seconds": history.seconds}
+    report["total_seconds"] = time.monotonic() - t0
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "warmstart.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report

@@ -1,0 +1,136 @@
+"""Supervised warm start on oracle trajectories: loss only on the assistant's tokens.
+
+Conversations are tokenised with exactly the collector's segmentation (prompt; then per turn the
+assistant text + `<|im_end|>` and the rendered observation), so the model is trained on the same
+ids it will later see and sample during RL.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation
+
+logger = logging.getLogger(__name__)
+
+
+def conversation_to_ids(messages: Sequence[dict[str, str]], tokenizer) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of a finished conversation: system + user prompt, then
+    assistant/observation turns. Mask is 1 on assistant text and its end-of-turn token."""
+
+    def enc(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    first_assistant = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    ids = enc(render_conversation(messages[:first_assistant]))
+    mask = [0] * len(ids)
+    end = tokenizer.convert_tokens_to_ids(IM_END)
+    i = first_assistant
+    while i < len(messages):
+        turn = enc(messages[i]["content"]) + [end]
+        ids += turn
+        mask += [1] * len(turn)
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if j > i + 1:
+            obs = enc(render_observation(messages[i + 1 : j]))
+            ids += obs
+            mask += [0] * len(obs)
+        i = j
+    return ids, mask
+
+
+@dataclass
+class SFTSettings:
+    steps: int = 300
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    max_length: int = 1024
+    eval_every: int = 50
+    seed: int = 0
+
+
+@dataclass
+class SFTHistory:
+    """Training loss per step and held-out figures at eval steps (for the warm-start curve)."""
+
+    loss: list[tuple[int, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    for row, (ids, mask) in enumerate(examples):
+        n = len(ids)
+        input_ids[row, :n] = torch.tensor(ids)
+        attention[row, :n] = 1
+        labels[row, :n] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def supervised_finetune(
+    model: torch.nn.Module,
+    examples: Sequence[tuple[list[int], list[int]]],
+    pad_id: int,
+    settings: SFTSettings,
+    *,
+    evaluate: Callable[[int], dict[str, float]] | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> SFTHistory:
+    """AdamW with linear warmup and cosine decay; batches of similar length to limit padding."""
+    rng = random.Random(settings.seed)
+    data = [(ids[: settings.max_length], mask[: settings.max_length]) for ids, mask in examples]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+
+    def lr_at(step: int) -> float:
+        if step < settings.warmup_steps:
+            return (step + 1) / settings.warmup_steps
+        frac = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    history = SFTHistory()
+    start = time.monotonic()
+    order: list[int] = []
+    model.train()
+    for step in range(settings.steps):
+        if len(order) < settings.batch_size:
+            # Shuffle, then sort chunks of 8 batches by length: little padding, still random order.
+            idx = list(range(len(data)))
+            rng.shuffle(idx)
+            chunk = settings.batch_size * 8
+            order = [i for c in range(0, len(idx), chunk) for i in sorted(idx[c : c + chunk], key=lambda k: len(data[k][0]))]
+        batch_idx, order = order[: settings.batch_size], order[settings.batch_size :]
+        batch = _collate([data[i] for i in batch_idx], pad_id)
+        loss = model(**batch, use_cache=False).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        history.loss.append((step + 1, loss.item()))
+        if progress is not None:
+            progress(step + 1, history.loss[-1][1])
+        if evaluate is not None and ((step + 1) % settings.eval_every == 0 or step + 1 == settings.steps):
+            model.eval()
+            figures = {"step": step + 1, "seconds": time.monotonic() - start, **evaluate(step + 1)}
+            model.train()
+            history.evals.append(figures)
+            logger.info("warm start step %d: %s", step + 1, figures)
+    model.eval()
+    history.seconds = time.monotonic() - start
+    return history

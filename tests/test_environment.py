@@ -1,0 +1,124 @@
+"""MCPToolEnvironment end to end: real MCP server processes, real SQLite, skyrl_gym.make."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import skyrl_gym
+import skyrl_tool_agent  # noqa: F401 - registers mcp_tool_env
+from skyrl_tool_agent.config import EnvConfig, MCPServerConfig
+from skyrl_tool_agent.env.environment import MCPToolEnvironment
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.rollout.agents import oracle_turn_texts
+from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def shop_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dbs")
+    make_shop_db(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def runtime(shop_root):
+    rt = EnvRuntime(EnvConfig(), shop_root)
+    yield rt
+    rt.close()
+
+
+def _extras(task, **more):
+    return {"reward_spec": {"method": "rule", "ground_truth": task.gold_sql}, "db_id": task.db_id, **more}
+
+
+def test_skyrl_gym_make_runs_oracle_episode_to_reward_one(shop_root):
+    task = SHOP_TASKS[1]
+    env = skyrl_gym.make("mcp_tool_env", env_config={"db_root": str(shop_root)}, extras=_extras(task, max_turns=6))
+    messages, info = env.init([{"role": "user", "content": f"Database: shop\nQuestion: {task.question}"}])
+    assert messages[0]["role"] == "system" and "<tools>" in messages[0]["content"]
+    for name in ("list_tables", "describe_table", "execute_sql"):
+        assert f'"name": "{name}"' in messages[0]["content"]  # the tools the server actually lists
+    turns = oracle_turn_texts(task)
+    for i, turn in enumerate(turns):
+        out = env.step(turn)
+        if i < len(turns) - 1:
+            assert not out["done"]
+            assert out["observations"][0]["content"].startswith("<tool_response>")
+    assert out["done"] and out["reward"] == pytest.approx(1.0)
+    assert out["metadata"]["reward_components"]["execution"] == 1.0
+    # the execute_sql observation showed the real result (10.5 + 20.0)
+    assert any("30.5" in m["content"] for m in env.chat_history if m["role"] == "user")
+
+
+def test_wrong_answer_scores_below_one_and_malformed_turns_never_raise(runtime):
+    task = SHOP_TASKS[0]
+    env = MCPToolEnvironment(extras=_extras(task, max_turns=8), runtime=runtime)
+    env.init([{"role": "user", "content": task.question}])
+    bad_turns = [
+        "<tool_call>{not json}</tool_call>",
+        '<tool_call>{"name": "drop_everything", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "execute_sql", "arguments": {"db_id": "shop"}}</tool_call>',
+        "I think the answer is 2.",
+        "<answer>SELECT 1</answer> and more text",
+    ]
+    for turn in bad_turns:
+        out = env.step(turn)
+        assert not out["done"]
+        text = out["observations"][0]["content"]
+        assert text.startswith("Error:"), text
+    out = env.step('<tool_call>{"name": "execute_sql", "arguments": {"db_id": "shop", "sql": "SELEC nope"}}</tool_call>')
+    assert "error" in out["observations"][0]["content"].lower()
+    assert env.tool_errors == 1
+    out = env.step("<answer>SELECT count(*) FROM customer</answer>")
+    assert out["done"]
+    assert out["metadata"]["reward_components"]["execution"] == 0.0
+    assert 0.0 <= out["reward"] < 1.0
+    assert env.format_errors == 5
+
+
+def test_episode_ends_at_max_turns_with_zero_execution_reward(runtime):
+    task = SHOP_TASKS[0]
+    env = MCPToolEnvironment(extras=_extras(task, max_turns=2), runtime=runtime)
+    env.init([{"role": "user", "content": task.question}])
+    assert not env.step(oracle_turn_texts(task)[0])["done"]
+    out = env.step(oracle_turn_texts(task)[0])
+    assert out["done"] and out["metadata"]["done_reason"] == "max_turns"
+    assert out["metadata"]["reward_components"]["execution"] == 0.0
+
+
+def test_env_works_with_any_mcp_server(shop_root):
+    calc = MCPServerConfig(name="calc", command=sys.executable, args=[str(REPO / "tests/fixtures/calc_server.py")])
+    config = EnvConfig(mcp_servers=[calc])
+    rt = EnvRuntime(config, shop_root)
+    try:
+        assert {t.name for t in rt.tools} == {"add", "shout"}
+        task = SHOP_TASKS[0]
+        env = MCPToolEnvironment(extras=_extras(task, max_turns=4), runtime=rt)
+        messages, _ = env.init([{"role": "user", "content": "add 2 and 40"}])
+        assert '"name": "add"' in messages[0]["content"]
+        out = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call>\n'
+                       '<tool_call>{"name": "shout", "arguments": {"text": "hi"}}</tool_call>')
+        text = out["observations"][0]["content"]
+        assert "42" in text and "HI" in text
+        out = env.step('<tool_call>{"name": "shout", "arguments": {"text": ""}}</tool_call>')
+        assert "must not be empty" in out["observations"][0]["content"]
+        out = env.step(f"<answer>{task.gold_sql}</answer>")
+        assert out["done"] and out["reward"] == pytest.approx(1.0)
+    finally:
+        rt.close()
+
+
+def test_skyrl_sql_tag_style(shop_root):
+    task = SHOP_TASKS[0]
+    env = skyrl_gym.make("mcp_tool_env", env_config={"db_root": str(shop_root), "tool_call_format": "skyrl_sql"},
+                         extras=_extras(task))
+    env.init([{"role": "user", "content": task.question}])
+    out = env.step(f"<think>count them</think><sql>{task.gold_sql}</sql>")
+    assert "2" in out["observations"][0]["content"] and not out["done"]
+    out = env.step(f"<think>done</think><solution>{task.gold_sql}</solution>")
+    assert out["done"] and out["reward"] == pytest.approx(1.0)

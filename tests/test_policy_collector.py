@@ -1,0 +1,92 @@
+"""QwenPolicy + embedded-style tiny model + TrajectoryCollector: real generation, real MCP server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from skyrl_tool_agent.config import EnvConfig
+from skyrl_tool_agent.env.chat_format import render_conversation, render_observation
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.grpo.batch import collate
+from skyrl_tool_agent.policy.qwen import SamplingParams
+from skyrl_tool_agent.rollout.agents import PolicyAgent
+from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
+from tests.fixtures.tiny_policy import build_tiny_model_dir, tiny_policy
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dbs")
+    make_shop_db(root)
+    rt = EnvRuntime(EnvConfig(), root)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(runtime, tmp_path_factory):
+    return build_tiny_model_dir(runtime, SHOP_TASKS * 4, tmp_path_factory.mktemp("tiny"))
+
+
+def test_reload_through_auto_classes_gives_identical_ids_and_logits(model_dir):
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = render_conversation([{"role": "system", "content": "S"}, {"role": "user", "content": "Database: shop\nQuestion: Héllo  Paris?"}])
+    text += '<tool_call>\n{"name": "list_tables", "arguments": {"db_id": "shop"}}\n</tool_call><|im_end|>'
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids == raw.encode(text, add_special_tokens=False).ids
+    assert tok.decode(ids) == text
+    assert tok.convert_tokens_to_ids("<tool_call>") in ids  # one id for the tool tag
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == render_conversation(messages)
+    m1 = AutoModelForCausalLM.from_pretrained(model_dir)
+    m2 = AutoModelForCausalLM.from_pretrained(model_dir)
+    x = torch.tensor([ids])
+    assert m1.config.model_type == "qwen2"
+    assert torch.equal(m1(x).logits, m2(x).logits)
+
+
+def test_collector_group_trajectories_masks_and_logprobs(runtime, model_dir):
+    policy = tiny_policy(model_dir, mode="lora")
+    settings = CollectorSettings(max_turns=4, max_new_tokens_per_turn=48, max_total_tokens=1500, concurrency=8)
+    agent = PolicyAgent(policy, SamplingParams(temperature=1.0, max_new_tokens=48))
+    collector = TrajectoryCollector(runtime, agent, tokenizer=policy.tokenizer, settings=settings)
+    torch.manual_seed(0)
+    trajectories = asyncio.run(collector.collect(SHOP_TASKS[:2], group_size=4))
+    assert [(t.task_id, t.group_index) for t in trajectories] == [(task.task_id, g) for task in SHOP_TASKS[:2] for g in range(4)]
+    assert collector.last_stats["mean_generation_batch"] > 1.0  # generation was batched across episodes
+    tok = policy.tokenizer
+    for t in trajectories:
+        n = len(t.token_ids)
+        assert n == len(t.loss_mask) == len(t.sampling_logprobs) == len(t.turn_index) <= 1500
+        assert t.loss_mask[: t.prompt_length] == [0] * t.prompt_length
+        assert tok.decode(t.token_ids[: t.prompt_length]) == render_conversation(t.messages[:2])
+        # masked-in runs are exactly the assistant turns the env saw; masked-out runs are observations
+        runs, start = [], 0
+        for i in range(1, n + 1):
+            if i == n or t.loss_mask[i] != t.loss_mask[start]:
+                runs.append((t.loss_mask[start], t.token_ids[start:i]))
+                start = i
+        policy_runs = [ids for m, ids in runs if m == 1]
+        assistant = [m["content"] for m in t.messages if m["role"] == "assistant"]
+        assert [tok.decode(ids, skip_special_tokens=True) for ids in policy_runs] == assistant
+        obs_runs = [ids for m, ids in runs if m == 0][1:]
+        user_obs = [m for m in t.messages[2:] if m["role"] == "user"]
+        for ids, msg in zip(obs_runs, user_obs):
+            assert tok.decode(ids) == render_observation([msg])
+        assert t.result.turns == len(assistant) >= 1
+        assert all(i >= 0 for i, m in zip(t.turn_index, t.loss_mask) if m)
+    # sampling log-probs == log-probs the trainer recomputes on the same ids (multi-turn sequences)
+    batch = collate(trajectories, [1.0] * len(trajectories), tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = policy.token_logprobs(batch.input_ids, batch.attention_mask, temperature=1.0)
+    diff = (logp - batch.old_logp).abs()[batch.loss_mask]
+    assert batch.loss_mask.sum() > 20
+    assert float(diff.max()) < 2e-3, float(diff.max())

@@ -1,0 +1,115 @@
+"""GRPOTrainer end to end on a tiny model: real rollouts through real MCP servers, real updates,
+checkpoints, and a `kill -9` + `--resume auto` that reaches the same metrics as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from skyrl_tool_agent.config import EnvConfig
+from skyrl_tool_agent.data.tasks import save_tasks
+from skyrl_tool_agent.env.pools import EnvRuntime
+from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
+from tests.fixtures.tiny_policy import build_tiny_model_dir
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "training" / "scripts" / "train_grpo.py"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    db_root = root / "dbs"
+    make_shop_db(db_root)
+    save_tasks(SHOP_TASKS, root / "train.json")
+    save_tasks(SHOP_TASKS, root / "dev.json")
+    rt = EnvRuntime(EnvConfig(), db_root)
+    try:
+        model_dir = build_tiny_model_dir(rt, SHOP_TASKS * 4, root / "model")
+    finally:
+        rt.close()
+    return root, model_dir
+
+
+def _cmd(root: Path, model_dir: Path, out: Path, *extra: str) -> list[str]:
+    sets = {
+        "model.name_or_path": model_dir, "model.device": "cpu", "model.lora.r": 4, "model.lora.alpha": 8,
+        "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
+        "training.data.db_root": root / "dbs", "training.max_steps": 3, "training.tasks_per_step": 2,
+        "training.checkpoint_every": 1, "training.eval_every": 0, "training.eval_num_tasks": 3,
+        "training.learning_rate": 0.01, "training.wandb.mode": "disabled", "training.seed": 7,
+        "grpo.group_size": 2, "grpo.max_turns": 4, "grpo.max_new_tokens_per_turn": 40, "grpo.max_total_tokens": 1200,
+        "grpo.filter_uniform_groups": False, "grpo.kl_coef": 0.05,
+    }
+    args = [sys.executable, str(SCRIPT), "--mode", "lora", "--output-dir", str(out)]
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    return args + list(extra)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_train_then_kill9_and_resume_matches_uninterrupted(setup, tmp_path):
+    root, model_dir = setup
+    full = tmp_path / "full"
+    done = subprocess.run(_cmd(root, model_dir, full), env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _metrics(full)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for key in ("reward/mean", "reward/std", "train/loss", "train/kl", "train/entropy", "episode/turns_mean",
+                "episode/tool_errors", "tokens_per_s"):
+        assert key in rows[1], key
+    assert "eval/execution_accuracy" in rows[0] and "eval/execution_accuracy" in rows[-1]
+    assert rows[1]["train/entropy"] > 0 and rows[1]["tokens_per_s"] > 0
+    assert (full / "final" / "adapter_config.json").is_file()
+    assert (full / "training_curves.png").stat().st_size > 10_000
+    assert "before GRPO" in done.stdout
+
+    # interrupted run: kill -9 once the step-1 checkpoint exists, then resume
+    part = tmp_path / "part"
+    proc = subprocess.Popen(_cmd(root, model_dir, part), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (part / "checkpoints" / "step-000001" / "trainer_state.json").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run(_cmd(root, model_dir, part, "--resume", "auto"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr + resumed.stdout
+    again = _metrics(part)
+    assert [r["step"] for r in again] == [0, 1, 2, 3]
+    for a, b in zip(rows, again):
+        for key in ("reward/mean", "train/loss", "train/kl", "eval/execution_accuracy"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["step"], key)
+
+
+def test_bad_inputs_exit_2_with_one_line(setup, tmp_path):
+    root, model_dir = setup
+    cases = [
+        ["--set", "grpo.group_size=four"],
+        ["--set", "training.data.train_file=/nonexistent/train.json"],
+        ["--set", "model.name_or_path=/nonexistent/model"],
+        ["--push-to-hub", "me/repo"],
+    ]
+    env = {k: v for k, v in _env().items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    for extra in cases:
+        res = subprocess.run(_cmd(root, model_dir, tmp_path / "bad", *extra), env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2, (extra, res.stderr[-2000:])
+        err = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and "Traceback" not in res.stderr, (extra, res.stderr[-2000:])
