@@ -22,8 +22,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import ModelConfig
-from skyrl_tool_agent.grpo.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.grpo.logprobs import token_logprobs
 from skyrl_tool_agent.policy.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
+from skyrl_tool_agent.policy.prefix import (
+    MIN_SHARED_PREFIX,
+    batch_logprobs,
+    common_prefix_length,
+    sample_with_shared_prefix,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +87,23 @@ class QwenPolicy:
     # -------------------------------------------------------------- sampling
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        """Sample one continuation per prompt (a GRPO group is G copies of a prompt), left-padded batch."""
+        """Sample one continuation per prompt (a GRPO group is G copies of a prompt).
+
+        Prompts sharing a long prefix (the system prompt) use the shared-prefix sampler; others
+        fall back to `model.generate` on a left-padded batch.
+        """
         if not prompts:
             return []
+        prefix_len = common_prefix_length(prompts)
+        if prefix_len >= MIN_SHARED_PREFIX:
+            ids, logps, stopped = sample_with_shared_prefix(
+                self.model, prompts, prefix_len, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                top_p=params.top_p, stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id, device=self.device,
+            )
+            return [Generation(i, lp, "stop" if s else "length") for i, lp, s in zip(ids, logps, stopped)]
+        return self._hf_generate(prompts, params)
+
+    def _hf_generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         pad_id = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -125,14 +145,10 @@ class QwenPolicy:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of `input_ids[:, 1:]` given the prefix, shape [B, L-1] (and entropy if asked).
 
-        Right-padded batches; position t of the output scores token t+1.
+        Right-padded batches; position t of the output scores token t+1. Rows sharing a long
+        prefix (the system prompt) run it once (see `policy.prefix`).
         """
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        temperature = temperature if temperature > 0 else 1.0
-        logits = logits[:, :-1]
-        logp = token_logprobs(logits, input_ids[:, 1:], temperature)
-        entropy = entropy_from_logits(logits, temperature) if with_entropy else None
-        return logp, entropy
+        return batch_logprobs(self.model, input_ids, attention_mask, temperature=temperature, with_entropy=with_entropy)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[PreTrainedModel]:
@@ -149,8 +165,7 @@ class QwenPolicy:
     @torch.no_grad()
     def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
         with self.reference() as ref:
-            logits = ref(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        return token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature if temperature > 0 else 1.0)
+            return batch_logprobs(ref, input_ids, attention_mask, temperature=temperature)[0]
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

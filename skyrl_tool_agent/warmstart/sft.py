@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation
+from skyrl_tool_agent.policy.prefix import batch_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,9 @@ def supervised_finetune(
             order = [i for c in range(0, len(idx), chunk) for i in sorted(idx[c : c + chunk], key=lambda k: len(data[k][0]))]
         batch_idx, order = order[: settings.batch_size], order[settings.batch_size :]
         batch = _collate([data[i] for i in batch_idx], pad_id)
-        loss = model(**batch, use_cache=False).loss
+        logp, _ = batch_logprobs(model, batch["input_ids"], batch["attention_mask"])  # shares the system prompt
+        target = batch["labels"][:, 1:] != -100
+        loss = -(logp * target).sum() / target.sum().clamp(min=1)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

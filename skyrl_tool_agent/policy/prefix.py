@@ -1,0 +1,162 @@
+"""Shared-prefix forward passes and sampling: the system prompt is computed once per batch.
+
+Every episode of a run starts with the same system message (instructions + the tool list), which
+is most of a small model's context: on the embedded default it is ~570 of ~830 tokens. Running it
+once and broadcasting its key/value cache across the batch cuts training and sampling compute
+~2-3x on CPU (vLLM's prefix caching does the same for serving).
+
+Layout: rows are `prefix + suffix_i`. The prefix KV is computed once (with gradient when
+training, so LoRA/full updates still flow through it), expanded over the batch, and the suffixes
+run on top of it with explicit position ids, so results equal a plain full-sequence forward up to
+float rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from skyrl_tool_agent.grpo.logprobs import entropy_from_logits, token_logprobs
+
+# Below this many shared tokens the plain full-sequence path is used (nothing worth sharing).
+MIN_SHARED_PREFIX = 16
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common prefix, capped so every row keeps at least one own token."""
+    if not rows:
+        return 0
+    first, shortest = rows[0], min(len(r) for r in rows)
+    n = 0
+    while n < shortest - 1 and all(r[n] == first[n] for r in rows):
+        n += 1
+    return n
+
+
+def prefix_pass(model: torch.nn.Module, prefix: torch.Tensor) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """Run the shared prefix `[P]` once: per-layer (key, value) of shape [1, h, P, d] and its logits [P, V]."""
+    out = model(input_ids=prefix.unsqueeze(0), use_cache=True)
+    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    return kv, out.logits[0]
+
+
+def expand_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], batch: int) -> DynamicCache:
+    return DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in kv])
+
+
+def suffix_logits(model: torch.nn.Module, kv: list, suffix: torch.Tensor, suffix_mask: torch.Tensor,
+                  *, use_cache: bool = False) -> tuple[torch.Tensor, DynamicCache]:
+    """Logits of `suffix` [B, S] (padding anywhere, marked by `suffix_mask`) on top of the prefix."""
+    batch = suffix.shape[0]
+    prefix_len = kv[0][0].shape[2]
+    cache = expand_cache(kv, batch)
+    attention = torch.cat([torch.ones(batch, prefix_len, dtype=suffix_mask.dtype, device=suffix.device), suffix_mask], 1)
+    positions = prefix_len + (suffix_mask.cumsum(1) - 1).clamp(min=0)
+    out = model(input_ids=suffix, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=use_cache)
+    return out.logits, cache
+
+
+def shared_prefix_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_len: int,
+    *, temperature: float = 1.0, with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Right-padded rows sharing their first `prefix_len` ids -> log-probs of ids[:, 1:] ([B, L-1]),
+    as a plain forward would give (position t scores token t+1), and entropies if asked."""
+    batch, width = input_ids.shape
+    kv, prefix_out = prefix_pass(model, input_ids[0, :prefix_len])
+    logits, _ = suffix_logits(model, kv, input_ids[:, prefix_len:], attention_mask[:, prefix_len:])
+    # Prefix positions predict the same next ids in every row: computed once, broadcast.
+    pre_logits = prefix_out.unsqueeze(0)  # [1, P, V]; position P-1 predicts each row's first own id
+    pre_lp = token_logprobs(pre_logits[:, :-1], input_ids[:1, 1:prefix_len], temperature).expand(batch, -1)
+    last_lp = token_logprobs(pre_logits[:, -1:].expand(batch, -1, -1), input_ids[:, prefix_len:prefix_len + 1], temperature)
+    suf_lp = token_logprobs(logits[:, :-1], input_ids[:, prefix_len + 1:], temperature)
+    logp = torch.cat([pre_lp, last_lp, suf_lp], dim=1)
+    entropy = None
+    if with_entropy:
+        pre_h = entropy_from_logits(pre_logits, temperature).expand(batch, -1)
+        suf_h = entropy_from_logits(logits[:, :-1], temperature)
+        entropy = torch.cat([pre_h, suf_h], dim=1)
+    assert logp.shape == (batch, width - 1)
+    return logp, entropy
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Sample ids from [B, V] logits (greedy when temperature <= 0), nucleus-truncated at top_p."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, -1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        choice = torch.multinomial(sorted_p / sorted_p.sum(-1, keepdim=True), 1).squeeze(-1)
+        return order.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+    return torch.multinomial(probs, 1).squeeze(-1)
+
+
+@torch.no_grad()
+def sample_with_shared_prefix(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], prefix_len: int, *, max_new_tokens: int,
+    temperature: float, top_p: float, stop_ids: Sequence[int], pad_id: int, device: torch.device,
+) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    """Sample continuations for prompts sharing `prefix_len` ids. Returns ids, their log-probs under
+    softmax(logits / temperature) (pre-truncation: what the trainer's ratio compares against), and
+    whether each stopped on a stop id."""
+    batch = len(prompts)
+    suffixes = [list(p[prefix_len:]) for p in prompts]
+    width = max(len(s) for s in suffixes)
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    for i, s in enumerate(suffixes):  # left-pad the suffixes: every row's last id is at the end
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    kv, _ = prefix_pass(model, torch.tensor(list(prompts[0][:prefix_len]), device=device))
+    logits, cache = suffix_logits(model, kv, ids, mask, use_cache=True)
+    next_logits = logits[:, -1]
+    attention = torch.cat([torch.ones(batch, prefix_len, dtype=torch.long, device=device), mask], 1)
+    positions = prefix_len + mask.sum(1) - 1
+    stop = torch.tensor(list(stop_ids), device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+    out_ids: list[list[int]] = [[] for _ in range(batch)]
+    out_lp: list[list[float]] = [[] for _ in range(batch)]
+    scale = temperature if temperature > 0 else 1.0
+    for _ in range(max_new_tokens):
+        token = _pick(next_logits, temperature, top_p)
+        logp = torch.log_softmax(next_logits.float() / scale, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+        for i in torch.nonzero(~done).flatten().tolist():
+            out_ids[i].append(int(token[i]))
+            out_lp[i].append(float(logp[i]))
+        hit = torch.isin(token, stop) & ~done
+        stopped |= hit
+        done |= hit
+        if bool(done.all()):
+            break
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        attention = torch.cat([attention, torch.ones(batch, 1, dtype=torch.long, device=device)], 1)
+        positions = positions + 1
+        out = model(input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=positions.unsqueeze(1),
+                    past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        next_logits = out.logits[:, -1]
+    return out_ids, out_lp, stopped.tolist()
+
+
+def batch_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `input_ids[:, 1:]` ([B, L-1], right-padded rows; position t scores token t+1),
+    sharing the rows' common prefix when it is long enough; entropies if asked."""
+    temperature = temperature if temperature > 0 else 1.0
+    rows = [r[: int(m.sum())] for r, m in zip(input_ids.tolist(), attention_mask)]
+    prefix_len = common_prefix_length(rows)
+    if prefix_len >= MIN_SHARED_PREFIX:
+        return shared_prefix_logprobs(model, input_ids, attention_mask, prefix_len, temperature=temperature,
+                                      with_entropy=with_entropy)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    logp = token_logprobs(logits, input_ids[:, 1:], temperature)
+    return logp, (entropy_from_logits(logits, temperature) if with_entropy else None)
