@@ -122,3 +122,18 @@ def test_skyrl_sql_tag_style(shop_root):
     assert "2" in out["observations"][0]["content"] and not out["done"]
     out = env.step(f"<think>done</think><solution>{task.gold_sql}</solution>")
     assert out["done"] and out["reward"] == pytest.approx(1.0)
+
+
+def test_shaping_rewards_penalise_failed_turns_only_when_enabled(shop_root):
+    task = SHOP_TASKS[0]
+    rt = EnvRuntime(EnvConfig(shaping_rewards=True, shaping_penalty=0.05), shop_root)
+    try:
+        env = MCPToolEnvironment(extras=_extras(task, max_turns=5), runtime=rt)
+        env.init([{"role": "user", "content": task.question}])
+        assert env.step("no call here")["reward"] == pytest.approx(-0.05)
+        bad_sql = '<tool_call>{"name": "execute_sql", "arguments": {"db_id": "shop", "sql": "SELECT nope"}}</tool_call>'
+        assert env.step(bad_sql)["reward"] == pytest.approx(-0.05)
+        assert env.step(oracle_turn_texts(task)[0])["reward"] == 0.0
+        assert env.step(f"<answer>{task.gold_sql}</answer>")["reward"] == pytest.approx(1.0 - 0.1 / 1.15)  # format lost
+    finally:
+        rt.close()

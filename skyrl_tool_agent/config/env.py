@@ -93,8 +93,9 @@ def _default_servers() -> list[MCPServerConfig]:
 
 
 class RewardConfig(Section):
-    """Reward terms. The reward is execution_weight * execution, plus, only when
-    env.shaping_rewards is on, the format, syntax and partial terms."""
+    """Final-reward weights: total = (execution_weight * execution + format_weight * format +
+    syntax_weight * syntax + partial_weight * partial * (1 - execution)) / (execution_weight +
+    format_weight + syntax_weight), so a perfect episode scores 1 (skyrl_tool_agent.rewards.scoring)."""
 
     execution_weight: float = knob(
         1.0,
@@ -148,8 +149,11 @@ class EnvConfig(Section):
         "reference).",
     )
     shaping_rewards: bool = knob(
-        False, "Add the format, syntax and partial reward terms (else execution only)."
+        False,
+        "Per-turn shaping: a turn that is malformed or whose tool calls all fail gets -shaping_penalty "
+        "as its step reward (the final reward is unchanged). Off: intermediate turns get 0.",
     )
+    shaping_penalty: float = knob(0.05, "Size of the per-turn shaping penalty (with shaping_rewards).", ge=0)
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward weights.")
     collector: CollectorConfig = Field(default_factory=CollectorConfig, description="Rollout collector.")
 

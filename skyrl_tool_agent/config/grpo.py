@@ -109,9 +109,15 @@ class GRPOConfig(Section):
     temperature: float = knob(1.0, "Sampling temperature for rollouts.", gt=0)
     top_p: float = knob(1.0, "Nucleus sampling mass (1.0 = off, keeps log-probs exact).", gt=0, le=1)
     max_new_tokens_per_turn: int = knob(128, "Token cap for one assistant turn.", h100=512, ge=1)
-    max_turns: int = knob(3, "Assistant turns per episode (the last must answer).", h100=6, ge=1)
+    max_turns: int = knob(
+        5,
+        "Assistant turns per episode; the episode ends (unanswered) after the last. The oracle needs 4 "
+        "(list tables, describe, execute, answer); one spare turn lets the policy retry after an error.",
+        h100=8,
+        ge=1,
+    )
     max_total_tokens: int = knob(
-        1024,
+        1536,
         "Token cap for a whole episode. It counts prompt + all turns + tool outputs; the episode "
         "ends when it is reached.",
         h100=6144,

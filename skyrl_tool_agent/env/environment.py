@@ -153,7 +153,9 @@ class MCPToolEnvironment(BaseTextEnv):
         observation = {"role": "user", "content": text}
         self.chat_history.append(observation)
         metadata["tool_errors"] = sum(1 for _, e in results if e)
-        return BaseTextEnvStepOutput(observations=[observation], reward=0.0, done=False, metadata=metadata)
+        failed = bool(plan.parsed.errors) or (bool(results) and all(e for _, e in results))
+        reward = -self.runtime.settings.shaping_penalty if failed else 0.0
+        return BaseTextEnvStepOutput(observations=[observation], reward=reward, done=False, metadata=metadata)
 
     def _score(self) -> RewardBreakdown:
         if self.gold_sql is None or self.db_path is None:

@@ -32,6 +32,7 @@ class EnvSettings:
     sql_timeout_s: float
     call_timeout_s: float
     reward_weights: RewardWeights
+    shaping_penalty: float  # 0 = no per-turn shaping
 
 
 def server_specs(config: EnvConfig, db_root: Path) -> list[ServerSpec]:
@@ -49,6 +50,7 @@ class EnvRuntime:
             tool_call_format=config.tool_call_format,
             sql_timeout_s=config.sql_timeout_s,
             call_timeout_s=config.call_timeout_s,
+            shaping_penalty=config.shaping_penalty if config.shaping_rewards else 0.0,
             reward_weights=RewardWeights(
                 execution=config.reward.execution_weight,
                 format=config.reward.format_weight,
