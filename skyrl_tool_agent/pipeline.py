@@ -91,7 +91,7 @@ def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task
         sft.eval_every = eval_every
     logger.info("building the embedded default model into %s", out)
     g = config.grpo
-    settings = CollectorSettings(max_turns=g.max_turns, max_new_tokens_per_turn=g.max_new_tokens_per_turn,
+    settings = CollectorSettings(max_turns=max(g.max_turns, 4), max_new_tokens_per_turn=g.max_new_tokens_per_turn,
                                  max_total_tokens=g.max_total_tokens, concurrency=64, max_batch=64)
     runtime = EnvRuntime(config.env, db_root)
     try:
@@ -167,3 +167,34 @@ def run_training(config: Config, *, resume: str | None = None, progress: Any = N
     (out / "before_after.json").write_text(json.dumps({"before": before, "after": after, "steps": trainer.step}, indent=1) + "\n")
     plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
     return RunSummary(before, after, trainer.step, time.monotonic() - start, out, history)
+
+
+def continue_warm_start(config: Config, minutes: float, *, progress: Any = None) -> dict[str, Any]:
+    """The supervised baseline for GRPO's gain: continue the embedded model's warm start (same
+    recipe, same data) for `minutes` of wall time, then evaluate greedy on GRPO's fixed dev subset."""
+    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.policy.qwen import QwenPolicy
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+    from skyrl_tool_agent.warmstart.build import greedy_eval, oracle_conversations
+    from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
+
+    train_tasks, dev_tasks, db_root = load_task_splits(config)
+    g, t = config.grpo, config.training
+    settings = CollectorSettings(max_turns=max(g.max_turns, 4), max_new_tokens_per_turn=g.max_new_tokens_per_turn,
+                                 max_total_tokens=g.max_total_tokens, concurrency=64, max_batch=64)
+    runtime = EnvRuntime(config.env, db_root)
+    try:
+        policy = QwenPolicy.from_config(config.model, mode="full")
+        eval_tasks = fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
+        before = greedy_eval(policy, runtime, eval_tasks, settings)
+        conversations = oracle_conversations(runtime, train_tasks, settings)
+        examples = [conversation_to_ids(c, policy.tokenizer) for c in conversations]
+        sft = SFTSettings(steps=10**6, warmup_steps=0, seed=t.seed + 17)
+        sft.learning_rate *= 0.1  # the tail of the warm start's cosine schedule
+        start = time.monotonic()
+        history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft,
+                                      deadline=start + 60 * minutes, progress=progress)
+        after = greedy_eval(policy, runtime, eval_tasks, settings)
+    finally:
+        runtime.close()
+    return {"minutes": minutes, "steps": len(history.loss), "before": before, "after": after}

@@ -64,6 +64,8 @@ def build_embedded_model(
     if progress:
         progress("oracle episodes", 0.0)
     conversations = oracle_conversations(runtime, train_tasks, collector_settings)
+    if not conversations:
+        raise RuntimeError("the oracle solved no warm-start task: check the data and max_turns (the oracle needs 4)")
     report["oracle_seconds"] = time.monotonic() - t0
 
     if progress:

@@ -91,8 +91,10 @@ def supervised_finetune(
     *,
     evaluate: Callable[[int], dict[str, float]] | None = None,
     progress: Callable[[int, float], None] | None = None,
+    deadline: float | None = None,
 ) -> SFTHistory:
-    """AdamW with linear warmup and cosine decay; batches of similar length to limit padding."""
+    """AdamW with linear warmup and cosine decay; batches of similar length to limit padding.
+    Stops after `settings.steps` or at the monotonic-clock `deadline`, whichever comes first."""
     rng = random.Random(settings.seed)
     data = [(ids[: settings.max_length], mask[: settings.max_length]) for ids, mask in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
@@ -109,6 +111,8 @@ def supervised_finetune(
     order: list[int] = []
     model.train()
     for step in range(settings.steps):
+        if deadline is not None and time.monotonic() > deadline:
+            break
         if len(order) < settings.batch_size:
             # Shuffle, then sort chunks of 8 batches by length: little padding, still random order.
             idx = list(range(len(data)))
