@@ -8,7 +8,9 @@ device, fd 1 -> stderr), so a stray print in a tool cannot corrupt the protocol 
 
 It also survives input the SDK transport would die on: an over-long line is skipped (the session
 sees a parse error), and a response that cannot be encoded (e.g. a lone surrogate echoed back)
-becomes a JSON-RPC error for that request instead of killing the writer task.
+becomes a JSON-RPC error for that request instead of killing the writer task. When stdin ends,
+requests already read are still answered (for up to `DRAIN_ON_EOF_S`) before the server stops, so
+`cat requests.jsonl | python -m mcp_tools.sqlite_server ...` gets every answer.
 
 Falls back to the SDK transport when stdin/stdout are not pipes (e.g. a regular file).
 """
@@ -32,6 +34,29 @@ logger = logging.getLogger(__name__)
 
 #: Longest accepted request line (bytes); the sandbox caps SQL far below this.
 MAX_LINE_BYTES = 8 * 1024 * 1024
+#: After stdin ends, how long requests already read may still finish and be answered.
+DRAIN_ON_EOF_S = 5.0
+
+
+class _OpenRequests:
+    """Ids of client requests read but not yet answered, so stdin EOF can wait for their answers."""
+
+    def __init__(self) -> None:
+        self.ids: set[Any] = set()
+        self.idle = anyio.Event()
+        self.idle.set()
+
+    def opened(self, message: Any) -> None:
+        if isinstance(message, types.JSONRPCRequest):
+            if self.idle.is_set():
+                self.idle = anyio.Event()
+            self.ids.add(message.id)
+
+    def answered(self, message: Any) -> None:
+        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and self.ids:
+            self.ids.discard(message.id)
+            if not self.ids:
+                self.idle.set()
 
 
 def _is_stream_fd(fd: int) -> bool:
@@ -101,22 +126,30 @@ async def fast_stdio_server() -> AsyncIterator[tuple[Any, Any]]:
 
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+    open_requests = _OpenRequests()
 
     async def stdin_reader() -> None:
         async with read_send:
-            while (line := await _read_line(reader)) is not None:
-                if line == b"":
-                    await read_send.send(ValueError("request line too long; skipped"))
-                    continue
-                if not line.strip():
-                    continue
-                try:
-                    text = line.decode("utf-8", errors="replace")  # as the SDK transport does
-                    message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
-                except Exception as exc:  # noqa: BLE001 - reported to the session, like the SDK
-                    await read_send.send(exc)
-                    continue
-                await read_send.send(SessionMessage(message))
+            await _read_messages()
+            # EOF: closing the read stream ends the session and cancels handlers still running.
+            with anyio.move_on_after(DRAIN_ON_EOF_S):
+                await open_requests.idle.wait()
+
+    async def _read_messages() -> None:
+        while (line := await _read_line(reader)) is not None:
+            if line == b"":
+                await read_send.send(ValueError("request line too long; skipped"))
+                continue
+            if not line.strip():
+                continue
+            try:
+                text = line.decode("utf-8", errors="replace")  # as the SDK transport does
+                message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+            except Exception as exc:  # noqa: BLE001 - reported to the session, like the SDK
+                await read_send.send(exc)
+                continue
+            open_requests.opened(message)
+            await read_send.send(SessionMessage(message))
 
     writer_done = anyio.Event()
 
@@ -124,10 +157,14 @@ async def fast_stdio_server() -> AsyncIterator[tuple[Any, Any]]:
         try:
             async with write_recv:
                 async for session_message in write_recv:
-                    data = _encode(session_message.message)
+                    message = session_message.message
+                    data = _encode(message)
                     if data:
                         writer.write(data)
                         await writer.drain()
+                    open_requests.answered(message)
+        except (BrokenPipeError, ConnectionResetError):
+            logger.info("client closed stdout; dropping further output")
         finally:
             writer_done.set()
 

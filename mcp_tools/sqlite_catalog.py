@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 #: Names listed in an "unknown db_id/table" message before "... and N more".
 MAX_NAMES_IN_ERROR = 25
+#: Time allowed to count one table's rows for the schema (over it: "? rows").
+ROW_COUNT_TIMEOUT_S = 0.5
 
 
 class CatalogError(Exception):
@@ -135,6 +137,7 @@ class Catalog:
         self.timeout_s = timeout_s
         self._open: OrderedDict[str, _OpenDb] = OrderedDict()
         self._ids: list[str] = []
+        self._id_set: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._scan()
 
@@ -148,11 +151,12 @@ class Catalog:
     def _scan(self) -> None:
         if self.db_root is None:
             assert self.db_path is not None
-            self._ids = [self.db_path.stem]
-            return
-        self._ids = sorted(
-            p.name for p in self.db_root.iterdir() if p.is_dir() and (p / f"{p.name}.sqlite").is_file()
-        )
+            ids = [self.db_path.stem]
+        else:
+            ids = sorted(
+                p.name for p in self.db_root.iterdir() if p.is_dir() and (p / f"{p.name}.sqlite").is_file()
+            )
+        self._ids, self._id_set = ids, frozenset(ids)
 
     def db_ids(self) -> list[str]:
         """Known database ids (the single database's file stem in `db_path` mode)."""
@@ -162,9 +166,9 @@ class Catalog:
         if self.db_path is not None:
             return self._ids[0], self.db_path
         assert self.db_root is not None
-        if db_id not in self._ids:
+        if db_id not in self._id_set:
             self._scan()  # a database may have been added since start
-            if db_id not in self._ids:
+            if db_id not in self._id_set:
                 raise CatalogError(names_hint("db_id", db_id, self._ids))
         # db_id comes from the directory listing, so it cannot escape db_root.
         return db_id, self.db_root / db_id / f"{db_id}.sqlite"
@@ -236,8 +240,8 @@ class Catalog:
             q = quote_ident(name)
             cols = run_query(conn, f"PRAGMA table_info({q})", timeout_s=t, max_rows=None).rows
             fks = run_query(conn, f"PRAGMA foreign_key_list({q})", timeout_s=t, max_rows=None).rows
-            try:
-                count = run_query(conn, f"SELECT count(*) FROM {q}", timeout_s=t).rows[0][0]
+            try:  # a short budget: a huge table shows "? rows" rather than stalling the schema
+                count = run_query(conn, f"SELECT count(*) FROM {q}", timeout_s=min(t, ROW_COUNT_TIMEOUT_S)).rows[0][0]
             except SandboxError as exc:
                 logger.info("row count of %s failed: %s", name, exc)
                 count = None

@@ -12,13 +12,15 @@ same databases, so one process per DB root keeps one warm cache of open connecti
 schemas instead of two, and halves the number of processes per rollout worker. Nothing needs the
 split (both are read-only and sandboxed alike).
 
-Every query goes through `mcp_tools.sandbox` (the security boundary). Tool bodies run on worker
-threads with a watchdog a little past the query timeout, so a query stuck inside one SQLite
-operation still answers in time. Every refused or failed call is an MCP error result
-(`is_error=True`) whose text tells the model what went wrong; the server itself never crashes on
-input. Text output is compact (a small model reads it): tables as `col | col` lines.
+Every query goes through `mcp_tools.sandbox` (the security boundary). Queries start on the event
+loop and move to a worker thread if they overrun a short budget; there a watchdog a little past
+the query timeout answers even if SQLite is stuck inside one operation. Every refused or failed
+call is an MCP error result (`is_error=True`) whose text tells the model what went wrong; the
+server itself never crashes on input. Text output is compact (a small model reads it): tables as
+`col | col` lines. The stdio transport is `mcp_tools.fast_stdio` (the SDK's, minus thread hops).
 """
 
+# No `from __future__ import annotations`: the SDK reads the tools' Annotated parameter types.
 import argparse
 import inspect
 import logging
@@ -35,7 +37,7 @@ from pydantic import Field
 
 from mcp_tools.fast_stdio import fast_stdio_server
 from mcp_tools.sandbox import QueryResult, SandboxError, jsonable_cell, run_query
-from mcp_tools.sqlite_catalog import Catalog, CatalogError, TableInfo, find_table, quote_ident
+from mcp_tools.sqlite_catalog import Catalog, CatalogError, ColumnInfo, TableInfo, find_table, quote_ident
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ DbId = Annotated[str, Field(description="Database id.")]
 TableName = Annotated[str, Field(description="Table name.")]
 Sql = Annotated[str, Field(description="One SQLite SELECT statement.")]
 NRows = Annotated[int, Field(description="Rows to show (max 20).")]
+IgnoredDbId = Annotated[str, Field(description="Ignored: this server has one database.")]
 
 
 # ----------------------------------------------------------------------------- text rendering
@@ -101,7 +104,7 @@ def query_tool_result(result: QueryResult, max_chars: int) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
-def _column_text(col: Any, fks: dict[str, str]) -> str:
+def _column_text(col: ColumnInfo, fks: dict[str, str]) -> str:
     parts = [col.name]
     if col.type:
         parts.append(col.type)
@@ -164,14 +167,15 @@ class SqliteTools:
         self.max_rows = max_rows
         self.max_chars = max_chars
 
-    async def _run(self, work: Callable[[float], CallToolResult], what: str) -> CallToolResult:
+    async def _run(self, work: Callable[[float], CallToolResult], what: str, *, inline: bool = True) -> CallToolResult:
         """`work(timeout_s)` inline within the budget, else on a worker thread (see the class doc)."""
         inline_s = min(self.timeout_s, INLINE_BUDGET_S)
-        try:
-            return work(inline_s)
-        except (SandboxError, CatalogError) as exc:
-            if not (isinstance(exc, SandboxError) and exc.kind == "timeout" and inline_s < self.timeout_s):
-                return text_result(str(exc), is_error=True)
+        if inline:
+            try:
+                return work(inline_s)
+            except (SandboxError, CatalogError) as exc:
+                if not (isinstance(exc, SandboxError) and exc.kind == "timeout" and inline_s < self.timeout_s):
+                    return text_result(str(exc), is_error=True)
         with anyio.move_on_after(self.timeout_s + WATCHDOG_GRACE_S):
             try:
                 return await anyio.to_thread.run_sync(work, self.timeout_s, abandon_on_cancel=True)
@@ -196,7 +200,9 @@ class SqliteTools:
                 return text_result(render(tables))
             except CatalogError as exc:
                 return text_result(str(exc), is_error=True)
-        return await self._run(lambda _t: text_result(render(self.catalog.tables(db_id))), "reading the schema")
+        return await self._run(
+            lambda _t: text_result(render(self.catalog.tables(db_id))), "reading the schema", inline=False
+        )
 
     async def list_tables(self, db_id: DbId) -> CallToolResult:
         """List the tables in a database."""
@@ -235,7 +241,9 @@ def _db_id_optional(fn: Callable[..., Any]) -> Callable[..., Any]:
         return await fn(*args, **kwargs)
 
     sig = inspect.signature(fn)
-    params = [p.replace(default="") if p.name == "db_id" else p for p in sig.parameters.values()]
+    params = [
+        p.replace(default="", annotation=IgnoredDbId) if p.name == "db_id" else p for p in sig.parameters.values()
+    ]
     # db_id moves behind the required parameters so the signature stays valid.
     params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
@@ -283,7 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     try:
-        catalog = Catalog(db_root=args.db_root, db_path=args.db, max_open_dbs=args.max_open_dbs, timeout_s=args.timeout_s)
+        catalog = Catalog(
+            db_root=args.db_root, db_path=args.db, max_open_dbs=args.max_open_dbs, timeout_s=args.timeout_s
+        )
     except ValueError as exc:
         parser.error(str(exc))
     server = build_server(

@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from typing import Any, TextIO
 
 import anyio
+from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult
 
@@ -221,41 +222,39 @@ class MCPClientPool:
             return ToolResult(text=problem, is_error=True)
         timeout = self.call_timeout_s if timeout_s is None else timeout_s
         slot: ServerSlot | None = None
+        session: ClientSession | None = None
         try:
             with anyio.fail_after(timeout):
-                slot = group.pick() or await group.wait_ready()
-                session = slot.session
-                if session is None:  # broke between pick and here
-                    slot = await group.wait_ready()
+                while session is None:  # a slot can break between being picked and being used
+                    slot = group.pick() or await group.wait_ready()
                     session = slot.session
-                assert session is not None
                 result = await session.call_tool(remote_name, arguments)
         except TimeoutError:
-            if slot is not None:
-                slot.suspect()
+            if slot is None or session is None:
                 raise MCPServerUnavailable(
-                    f"MCP server {group.spec.name!r}: {name} got no answer within {timeout:g} s"
+                    f"MCP server {group.spec.name!r} is restarting and did not come back within {timeout:g} s"
                 ) from None
+            slot.suspect(session)
             raise MCPServerUnavailable(
-                f"MCP server {group.spec.name!r} is restarting and did not come back within {timeout:g} s"
+                f"MCP server {group.spec.name!r}: {name} got no answer within {timeout:g} s"
             ) from None
         except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                if slot is not None:
-                    slot.mark_broken("connection closed")
-                raise MCPServerUnavailable(f"MCP server {group.spec.name!r} closed the connection during {name}") from exc
-            # A protocol-level error for this request (e.g. invalid params): the caller's to read.
-            return ToolResult(text=f"error: {exc}", is_error=True)
+            if exc.code != CONNECTION_CLOSED:
+                # A protocol-level error for this request (e.g. invalid params): the caller's to read.
+                return ToolResult(text=f"error: {exc}", is_error=True)
+            if slot is not None and session is not None:
+                slot.mark_broken("connection closed", session=session)
+            raise MCPServerUnavailable(f"MCP server {group.spec.name!r} closed the connection during {name}") from exc
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
-            if slot is not None:
-                slot.mark_broken(type(exc).__name__)
+            if slot is not None and session is not None:
+                slot.mark_broken(type(exc).__name__, session=session)
             raise MCPServerUnavailable(f"MCP server {group.spec.name!r} is unavailable: {exc!r}") from exc
         except Exception as exc:  # noqa: BLE001 - e.g. a malformed response: the server's bug, reported as a result
             logger.warning("MCP call %s on %s failed: %r", name, group.spec.name, exc)
             return ToolResult(text=f"error: {type(exc).__name__}: {exc}", is_error=True)
-        if self._closed:
-            raise MCPPoolClosed("the MCP pool was closed during the call")
-        return ToolResult(text=_result_text(result), is_error=bool(result.is_error), structured=result.structured_content)
+        return ToolResult(
+            text=_result_text(result), is_error=bool(result.is_error), structured=result.structured_content
+        )
 
 
 class BackgroundMCPPool:

@@ -10,9 +10,11 @@ Callers on the same event loop use the live session concurrently; they never own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
+import signal
 import sys
 from typing import Any, TextIO
 
@@ -92,47 +94,60 @@ class ServerSlot:
         self.last_error: str | None = None
         self.first_attempt_done = asyncio.Event()
         self._broken = asyncio.Event()
-        self._closing = False
-        self._checking = False
+        self._stop = anyio.CancelScope()  # entered by the supervisor; close() cancels it
         self._task: asyncio.Task[None] | None = None
+        self._health_task: asyncio.Task[None] | None = None
 
     @property
     def ready(self) -> bool:
         return self.session is not None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._supervise(), name=f"mcp-slot-{self.spec.name}-{self.index}")
+        name = f"mcp-slot-{self.spec.name}-{self.index}"
+        self._task = asyncio.get_running_loop().create_task(self._supervise(), name=name)
 
     async def close(self) -> None:
-        self._closing = True
-        self._broken.set()
+        """Stop the server for good. An anyio cancellation (not task.cancel()), so the SDK's
+        shielded transport shutdown still reaps the process, even mid-startup or mid-backoff."""
+        self._stop.cancel()
         if self._task is not None:
             await asyncio.shield(self._task)
 
-    def mark_broken(self, reason: str) -> None:
-        """Tear this session down and start a fresh server (no-op if already restarting)."""
+    def mark_broken(self, reason: str, *, session: ClientSession | None = None, kill: bool = False) -> None:
+        """Tear this session down and start a fresh server (no-op if already restarting).
+
+        `session`: only if that is still the live session (a late failure of a replaced session
+        must not take down its successor). `kill` SIGKILLs the process first: a hung server would
+        otherwise hold the restart for the SDK's shutdown grace periods (about 4 s).
+        """
+        if session is not None and session is not self.session:
+            return
         if self.session is not None and not self._broken.is_set():
             logger.warning("MCP server %s[%d] restarting: %s", self.spec.name, self.index, reason)
             self.session = None
             self.group.changed()
+            if kill:
+                self._kill()
         self._broken.set()
 
-    def suspect(self) -> None:
-        """A call timed out: ping the server in the background and restart it if the ping fails."""
-        if self._checking or self.session is None:
+    def _kill(self) -> None:
+        if (pid := self.pid()) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def suspect(self, session: ClientSession) -> None:
+        """A call on `session` timed out: ping it in the background; restart the server if that fails."""
+        if session is not self.session or (self._health_task is not None and not self._health_task.done()):
             return
-        self._checking = True
-        asyncio.get_running_loop().create_task(self._health_check(self.session))
+        self._health_task = asyncio.get_running_loop().create_task(self._health_check(session))
 
     async def _health_check(self, session: ClientSession) -> None:
         try:
             with anyio.fail_after(self.ping_timeout_s):
                 await session.send_ping()
         except Exception as exc:  # noqa: BLE001 - any failure means the session is unusable
-            if session is self.session:
-                self.mark_broken(f"no answer to ping within {self.ping_timeout_s:g} s ({type(exc).__name__})")
-        finally:
-            self._checking = False
+            reason = f"no answer to ping within {self.ping_timeout_s:g} s ({type(exc).__name__})"
+            self.mark_broken(reason, session=session, kill=True)
 
     def pid(self) -> int | None:
         """Process id of the current server (found via its environment tag), or None."""
@@ -154,33 +169,36 @@ class ServerSlot:
 
     async def _supervise(self) -> None:
         backoff = 0.2
-        while not self._closing:
-            self._broken.clear()
-            try:
-                await self._serve_once()
-                backoff = 0.2
-            except Exception as exc:  # noqa: BLE001 - a broken server must never kill the supervisor
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                logger.warning("MCP server %s[%d] failed: %s", self.spec.name, self.index, self.last_error)
-            finally:
-                self.session = None
-                self.group.changed()
-                self.first_attempt_done.set()
-            if self._closing:
-                break
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+        with self._stop:
+            while True:
+                self._broken.clear()
+                try:
+                    await self._serve_once()
+                    backoff = 0.2
+                except Exception as exc:  # noqa: BLE001 - a broken server must never kill the supervisor
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    logger.warning("MCP server %s[%d] failed: %s", self.spec.name, self.index, self.last_error)
+                finally:
+                    self.session = None
+                    self.group.changed()
+                    self.first_attempt_done.set()
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
 
     async def _serve_once(self) -> None:
         errlog = self.errlog if self.errlog is not None else (sys.__stderr__ or sys.stderr)
         async with stdio_client(self._params(), errlog=errlog) as (read_stream, write_stream):
             watched = _EofWatchingStream(read_stream, lambda: self.mark_broken("server output ended"))
             async with ClientSession(watched, write_stream) as session:
-                with anyio.fail_after(self.startup_timeout_s):
-                    await session.initialize()
-                    # Listing once also fills the session's output-schema cache, so call_tool
-                    # never lists tools again on its own.
-                    self.tools = list((await session.list_tools()).tools)
+                try:
+                    with anyio.fail_after(self.startup_timeout_s):
+                        await session.initialize()
+                        # Listing once also fills the session's output-schema cache, so call_tool
+                        # never lists tools again on its own.
+                        self.tools = list((await session.list_tools()).tools)
+                except TimeoutError:
+                    self._kill()  # unresponsive: skip the SDK's shutdown grace periods
+                    raise TimeoutError(f"no answer to initialize within {self.startup_timeout_s:g} s") from None
                 if self._broken.is_set():
                     return
                 self.session = session
@@ -188,8 +206,10 @@ class ServerSlot:
                 self.last_error = None
                 self.group.changed()
                 self.first_attempt_done.set()
-                await self._broken.wait()
-                self.session = None
+                try:
+                    await self._broken.wait()
+                finally:
+                    self.session = None  # before the contexts close (their EOF is no news)
 
 
 class SlotGroup:
