@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
+from math import prod
 from statistics import mean
+from typing import Any
 
+from skyrl_tool_agent.rewards.partial import exact_match
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 
@@ -33,3 +37,63 @@ def group_by(trajectories: Iterable[Trajectory], key) -> dict[str, list[Trajecto
     for t in trajectories:
         groups[key(t)].append(t)
     return dict(groups)
+
+
+# ------------------------------------------------------------------ evaluation (evaluate.py)
+@lru_cache(maxsize=65536)
+def _exact(pred_sql: str, gold_sql: str) -> bool:
+    # Cached: the same (prediction, gold) pair is scored overall, per difficulty and per database.
+    return exact_match(pred_sql, gold_sql)
+
+
+def is_exact_match(pred_sql: str | None, gold_sql: str) -> bool:
+    """sqlglot-normalised SQL equality (`rewards.exact_match`); no answer is never a match."""
+    return pred_sql is not None and _exact(pred_sql, gold_sql)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from `n` samples of which `c` are correct (Chen et al. 2021, eq. 1):
+    1 - C(n-c, k) / C(n, k), computed as a stable product."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def pass_at_k_levels(num_samples: int) -> list[int]:
+    """The k reported for `num_samples` samples per question: 1, 2, 5, 10, 20, 50, 100... and n itself."""
+    ks = [k for base in (1, 10, 100, 1000) for k in (base, 2 * base, 5 * base) if k < num_samples]
+    return sorted({*ks, num_samples})
+
+
+def evaluation_metrics(
+    trajectories: Sequence[Trajectory], gold_sql: Mapping[str, str], num_samples: int = 1
+) -> dict[str, Any]:
+    """`summarize` plus exact match, with `n` counting questions (not episodes), and pass@k
+    (mean over questions) when `num_samples` > 1. Sample-level rates (execution accuracy, exact
+    match, ...) average over all episodes, i.e. they are pass@1 estimates."""
+    if not trajectories:
+        return {"n": 0, "episodes": 0}
+    out: dict[str, Any] = summarize(trajectories)
+    out["episodes"] = len(trajectories)
+    groups = group_by(trajectories, lambda t: t.task_id)
+    out["n"] = len(groups)
+    out["exact_match"] = mean(float(is_exact_match(t.result.final_sql, gold_sql[t.task_id])) for t in trajectories)
+    if num_samples > 1:
+        counts = [(len(g), sum(t.result.solved for t in g)) for g in groups.values()]
+        out["pass_at_k"] = {
+            str(k): mean(pass_at_k(n, c, k) for n, c in counts if n >= k) for k in pass_at_k_levels(num_samples)
+        }
+    return out
+
+
+def evaluation_breakdown(
+    trajectories: Sequence[Trajectory],
+    gold_sql: Mapping[str, str],
+    key: Callable[[Trajectory], str],
+    num_samples: int = 1,
+) -> dict[str, dict[str, Any]]:
+    """`evaluation_metrics` per group (e.g. per difficulty or per database), groups sorted by name."""
+    groups = group_by(trajectories, key)
+    return {name: evaluation_metrics(groups[name], gold_sql, num_samples) for name in sorted(groups)}

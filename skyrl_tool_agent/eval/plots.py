@@ -45,7 +45,7 @@ def plot_accuracy_by_difficulty(by_difficulty: Mapping[str, Mapping[str, float]]
     labels = [f"{k}\n(n={int(by_difficulty[k].get('n', 0))})" for k in names]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(labels, values, color="#4c72b0")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.1)  # headroom for the value labels above full bars
     ax.set_ylabel("execution accuracy")
     ax.set_title(title or "Execution accuracy by difficulty")
     for i, v in enumerate(values):

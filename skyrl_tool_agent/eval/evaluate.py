@@ -1,0 +1,340 @@
+"""The evaluation run: tasks -> collector episodes (through the MCP env) -> per-question records ->
+metrics overall, per difficulty and per database (+ pass@k when sampled) -> offline files.
+
+    run = run_evaluation(tasks, runtime, "oracle" | policy, settings, EvalOptions(...))
+    write_outputs(run, Path("results.json"))   # + _trajectories.jsonl, _by_difficulty.png, _report.html
+
+The episodes are produced by one `TrajectoryCollector.collect` call over all tasks (concurrent
+episodes, generation batched across them) while a `weave.Evaluation` over the same tasks consumes
+them (see `weave_eval`); Weave is online with W&B credentials and disabled otherwise.
+`evaluate_for_training` is the same run for the GRPO trainer's eval steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from skyrl_tool_agent.config import Config, UserInputError
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, is_exact_match
+from skyrl_tool_agent.rollout.agents import Agent, OracleAgent, PolicyAgent
+from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+ORACLE = "oracle"
+DIFFICULTY_ORDER = ("easy", "medium", "hard", "extra")
+#: The oracle's full script (list tables, describe, execute, answer) needs this many turns.
+ORACLE_FULL_TURNS = 4
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How an evaluation samples and how it is named/tracked.
+
+    `num_samples` episodes per question; temperature 0 = greedy (then `num_samples` must be 1).
+    `weave_mode` is usually `weave_eval.weave_mode(config.training.wandb.mode)`.
+    """
+
+    num_samples: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    name: str = "sql-eval"
+    weave_project: str = "skyrl-tool-agent"
+    weave_mode: Literal["online", "disabled"] = "disabled"
+    model_path: str | None = None
+    step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_samples < 1:
+            raise UserInputError(f"--num-samples must be >= 1, got {self.num_samples}")
+        if self.num_samples > 1 and self.temperature <= 0:
+            raise UserInputError("pass@k with --num-samples > 1 needs sampling: give --temperature > 0")
+
+
+@dataclass
+class EvaluationRun:
+    """An evaluation's outcome: `results` (results.json), `records` (one per question, the JSONL)
+    and the raw trajectories."""
+
+    results: dict[str, Any]
+    records: list[dict[str, Any]]
+    trajectories: list[Trajectory] = field(repr=False)
+
+
+def collector_settings(config: Config, *, max_turns: int | None = None, concurrency: int | None = None,
+                       deterministic: bool = True) -> CollectorSettings:
+    """Episode limits as in training (`grpo.*`), concurrency from `env.collector`.
+
+    deterministic: lockstep generation batches ordered by episode, so greedy results do not depend
+    on tool latency (the trainer's setting; costs little at evaluation batch sizes).
+    """
+    g = config.grpo
+    width = max(1, concurrency or config.env.collector.concurrency)
+    return CollectorSettings(
+        max_turns=max_turns or g.max_turns,
+        max_new_tokens_per_turn=g.max_new_tokens_per_turn,
+        max_total_tokens=g.max_total_tokens,
+        concurrency=width,
+        max_batch=width,
+        max_episode_retries=config.env.collector.max_episode_retries,
+        deterministic=deterministic,
+    )
+
+
+def make_agent(policy: Any, settings: CollectorSettings, options: EvalOptions) -> tuple[Agent, Any]:
+    """(agent, tokenizer) for `policy`: the string 'oracle', a `QwenPolicy`, or any text `Agent`
+    (an object with `async act(requests)`, e.g. a scripted baseline)."""
+    if hasattr(policy, "act"):
+        return policy, None
+    if isinstance(policy, str) and policy != ORACLE:
+        raise ValueError(f"unknown policy {policy!r}: 'oracle', a QwenPolicy or an Agent")
+    if policy == ORACLE:
+        if settings.max_turns < ORACLE_FULL_TURNS - 1:
+            logger.warning("max_turns=%d: the oracle needs at least 3 turns to answer", settings.max_turns)
+        # With fewer than 4 turns the oracle skips describe_table and still answers in time.
+        return OracleAgent(describe=settings.max_turns >= ORACLE_FULL_TURNS), None
+    from skyrl_tool_agent.policy.qwen import SamplingParams
+
+    params = SamplingParams(temperature=options.temperature, top_p=options.top_p,
+                            max_new_tokens=settings.max_new_tokens_per_turn)
+    return PolicyAgent(policy, params), policy.tokenizer
+
+
+class EpisodeRunner:
+    """Runs every task's episodes in one collector call and hands them out per task as they finish
+    (the `weave_eval.EpisodeSource` that `PolicyModel.predict` awaits)."""
+
+    def __init__(self, collector: TrajectoryCollector, tasks: Sequence[Task], num_samples: int,
+                 on_episode: Callable[[Trajectory], None] | None = None) -> None:
+        ids = [t.task_id for t in tasks]
+        if len(set(ids)) != len(ids):
+            raise UserInputError("duplicate task ids in the evaluation set")
+        self.collector = collector
+        self.tasks = list(tasks)
+        self.num_samples = num_samples
+        self.on_episode = on_episode
+        self._done: dict[str, list[Trajectory]] = defaultdict(list)
+        self._futures: dict[str, asyncio.Future[list[Trajectory]]] = {}
+        self._job: asyncio.Task[list[Trajectory]] | None = None
+
+    def start(self) -> None:
+        """Start collecting (inside the running event loop)."""
+        loop = asyncio.get_running_loop()
+        self._futures = {t.task_id: loop.create_future() for t in self.tasks}
+        self._job = asyncio.create_task(self.collector.collect(self.tasks, self.num_samples, on_episode_done=self._episode))
+        self._job.add_done_callback(self._finished)
+
+    def _episode(self, traj: Trajectory) -> None:
+        group = self._done[traj.task_id]
+        group.append(traj)
+        if self.on_episode is not None:
+            self.on_episode(traj)
+        if len(group) == self.num_samples and not self._futures[traj.task_id].done():
+            self._futures[traj.task_id].set_result(sorted(group, key=lambda t: t.group_index))
+
+    def _finished(self, job: asyncio.Task[list[Trajectory]]) -> None:
+        error = RuntimeError("evaluation cancelled") if job.cancelled() else job.exception()
+        if error is None:
+            return
+        for future in self._futures.values():
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved here too: the job re-raises it once, in wait()
+
+    async def episodes(self, task_id: str) -> list[Trajectory]:
+        return await asyncio.shield(self._futures[task_id])
+
+    async def wait(self) -> list[Trajectory]:
+        """All trajectories, task-major (re-raises a collector failure)."""
+        assert self._job is not None, "start() first"
+        return await self._job
+
+
+async def _run_episodes(runner: EpisodeRunner, options: EvalOptions, policy_name: str) -> tuple[list[Trajectory], dict[str, Any]]:
+    from skyrl_tool_agent.eval.weave_setup import prepare_weave
+
+    prepare_weave(options.weave_mode)  # before weave is first imported (see weave_setup)
+    from skyrl_tool_agent.eval.weave_eval import PolicyModel, object_name, run_weave_evaluation, weave_session
+
+    runner.start()
+    weave_info: dict[str, Any] = {}
+    with weave_session(options.weave_project, options.weave_mode) as mode:
+        weave_info["mode"] = mode
+        model = PolicyModel(name=object_name(_model_name(policy_name, options)), policy=policy_name, model_path=options.model_path,
+                            step=options.step, num_samples=options.num_samples, temperature=options.temperature)
+        try:
+            weave_info["summary"] = await run_weave_evaluation(runner.tasks, runner, model, name=options.name)
+        except Exception as exc:  # noqa: BLE001 - Weave trouble must not lose the evaluation itself
+            logger.warning("weave.Evaluation failed (%s: %s); results come from the episodes alone",
+                           type(exc).__name__, exc)
+            weave_info["error"] = f"{type(exc).__name__}: {exc}"
+    return await runner.wait(), weave_info
+
+
+def _model_name(policy_name: str, options: EvalOptions) -> str:
+    base = Path(options.model_path or "embedded").name or "model" if policy_name == "model" else policy_name
+    return f"{base}-step{options.step}" if options.step is not None else base
+
+
+def run_evaluation(
+    tasks: Sequence[Task],
+    runtime: EnvRuntime,
+    policy: Any,
+    settings: CollectorSettings,
+    options: EvalOptions | None = None,
+    *,
+    skipped: int = 0,
+    metadata: dict[str, Any] | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> EvaluationRun:
+    """Evaluate `policy` ('oracle', a `QwenPolicy` or an `Agent`) on `tasks` through `runtime`'s MCP env.
+
+    `skipped` (questions left out, e.g. missing Spider databases) and `metadata` (dataset, split...)
+    go into the results; `on_episode` is called as each episode finishes (progress bars).
+    """
+    options = options or EvalOptions()
+    if not tasks:
+        raise UserInputError("no tasks to evaluate")
+    agent, tokenizer = make_agent(policy, settings, options)
+    collector = TrajectoryCollector(runtime, agent, tokenizer=tokenizer, settings=settings)
+    runner = EpisodeRunner(collector, tasks, options.num_samples, on_episode)
+    policy_name = ORACLE if policy == ORACLE else "agent" if hasattr(policy, "act") else "model"
+    start = time.monotonic()
+    trajectories, weave_info = asyncio.run(_run_episodes(runner, options, policy_name))
+    seconds = time.monotonic() - start
+    results = compute_results(tasks, trajectories, num_samples=options.num_samples, skipped=skipped)
+    results.update(
+        name=options.name, policy=policy_name, model_path=options.model_path, step=options.step,
+        temperature=options.temperature, top_p=options.top_p, max_turns=settings.max_turns,
+        seconds=seconds, episodes_per_s=len(trajectories) / seconds if seconds > 0 else 0.0,
+        weave=weave_info, **(metadata or {}),
+    )
+    return EvaluationRun(results, build_records(tasks, trajectories), trajectories)
+
+
+def difficulty_of(task: Task) -> str:
+    """The reporting bucket: Spider's official hardness (easy/medium/hard/extra) when known."""
+    return task.spider_hardness or task.difficulty
+
+
+def _difficulty_rank(name: str) -> tuple[int, str]:
+    return (DIFFICULTY_ORDER.index(name) if name in DIFFICULTY_ORDER else len(DIFFICULTY_ORDER), name)
+
+
+def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *, num_samples: int = 1,
+                    skipped: int = 0) -> dict[str, Any]:
+    """Metrics overall, `by_difficulty` and `by_db` (see `metrics.evaluation_metrics`)."""
+    by_id = {t.task_id: t for t in tasks}
+    gold = {t.task_id: t.gold_sql for t in tasks}
+    results = evaluation_metrics(trajectories, gold, num_samples)
+    results["skipped"] = skipped
+    results["num_samples"] = num_samples
+    by_difficulty = evaluation_breakdown(trajectories, gold, lambda t: difficulty_of(by_id[t.task_id]), num_samples)
+    results["by_difficulty"] = {k: by_difficulty[k] for k in sorted(by_difficulty, key=_difficulty_rank)}
+    results["by_db"] = evaluation_breakdown(trajectories, gold, lambda t: t.result.db_id, num_samples)
+    # Compare only like with like: `--compare` checks this fingerprint of the question set.
+    results["task_ids_sha1"] = hashlib.sha1("\n".join(sorted(by_id)).encode()).hexdigest()
+    return results
+
+
+def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    """One JSON-friendly record per question: the task, its samples (full trajectories with exact
+    match) and its pass counts. Order follows `tasks`."""
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for traj in trajectories:
+        groups[traj.task_id].append(traj)
+    records = []
+    for task in tasks:
+        samples = []
+        for traj in sorted(groups.get(task.task_id, []), key=lambda t: t.group_index):
+            sample = traj.to_record()
+            sample["exact_match"] = is_exact_match(traj.result.final_sql, task.gold_sql)
+            samples.append(sample)
+        correct = sum(bool(s["solved"]) for s in samples)
+        records.append({
+            "task_id": task.task_id, "db_id": task.db_id, "question": task.question, "gold_sql": task.gold_sql,
+            "difficulty": difficulty_of(task), "source": task.source, "split": task.split,
+            "num_samples": len(samples), "num_correct": correct,
+            "solved": bool(samples) and bool(samples[0]["solved"]),
+            "samples": samples,
+        })
+    return records
+
+
+@dataclass(frozen=True)
+class OutputPaths:
+    """Where `write_outputs` puts things; defaults sit next to results.json, named after its stem."""
+
+    results: Path
+    trajectories: Path
+    report: Path
+    difficulty_png: Path
+
+    @classmethod
+    def beside(cls, results: Path, *, trajectories: Path | None = None, report: Path | None = None) -> OutputPaths:
+        stem = results.with_suffix("")
+        return cls(results, trajectories or Path(f"{stem}_trajectories.jsonl"), report or Path(f"{stem}_report.html"),
+                   Path(f"{stem}_by_difficulty.png"))
+
+
+def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str, Any] | None = None,
+                  report: bool = True) -> OutputPaths:
+    """Write results.json, the per-question JSONL, the difficulty PNG and (if `report`) report.html.
+    `baseline` (a previous results.json) adds a comparison table to the report."""
+    from skyrl_tool_agent.eval.plots import plot_accuracy_by_difficulty
+
+    paths.results.parent.mkdir(parents=True, exist_ok=True)
+    run.results["files"] = {"trajectories": str(paths.trajectories), "difficulty_png": str(paths.difficulty_png),
+                            **({"report": str(paths.report)} if report else {})}
+    title = f"{run.results.get('name', 'evaluation')}: {run.results.get('policy', '')}"
+    plot_accuracy_by_difficulty(run.results["by_difficulty"], paths.difficulty_png, title=title)
+    with paths.trajectories.open("w", encoding="utf-8") as f:
+        for record in run.records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    paths.results.write_text(json.dumps(run.results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    if report:
+        from skyrl_tool_agent.eval.report import write_report
+
+        write_report(run.results, run.records, paths.report, difficulty_png=paths.difficulty_png, baseline=baseline)
+    return paths
+
+
+def evaluate_for_training(
+    config: Config,
+    policy: Any,
+    runtime: EnvRuntime,
+    tasks: Sequence[Task],
+    *,
+    step: int,
+    settings: CollectorSettings | None = None,
+    output_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Greedy evaluation at a training step, as a `weave.Evaluation` ('<run>-dev-eval', the model
+    tagged with `step`, so Weave compares checkpoints); returns results.json's dict (the keys of
+    `summarize` plus exact_match, by_difficulty, by_db, weave). With `output_dir`, also writes
+    `eval-step-XXXXXX.json` (+ JSONL, PNG; no HTML report) there.
+    """
+    from skyrl_tool_agent.eval.weave_setup import weave_mode
+
+    w = config.training.wandb
+    settings = settings or collector_settings(config)
+    options = EvalOptions(
+        name=f"{w.run_name or 'grpo'}-dev-eval", weave_project=f"{w.entity}/{w.project}" if w.entity else w.project,
+        weave_mode=weave_mode(w.mode), model_path=str(config.model.name_or_path), step=step,
+    )
+    run = run_evaluation(tasks, runtime, policy, settings, options)
+    if output_dir is not None:
+        write_outputs(run, OutputPaths.beside(Path(output_dir) / f"eval-step-{step:06d}.json"), report=False)
+    return run.results

@@ -1,0 +1,94 @@
+"""Load the policy an evaluation runs: a base model, a trained LoRA adapter, a full fine-tune, or a
+training checkpoint, all as a `QwenPolicy` ready for generation.
+
+Accepted `model_path` values:
+- None: `model.name_or_path` of the config (the embedded default unless overridden);
+- a directory saved by `QwenPolicy.save` (training's `final/`): LoRA adapter (`adapter_config.json`)
+  or whole model (`config.json`), tokenizer included;
+- a training checkpoint `checkpoints/step-XXXXXX` (its `weights/` holds the adapter or model, without
+  tokenizer: the tokenizer comes from the adapter's base model or from the config's model);
+- a hub name or `embedded`.
+Adapters are merged into their base for evaluation (plain forward passes, faster generation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.policy.loading import (
+    ModelLoadError,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_model_path,
+)
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+
+logger = logging.getLogger(__name__)
+
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return any((path / name).is_file() for name in _TOKENIZER_FILES)
+
+
+def resolve_weights_dir(path: Path) -> Path:
+    """A checkpoint dir (`step-XXXXXX/weights/...`) -> its weights dir; anything else unchanged."""
+    weights = path / "weights"
+    if weights.is_dir() and not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        return weights
+    return path
+
+
+def load_eval_policy(model_path: str | Path | None, model_config: ModelConfig) -> QwenPolicy:
+    """The policy at `model_path` (see module doc) with `model_config`'s device, dtype and attention.
+
+    Raises `ModelLoadError` (a `UserInputError`: one line, exit 2 in scripts) when nothing loadable
+    is there.
+    """
+    # Evaluation never trains: no fresh adapters, no 4-bit base (adapters are merged into it).
+    config = model_config.model_copy(update={"quantization": type(model_config.quantization)()})
+    if model_path is None or str(model_path) == "embedded":
+        return QwenPolicy.from_config(config, mode="full")
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        if str(model_path).startswith((".", "/", "~")) or len(Path(str(model_path)).parts) > 2:
+            raise ModelLoadError(f"--model-path {model_path}: no such directory")
+        return QwenPolicy.from_config(config.model_copy(update={"name_or_path": str(model_path)}), mode="full")
+    weights = resolve_weights_dir(path)
+    adapter_file = weights / "adapter_config.json"
+    if adapter_file.is_file():
+        return _load_adapter(weights, path, config)
+    if not (weights / "config.json").is_file():
+        raise ModelLoadError(f"{path}: neither a model (config.json) nor a LoRA adapter (adapter_config.json)")
+    tokenizer_src = weights if _has_tokenizer(weights) else Path(resolve_model_path(config))
+    device = resolve_device(config.device)
+    tokenizer = load_tokenizer(str(tokenizer_src), config)
+    model = load_model(str(weights), config, device, mode="full")
+    logger.info("loaded model %s (tokenizer from %s)", weights, tokenizer_src)
+    return QwenPolicy(model, tokenizer, mode="full")
+
+
+def _load_adapter(weights: Path, given: Path, config: ModelConfig) -> QwenPolicy:
+    from peft import PeftModel
+
+    try:
+        base = json.loads((weights / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{weights / 'adapter_config.json'}: unreadable ({exc})") from exc
+    base = base or resolve_model_path(config)
+    tokenizer_src = next((p for p in (weights, given) if _has_tokenizer(p)), None) or base
+    device = resolve_device(config.device)
+    tokenizer = load_tokenizer(str(tokenizer_src), config)
+    model = load_model(str(base), config, device, mode="full")
+    try:
+        model = PeftModel.from_pretrained(model, str(weights)).merge_and_unload()
+    except Exception as exc:  # noqa: BLE001 - one clear line for the user
+        raise ModelLoadError(f"cannot load LoRA adapter {weights} onto {base}: {type(exc).__name__}: {exc}") from exc
+    model.eval()
+    logger.info("loaded LoRA adapter %s merged into %s", weights, base)
+    return QwenPolicy(model, tokenizer, mode="full")

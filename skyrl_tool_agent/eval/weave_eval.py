@@ -1,0 +1,168 @@
+"""The evaluation as a `weave.Evaluation`: dataset of tasks, the policy as a `weave.Model`, scorers.
+
+With W&B credentials the Evaluation is traced to Weave (evaluation dashboards, comparisons across
+checkpoints; each prediction's output is the full trajectory). Without them the very same
+Evaluation runs with Weave disabled (`WEAVE_DISABLED=true`): nothing is traced, nothing touches
+the network, and `weave.init` is never called, so no login prompt can appear.
+
+Episodes do not run inside `predict` one by one: an `EpisodeSource` (the trajectory collector,
+started for all tasks at once so generation is batched across episodes) produces them, and each
+`predict` awaits its task's episodes. The Evaluation therefore costs what a plain collector run
+costs, and its rows are exactly the episodes the offline report shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from skyrl_tool_agent.eval.weave_setup import WeaveMode, prepare_weave, weave_mode
+
+# Callers decide the mode first (`prepare_weave`); this default covers a direct import.
+prepare_weave(weave_mode())
+
+import weave  # noqa: E402
+from pydantic import PrivateAttr  # noqa: E402
+
+from skyrl_tool_agent.data.tasks import Task  # noqa: E402
+from skyrl_tool_agent.eval.metrics import is_exact_match  # noqa: E402
+from skyrl_tool_agent.rollout.trajectory import Trajectory  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+
+class EpisodeSource(Protocol):
+    """Where `predict` gets a task's finished episodes from (see `evaluate.EpisodeRunner`)."""
+
+    async def episodes(self, task_id: str) -> list[Trajectory]: ...
+
+
+@contextlib.contextmanager
+def weave_session(project: str, mode: WeaveMode) -> Iterator[WeaveMode]:
+    """Run the body with Weave `mode`; yields the mode actually in effect.
+
+    disabled: WEAVE_DISABLED=true for the duration (restored after). online: `weave.init(project)`
+    once per process; if that fails the body runs disabled, with one warning.
+    """
+    prepare_weave(mode)
+    if mode == "online":
+        try:
+            if weave.get_client() is None:
+                weave.init(project)
+        except Exception as exc:  # noqa: BLE001 - tracing must never stop an evaluation
+            logger.warning("Weave disabled for this evaluation (%s: %s)", type(exc).__name__, exc)
+        else:
+            yield "online"
+            return
+    previous = os.environ.get("WEAVE_DISABLED")
+    os.environ["WEAVE_DISABLED"] = "true"
+    try:
+        yield "disabled"
+    finally:
+        if previous is None:
+            os.environ.pop("WEAVE_DISABLED", None)
+        else:
+            os.environ["WEAVE_DISABLED"] = previous
+
+
+def episode_output(traj: Trajectory) -> dict[str, Any]:
+    """What Weave records for one episode: outcome, final SQL and the conversation."""
+    r = traj.result
+    return {
+        "group_index": traj.group_index,
+        "solved": r.solved,
+        "final_sql": r.final_sql,
+        "reward": r.reward,
+        "components": r.components,
+        "turns": r.turns,
+        "tool_calls": r.tool_calls,
+        "tool_errors": r.tool_errors,
+        "format_errors": r.format_errors,
+        "done_reason": r.done_reason,
+        "error": r.error,
+        "messages": traj.messages,
+    }
+
+
+class PolicyModel(weave.Model):
+    """The evaluated policy as a Weave model. Its fields identify it in Weave (policy kind, model
+    path, training step, sampling); predictions come from the shared `EpisodeSource`."""
+
+    policy: str
+    model_path: str | None = None
+    step: int | None = None
+    num_samples: int = 1
+    temperature: float = 0.0
+    _source: Any = PrivateAttr(default=None)
+
+    def bind(self, source: EpisodeSource) -> PolicyModel:
+        self._source = source
+        return self
+
+    @weave.op
+    async def predict(self, task_id: str, db_id: str, question: str) -> dict[str, Any]:
+        """The task's episodes (num_samples of them). A failed run is returned as {'error': ...}
+        rather than raised: the runner re-raises it once, after the Evaluation."""
+        try:
+            trajectories = await self._source.episodes(task_id)
+        except Exception as exc:  # noqa: BLE001 - see docstring
+            return {"error": f"{type(exc).__name__}: {exc}", "samples": []}
+        return {"samples": [episode_output(t) for t in trajectories]}
+
+
+def _samples(output: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    return list((output or {}).get("samples") or [])
+
+
+@weave.op
+def execution_match(output: dict[str, Any]) -> dict[str, Any]:
+    """Execution accuracy of the first sample (greedy: the answer) and the pass rate over samples."""
+    samples = _samples(output)
+    if not samples:
+        return {"correct": False, "pass_rate": 0.0}
+    return {"correct": bool(samples[0]["solved"]), "pass_rate": sum(s["solved"] for s in samples) / len(samples)}
+
+
+@weave.op
+def exact_match(output: dict[str, Any], gold_sql: str) -> dict[str, Any]:
+    """sqlglot-normalised equality of the first sample's final SQL with the gold query."""
+    samples = _samples(output)
+    return {"correct": bool(samples) and is_exact_match(samples[0]["final_sql"], gold_sql)}
+
+
+@weave.op
+def turns(output: dict[str, Any]) -> dict[str, Any]:
+    """Turns, tool calls and tool errors of the first sample."""
+    samples = _samples(output)
+    if not samples:
+        return {"turns": 0, "tool_calls": 0, "tool_errors": 0}
+    s = samples[0]
+    return {"turns": s["turns"], "tool_calls": s["tool_calls"], "tool_errors": s["tool_errors"]}
+
+
+SCORERS = [execution_match, exact_match, turns]
+
+
+def task_rows(tasks: Sequence[Task]) -> list[dict[str, Any]]:
+    """The Evaluation's dataset rows: the task records (the gold SQL is for the scorers only)."""
+    return [t.model_dump(mode="json") for t in tasks]
+
+
+def object_name(text: str) -> str:
+    """`text` as a Weave object name (letters, digits, `-`, `_`, `.`)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "eval"
+
+
+async def run_weave_evaluation(
+    tasks: Sequence[Task], source: EpisodeSource, model: PolicyModel, *, name: str
+) -> dict[str, Any]:
+    """Run the `weave.Evaluation` named `name` of `model` over `tasks`; returns Weave's summary
+    (per scorer: `correct` true_fraction, means of the numbers; `model_latency`)."""
+    name = object_name(name)
+    dataset = weave.Dataset(name=f"{name}-tasks", rows=task_rows(tasks))
+    evaluation = weave.Evaluation(name=name, dataset=dataset, scorers=SCORERS, evaluation_name=name)
+    return await evaluation.evaluate(model.bind(source))
