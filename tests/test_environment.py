@@ -137,3 +137,17 @@ def test_shaping_rewards_penalise_failed_turns_only_when_enabled(shop_root):
         assert env.step(f"<answer>{task.gold_sql}</answer>")["reward"] == pytest.approx(1.0 - 0.1 / 1.15)  # format lost
     finally:
         rt.close()
+
+
+def test_collector_reports_a_broken_gold_query_and_keeps_going(runtime):
+    import asyncio
+
+    from skyrl_tool_agent.data.tasks import Task
+    from skyrl_tool_agent.rollout.agents import OracleAgent
+    from skyrl_tool_agent.rollout.collector import TrajectoryCollector
+
+    broken = Task(task_id="bad", db_id="shop", question="?", gold_sql="SELECT x FROM nowhere", difficulty="easy")
+    collector = TrajectoryCollector(runtime, OracleAgent())
+    out = asyncio.run(collector.collect([SHOP_TASKS[0], broken, SHOP_TASKS[2]]))
+    assert [t.result.solved for t in out] == [True, False, True]
+    assert out[1].result.done_reason == "error" and "gold SQL failed" in out[1].result.error

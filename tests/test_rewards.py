@@ -205,7 +205,7 @@ def test_score_partial_only_counts_when_wrong(db: Path) -> None:
     weights = RewardWeights(execution=1.0, format=0.0, syntax=0.0, partial=0.5)
     correct = score_answer("SELECT name FROM singer WHERE name = 'Chloe' OR name = 'Alice' ORDER BY age DESC",
                            GOLD, db, format_ok=True, weights=weights)
-    assert correct.execution == 1.0 and correct.partial < 1.0 and correct.total == 1.0
+    assert correct.execution == 1.0 and correct.partial == 1.0 and correct.total == 1.0
     wrong = score_answer("SELECT name FROM singer WHERE country = 'France' ORDER BY age LIMIT 3",
                          GOLD, db, format_ok=True, weights=weights)
     assert wrong.execution == 0.0 and wrong.total == pytest.approx(0.5 * wrong.partial)

@@ -30,6 +30,8 @@ class RunLogger:
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         if mode == "disabled":
             return
+        if mode != "online":  # offline means offline: no error reports to sentry either
+            os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         try:
             import wandb
 

@@ -35,6 +35,8 @@ How ``results_match`` decides, and where it deliberately differs from the offici
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import math
 import threading
@@ -265,6 +267,7 @@ class ExecutionComparison:
     pred_error_kind: str | None = None  # a SandboxError kind, or "unparseable"
 
 
+@functools.lru_cache(maxsize=8192)  # pure in its arguments; parsing the gold every episode is costly
 def gold_order_matters(gold_sql: str, *, spider_official: bool = False) -> bool:
     """Whether row order matters: the gold query has a top-level ORDER BY.
 

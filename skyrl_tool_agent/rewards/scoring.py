@@ -72,7 +72,7 @@ class RewardBreakdown:
     execution: float
     format: float
     syntax: float
-    partial: float
+    partial: float  # structural overlap with gold; 1.0 when the answer executes correctly (not computed)
     pred_error: str | None = None  # why the answer failed to run, if it did
 
     def as_dict(self) -> dict[str, float]:
@@ -103,7 +103,9 @@ def score_answer(
     form = 1.0 if format_ok else 0.0
     ran = outcome.pred_error_kind is None
     syntax = 1.0 if ran or sql_is_valid(answer_sql) else 0.0
-    partial = partial_credit(answer_sql, gold_sql)
+    # A correct answer gets full partial credit without the two sqlglot parses (the term is
+    # multiplied by 1 - execution anyway); this is the hot path of rollouts.
+    partial = 1.0 if execution else partial_credit(answer_sql, gold_sql)
     total = (
         weights.execution * execution
         + weights.format * form

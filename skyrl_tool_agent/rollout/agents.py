@@ -8,6 +8,7 @@ return text, which the collector tokenises when it records tokens (warm-start da
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -67,19 +68,20 @@ class PolicyAgent:
         return turns
 
 
-def gold_tables(sql: str) -> list[str]:
+@functools.lru_cache(maxsize=8192)  # the oracle asks for every turn of every episode
+def gold_tables(sql: str) -> tuple[str, ...]:
     """Tables a query reads, in order of first appearance (CTE names excluded)."""
     try:
         tree = sqlglot.parse_one(sql, read="sqlite")
     except sqlglot.errors.SqlglotError:
-        return []
+        return ()
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     seen: list[str] = []
     for table in tree.find_all(exp.Table):
         name = table.name
         if name and name.lower() not in ctes and name.lower() not in [s.lower() for s in seen]:
             seen.append(name)
-    return seen
+    return tuple(seen)
 
 
 def oracle_turn_texts(task: Task, *, describe: bool = True) -> list[str]:

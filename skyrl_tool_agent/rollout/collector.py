@@ -22,6 +22,7 @@ from skyrl_tool_agent.env.chat_format import render_conversation, render_observa
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.mcp.pool import MCPPoolError
+from skyrl_tool_agent.rewards.execution import GoldQueryError
 from skyrl_tool_agent.rollout.agents import Agent, AgentTurn, TurnRequest
 from skyrl_tool_agent.rollout.trajectory import EpisodeResult, Trajectory
 
@@ -163,6 +164,10 @@ class TrajectoryCollector:
                 traj = await self._episode(task, index, batcher, seq)
                 traj.result.retries = attempt
                 return traj
+            except GoldQueryError as exc:  # a dataset bug: report the episode, keep collecting
+                logger.warning("episode %s/%d not scored: %s", task.task_id, index, exc)
+                result = EpisodeResult(task.task_id, task.db_id, done_reason="error", error=f"gold SQL failed: {exc}")
+                return Trajectory(task.task_id, index, [], result)
             except MCPPoolError as exc:
                 attempt += 1
                 if attempt > self.settings.max_episode_retries:
