@@ -10,6 +10,7 @@ rates go back to the curriculum. Evaluation (greedy, fixed dev subset) and check
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -42,6 +43,11 @@ logger = logging.getLogger(__name__)
 class StepOutput:
     metrics: dict[str, Any]
     trajectories: list[Trajectory]
+
+
+def on_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """`batch` with every tensor on `device` (collated batches live on the CPU)."""
+    return TrainBatch(**{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)})
 
 
 def build_optimizer(policy: QwenPolicy, config: Config) -> tuple[torch.optim.Optimizer, Any]:
@@ -132,19 +138,43 @@ class GRPOTrainer:
         return summarize(self.collect(self.eval_tasks, 1, params))
 
     # --------------------------------------------------------------- update
+    # The four hooks below are the optimizer "engine": plain torch here; the DeepSpeed trainer
+    # (skyrl_tool_agent.distributed) routes them to a ZeRO-3 engine and its data-parallel ranks.
+    def _micro_batches(self, batch: TrainBatch, size: int) -> list[TrainBatch]:
+        """The micro-batches this process runs, on the policy's device."""
+        return [
+            on_device(batch.slice(range(start, min(start + size, len(batch)))), self.policy.device)
+            for start in range(0, len(batch), size)
+        ]
+
+    def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        """Accumulate the gradient of one micro-batch loss (`last`: the final one before a step)."""
+        loss.backward()
+
+    def _optimizer_step(self) -> float | None:
+        """Clip, step and zero the gradients; returns the pre-clip gradient norm (None: no clipping)."""
+        t = self.config.training
+        norm = None
+        if t.max_grad_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), t.max_grad_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _sum_over_workers(self, sums: dict[str, float]) -> dict[str, float]:
+        """Add up per-process update sums (one process here: unchanged)."""
+        return sums
+
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         g, t = self.config.grpo, self.config.training
         norm = loss_normalizer(batch.loss_mask, g.loss_aggregation, g.fixed_length_normalizer)
-        micro = max(1, t.micro_batch_size)
+        micro_batches = self._micro_batches(batch, max(1, t.micro_batch_size))
         use_ref = g.kl_coef > 0
-        stats_acc: dict[str, float] = {}
-        tokens = 0.0
+        sums: dict[str, float] = {}  # token-weighted stat sums over micro-batches, "num_tokens", "loss"
         grad_norms = []
         for _ in range(t.update_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            epoch_loss = 0.0  # micro-batch losses share the full-batch normaliser, so they add up
-            for start in range(0, len(batch), micro):
-                mb = batch.slice(range(start, min(start + micro, len(batch))))
+            sums["loss"] = 0.0  # micro-batch losses share the full-batch normaliser, so they add up
+            for i, mb in enumerate(micro_batches):
                 ref_logp = (
                     self.policy.reference_logprobs(mb.input_ids, mb.attention_mask, temperature=g.temperature)
                     if use_ref else None
@@ -160,19 +190,21 @@ class GRPOTrainer:
                     eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, aggregation=g.loss_aggregation,
                     fixed_length=g.fixed_length_normalizer, normalizer=norm,
                 )
-                loss.backward()
-                epoch_loss += float(loss)
+                self._backward(loss, last=i == len(micro_batches) - 1)
+                sums["loss"] += float(loss.detach())
                 n = stats.pop("num_tokens", 0.0)
                 stats.pop("loss", None)
-                tokens += n
-                for key, value in stats.items():  # token-weighted means over micro-batches
-                    stats_acc[key] = stats_acc.get(key, 0.0) + value * n
-            params = self.policy.trainable_parameters()
-            if t.max_grad_norm > 0:
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)))
-            self.optimizer.step()
+                sums["num_tokens"] = sums.get("num_tokens", 0.0) + n
+                for key, value in stats.items():
+                    sums[key] = sums.get(key, 0.0) + value * n
+            grad_norm = self._optimizer_step()
+            if grad_norm is not None:
+                grad_norms.append(grad_norm)
         self.scheduler.step()
-        out = {k: v / max(tokens, 1.0) for k, v in stats_acc.items()}
+        sums = self._sum_over_workers(sums)
+        tokens = sums.pop("num_tokens", 0.0)
+        epoch_loss = sums.pop("loss")
+        out = {k: v / max(tokens, 1.0) for k, v in sums.items()}
         out["loss"] = epoch_loss
         if grad_norms:
             out["grad_norm"] = mean(grad_norms)
@@ -233,6 +265,10 @@ class GRPOTrainer:
         return StepOutput(metrics, trajectories)
 
     # ----------------------------------------------------------------- loop
+    def _past_deadline(self, deadline: float | None) -> bool:
+        """Whether the wall-clock budget is spent (the DeepSpeed trainer makes every rank agree)."""
+        return deadline is not None and time.monotonic() > deadline
+
     def train(self, run_logger: RunLogger, *, on_step: Callable[[dict[str, Any]], None] | None = None,
               deadline: float | None = None) -> list[dict[str, Any]]:
         """Run until `training.max_steps` (or the wall-clock `deadline`); returns the logged metrics."""
@@ -241,7 +277,7 @@ class GRPOTrainer:
         while self.step < t.max_steps:
             out = self.train_step()
             metrics = out.metrics
-            last = self.step >= t.max_steps or (deadline is not None and time.monotonic() > deadline)
+            last = self.step >= t.max_steps or self._past_deadline(deadline)
             if (t.eval_every and self.step % t.eval_every == 0) or last:
                 ev = self.evaluate()
                 metrics["eval/execution_accuracy"] = ev["execution_accuracy"]

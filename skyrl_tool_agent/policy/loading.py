@@ -105,6 +105,8 @@ def load_model(path: str, config: ModelConfig, device: torch.device, *, mode: st
         raise ModelLoadError(f"cannot load model from {path!r}: {type(exc).__name__}: {exc}") from exc
     if not quant:
         model.to(device)
+    else:
+        pin_4bit_training_layout(model)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -133,3 +135,41 @@ def _add_lora(model: PreTrainedModel, config: ModelConfig, *, quantized: bool) -
     trainable, total = peft_model.get_nb_trainable_parameters()
     logger.info("LoRA: %d trainable of %d parameters (%.2f%%)", trainable, total, 100 * trainable / total)
     return peft_model
+
+
+# ---------------------------------------------------------------------------- QLoRA on CPU
+def pin_4bit_training_layout(model: torch.nn.Module) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel; returns the
+    number of 4-bit layers.
+
+    On CPUs with AVX512-BF16, bitsandbytes (0.48+) repacks a `Linear4bit` weight the first time
+    the layer runs in eval mode without gradients (as in `generate`). The packed layout has no
+    backward: a later training forward raises (layers with a bias) or silently drops the gradient
+    through the base weight (layers without). The policy stays in eval mode and samples between
+    updates, so the repacking is switched off (sampling uses the dequantize path instead).
+    `check_4bit_training_layout` catches a bitsandbytes that packs anyway.
+    """
+    try:
+        from bitsandbytes.nn import Linear4bit
+    except ImportError:  # pragma: no cover - no 4-bit layers without bitsandbytes
+        return 0
+    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False  # bitsandbytes' own switch for the repacking
+    return len(layers)
+
+
+def check_4bit_training_layout(model: torch.nn.Module) -> None:
+    """Raise if any 4-bit weight is in bitsandbytes' CPU inference layout (see
+    `pin_4bit_training_layout`), which cannot be trained through."""
+    for name, module in model.named_modules():
+        state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if state is not None and getattr(state, "packing_format_for_cpu", False):
+            raise RuntimeError(
+                f"QLoRA: the 4-bit weight of {name} was repacked by bitsandbytes for CPU inference "
+                "(its AVX512-BF16 kernel, used by eval-mode forwards without gradients such as generate); "
+                "that layout has no backward, so training through it would fail or drop gradients. "
+                "Load the model with skyrl_tool_agent.policy.loading.load_model, which switches the "
+                "repacking off; if it did, this bitsandbytes version no longer honours "
+                "Linear4bit.support_avx512bf16_for_cpu (tested with bitsandbytes 0.50)"
+            )

@@ -17,13 +17,20 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.grpo.logprobs import token_logprobs
-from skyrl_tool_agent.policy.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
+from skyrl_tool_agent.policy.loading import (
+    check_4bit_training_layout,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_model_path,
+)
 from skyrl_tool_agent.policy.prefix import (
     MIN_SHARED_PREFIX,
     batch_logprobs,
@@ -62,6 +69,9 @@ class QwenPolicy:
         self.device = next(model.parameters()).device
         self.stop_token_ids = self._stop_ids(tokenizer)
         self._reference: PreTrainedModel | None = None
+        self.is_4bit = any(getattr(p, "quant_state", None) is not None for p in model.parameters())
+        # Extra `model.generate` arguments (the DeepSpeed policy adds synced_gpus=True).
+        self.generate_kwargs: dict[str, Any] = {}
         self.model.eval()
 
     @classmethod
@@ -124,6 +134,7 @@ class QwenPolicy:
             pad_token_id=pad_id,
             return_dict_in_generate=True,
             output_logits=True,
+            **self.generate_kwargs,
         )
         new_ids = out.sequences[:, width:].cpu()
         temperature = 1.0 if greedy else params.temperature
@@ -148,6 +159,8 @@ class QwenPolicy:
         Right-padded batches; position t of the output scores token t+1. Rows sharing a long
         prefix (the system prompt) run it once (see `policy.prefix`).
         """
+        if self.is_4bit and torch.is_grad_enabled():
+            check_4bit_training_layout(self.model)
         return batch_logprobs(self.model, input_ids, attention_mask, temperature=temperature, with_entropy=with_entropy)
 
     @contextlib.contextmanager

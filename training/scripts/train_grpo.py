@@ -3,7 +3,7 @@
 
     python training/scripts/train_grpo.py --mode lora            # the embedded default, on this CPU
     python training/scripts/train_grpo.py --mode lora --set model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct
-    deepspeed --num_gpus 8 training/scripts/train_grpo.py --mode full   # see README (ZeRO-3)
+    deepspeed --num_gpus 8 training/scripts/train_grpo.py --mode full   # ZeRO-3: docs/distributed.md
 
 All knobs live in configs/*.yaml (documented there); `--set section.key=value` overrides any of them
 through the same validation. Bad input exits with status 2 and one `error:` line.
@@ -53,16 +53,22 @@ def main(argv: list[str] | None = None) -> None:
         repo = config.training.push_to_hub.repo_id
         if repo and not (os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")):
             raise UserInputError(f"--push-to-hub {repo}: no Hugging Face token (set HF_TOKEN); nothing was trained")
-        if config.training.mode == "full" and os.environ.get("WORLD_SIZE", "1") != "1":
-            from skyrl_tool_agent.distributed import run_full_distributed
-
-            run_full_distributed(config, resume=args.resume)
-            return
-        from skyrl_tool_agent.pipeline import run_training
         from skyrl_tool_agent.reporting import print_before_after, push_to_hub
 
-        with training_progress(config.training.max_steps) as progress:
-            summary = run_training(config, resume=args.resume, progress=progress)
+        if config.training.mode == "lora" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserInputError("LoRA/QLoRA training runs in one process: start it with python, not a "
+                                 "distributed launcher (multi-GPU training is --mode full)")
+        if config.training.mode == "full" and "WORLD_SIZE" in os.environ:  # deepspeed / accelerate / torchrun
+            from skyrl_tool_agent.distributed import run_full_distributed
+
+            summary = run_full_distributed(config, resume=args.resume)  # ZeRO-3, also on 1 GPU
+            if summary is None:  # ranks other than 0
+                return
+        else:
+            from skyrl_tool_agent.pipeline import run_training
+
+            with training_progress(config.training.max_steps) as progress:
+                summary = run_training(config, resume=args.resume, progress=progress)
         print_before_after(summary)
         if repo:
             push_to_hub(summary.output_dir / "final", repo, private=config.training.push_to_hub.private)

@@ -1,0 +1,307 @@
+"""Full mode with DeepSpeed ZeRO-3 on 2 CPU processes (DS_ACCELERATOR=cpu, gloo): the update equals
+a single-process update on the same batch, and `deepspeed --num_gpus 2 train_grpo.py --mode full`
+trains, checkpoints, exports consolidated weights and resumes exactly.
+
+The two launched tests take ~1.5-3 min on 2 busy cores (each launch imports torch, transformers
+and DeepSpeed in two processes); they are the only way to exercise ZeRO-3's collectives, so they
+are marked slow rather than mocked. DeepSpeed compiles its CPU communication op on first use
+(~50 s): TORCH_EXTENSIONS_DIR (exported by .ci/run) caches it once per machine.
+
+This file is also the worker the update test launches (`__main__` at the bottom).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "training" / "scripts" / "train_grpo.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_env() -> dict[str, str]:
+    return {
+        **os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO),
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions")),
+    }
+
+
+def _deepspeed(script: Path, *args: str, timeout: int = 420) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_free_port()),
+           str(script), *args]
+    return subprocess.run(cmd, env=_launch_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def _update_config(model_dir: Path):
+    from skyrl_tool_agent.config import Config
+
+    return Config.model_validate({
+        # Checkpointing changes no numbers; single-process LoRA/full trains in eval mode where it is
+        # inactive, the ZeRO-3 policy recomputes (the worker counts layer calls).
+        "model": {"name_or_path": str(model_dir), "device": "cpu", "dtype": "float32", "gradient_checkpointing": True},
+        "training": {"mode": "full", "micro_batch_size": 2, "update_epochs": 2, "learning_rate": 1e-3,
+                     "max_grad_norm": 1.0, "wandb": {"mode": "disabled"}},
+        "grpo": {"kl_coef": 0.1, "entropy_coef": 0.01, "temperature": 1.0},
+    })
+
+
+def _synthetic_batch(policy, seed: int = 0):
+    """5 right-padded rows of different lengths (3 + 2 rows over 2 ranks at micro-batch 2, so one
+    rank runs an inert micro-batch), with advantages of both signs and near-on-policy old log-probs."""
+    from skyrl_tool_agent.grpo.batch import TrainBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [30, 22, 41, 17, 35]
+    width, vocab = max(lengths), policy.model.config.vocab_size
+    ids = torch.full((5, width), policy.tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros((5, width), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(5, vocab, (n,), generator=gen)
+        attention[row, :n] = 1
+    loss_mask = torch.zeros((5, width - 1), dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        loss_mask[row, 8 : n - 1] = True
+    with torch.no_grad():
+        logp, _ = policy.token_logprobs(ids, attention)
+    old = (logp + 0.05 * torch.randn(logp.shape, generator=gen)) * loss_mask
+    adv = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3]).unsqueeze(1) * loss_mask
+    turns = torch.where(loss_mask, 0, -1)
+    return TrainBatch(ids, attention, loss_mask, old, adv, turns)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Tasks, the shop database and a tiny randomly initialised Qwen2 (+ BPE tokenizer with the chat
+    template): these tests check the distributed machinery, not what the model learns."""
+    from skyrl_tool_agent.config import EnvConfig
+    from skyrl_tool_agent.data.tasks import save_tasks
+    from skyrl_tool_agent.env.chat_format import (
+        format_answer,
+        format_tool_call,
+        render_conversation,
+        system_prompt_with_tools,
+        tool_to_openai,
+    )
+    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
+    from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
+
+    root = tmp_path_factory.mktemp("ds")
+    make_shop_db(root / "dbs")
+    save_tasks(SHOP_TASKS, root / "train.json")
+    save_tasks(SHOP_TASKS, root / "dev.json")
+    rt = EnvRuntime(EnvConfig(), root / "dbs")
+    try:  # the real system prompt (tool list from the MCP server), so prompts tokenise compactly
+        system = system_prompt_with_tools([tool_to_openai(t.name, t.description or "", t.input_schema) for t in rt.tools])
+    finally:
+        rt.close()
+    corpus = [render_conversation([{"role": "system", "content": system}, {"role": "user", "content": t.question},
+                                   {"role": "assistant", "content": format_tool_call("list_tables", {"db_id": t.db_id})},
+                                   {"role": "assistant", "content": format_answer(t.gold_sql)}]) for t in SHOP_TASKS]
+    tokenizer = train_tokenizer(corpus * 10, 400)
+    model = new_tiny_qwen2(tokenizer, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    return root
+
+
+# ------------------------------------------------------------------ no launch
+def test_deepspeed_config_autos_are_filled_from_the_training_config():
+    from skyrl_tool_agent.config import UserInputError, load_config
+    from skyrl_tool_agent.distributed.engine import model_dtype, resolve_deepspeed_config
+
+    config = load_config(REPO / "configs", ["training.mode=full", "training.micro_batch_size=3",
+                                            "training.tasks_per_step=4", "grpo.group_size=4", "training.max_grad_norm=0.5"])
+    ds = resolve_deepspeed_config(config.load_deepspeed(), config, hidden_size=64, world_size=2)
+    assert ds["train_micro_batch_size_per_gpu"] == 3
+    assert ds["gradient_accumulation_steps"] == config.nominal_gradient_accumulation() == 6  # ceil(16 / 3)
+    assert ds["train_batch_size"] == 3 * 6 * 2
+    assert ds["gradient_clipping"] == 0.5
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == 3 and zero["reduce_bucket_size"] == 64 * 64
+    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 64 * 64) and zero["stage3_param_persistence_threshold"] == 640
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert zero["stage3_max_live_parameters"] == 1_000_000_000  # keys the schema does not type pass through
+    assert model_dtype(ds) == torch.bfloat16
+    assert "auto" not in json.dumps(ds)
+    with pytest.raises(UserInputError, match=r"zero_optimization\.sub_group_size"):
+        resolve_deepspeed_config({"zero_optimization": {"stage": 3, "sub_group_size": "auto"}}, config,
+                                 hidden_size=64, world_size=2)
+
+
+def test_memory_estimates_use_exact_qwen_sizes_and_shard_full_mode():
+    from skyrl_tool_agent.distributed.memory import GB, estimate, shapes
+
+    s = shapes("Qwen2.5-7B")
+    assert s.params == 7_615_616_512  # the hub checkpoint's parameter count
+    assert s.lora_params == 16 * 28 * sum(i + o for i, o in [(3584, 3584), (3584, 512), (3584, 512), (3584, 3584),
+                                                               (3584, 18944), (3584, 18944), (18944, 3584)])
+    one = estimate(s, mode="full", tokens=4096, gpus=1)
+    eight = estimate(s, mode="full", tokens=4096, gpus=8)
+    assert one["trainable_state"] == 14 * s.params and eight["trainable_state"] == pytest.approx(one["trainable_state"] / 8)
+    assert eight["activations"] == one["activations"] and eight["logits"] == one["logits"]  # per-GPU micro-batch
+    qlora = estimate(s, mode="lora", tokens=4096, four_bit=True)
+    assert qlora["total"] < 24 * GB < estimate(s, mode="lora", tokens=4096, four_bit=True, checkpointing=False)["total"]
+    assert estimate(s, mode="lora", tokens=4096, kl=True)["reference"] == 0  # adapters off, same weights
+
+
+def test_update_shards_cover_every_row_once_and_balance_tokens():
+    from skyrl_tool_agent.distributed.trainer import balanced_shards
+
+    lengths = [41, 35, 30, 22, 17, 90, 5, 5]
+    for parts in (1, 2, 3, 8, 10):
+        shards = balanced_shards(lengths, parts)
+        assert sorted(r for s in shards for r in s) == list(range(len(lengths)))
+        loads = [sum(lengths[r] for r in s) for s in shards]
+        assert max(loads) - min(loads) <= max(lengths)  # greedy LPT bound
+    assert balanced_shards(lengths, 2) == balanced_shards(list(lengths), 2)  # deterministic
+
+
+def test_inert_micro_batch_adds_no_loss_tokens(tiny):
+    from skyrl_tool_agent.distributed.trainer import inert_micro_batch
+    from tests.fixtures.tiny_policy import tiny_policy
+
+    batch = _synthetic_batch(tiny_policy(tiny / "model", "full"))
+    inert = inert_micro_batch(batch)
+    assert len(inert) == 1 and inert.input_ids.shape[1] == 17  # the shortest row, trimmed
+    assert not inert.loss_mask.any() and not inert.advantages.any()
+    assert batch.loss_mask.any()  # the source batch is untouched
+
+
+# ------------------------------------------------------------------ launched
+@pytest.mark.slow
+def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
+    """Same batch, fp32: ZeRO-3 over 2 ranks (uneven shards, an inert micro-batch, KL reference
+    engine, grad clipping, 2 epochs) gives the single-process GRPOTrainer's weights and stats."""
+    from skyrl_tool_agent.grpo.trainer import GRPOTrainer
+    from skyrl_tool_agent.policy.qwen import QwenPolicy
+
+    config = _update_config(tiny / "model")
+    policy = QwenPolicy.from_config(config.model, mode="full")
+    batch = _synthetic_batch(policy)
+    torch.save(batch, tmp_path / "batch.pt")
+    res = _deepspeed(Path(__file__), "update-worker", str(tiny / "model"), str(tmp_path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+    trainer = GRPOTrainer(config, policy, None, None, [], output_dir=tmp_path / "single")
+    expected = trainer._update(batch)
+    got = json.loads((tmp_path / "stats.json").read_text())
+    # 2 epochs x 2 micro-batches (3 rows at micro-batch 2), each forward recomputed in backward
+    assert got.pop("layer0_calls") == 2 * 2 * 2
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        # The trainer token-weights per-micro-batch values: exact for token means, but ratio_max
+        # (maxima) and pg_loss (micro-batch shares of the loss) depend on how rows are split.
+        if key in ("ratio_max", "pg_loss"):
+            continue
+        assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert expected["grad_norm"] > 0.01 and expected["kl"] > 0
+
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "weights" / "model.safetensors"))
+    state = policy.model.state_dict()
+    for name, value in weights.items():
+        assert value.dtype == torch.float32
+        torch.testing.assert_close(value, state[name], rtol=0, atol=2e-5, msg=name)
+    initial = load_file(str(tiny / "model" / "model.safetensors"))
+    assert max(float((weights[k] - initial[k]).abs().max()) for k in weights) > 1e-4  # the update did something
+
+
+@pytest.mark.slow
+def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    sets = {
+        "model.name_or_path": tiny / "model", "model.device": "cpu",
+        "training.data.train_file": tiny / "train.json", "training.data.dev_file": tiny / "dev.json",
+        "training.data.db_root": tiny / "dbs", "training.max_steps": 2, "training.tasks_per_step": 3,
+        "training.checkpoint_every": 1, "training.keep_checkpoints": 3, "training.eval_every": 0,
+        "training.eval_num_tasks": 2, "training.learning_rate": 1e-3, "training.wandb.mode": "disabled",
+        "training.seed": 7, "grpo.group_size": 2, "grpo.max_turns": 3, "grpo.max_new_tokens_per_turn": 32,
+        "grpo.max_total_tokens": 1200, "grpo.filter_uniform_groups": False, "grpo.kl_coef": 0.05,
+        # The tiny model rarely earns a reward in 2 steps: the entropy bonus guarantees a gradient.
+        "grpo.entropy_coef": 0.01,
+    }
+    args = ["--mode", "full"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    full = tmp_path / "full"
+    done = _deepspeed(SCRIPT, *args, "--output-dir", str(full))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    rows = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[1]["episode/tasks"] == 3 and rows[1]["train/trajectories_used"] == 6  # both ranks' groups gathered
+    assert rows[1]["policy_tokens"] > 0 and rows[1]["train/grad_norm"] > 0 and rows[2]["train/kl"] > 0
+    step2 = full / "checkpoints" / "step-000002"
+    assert (step2 / "deepspeed" / "state").is_dir() and (step2 / "weights" / "model.safetensors").is_file()
+    assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == 2
+    assert "before GRPO" in done.stdout  # rank 0 printed the summary
+
+    exported = AutoModelForCausalLM.from_pretrained(full / "final")
+    initial = AutoModelForCausalLM.from_pretrained(tiny / "model")
+    assert exported.dtype == torch.bfloat16
+    assert exported.config.vocab_size == initial.config.vocab_size
+    pairs = zip(exported.parameters(), initial.parameters(), strict=True)
+    delta = max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
+    assert delta > 1e-3  # trained
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.isfinite(exported(ids).logits).all()
+
+    # A run that stopped after its step-1 checkpoint (copy, minus later state), resumed with --resume auto.
+    part = tmp_path / "part"
+    shutil.copytree(full, part, ignore=shutil.ignore_patterns("step-000002", "final"))
+    resumed = _deepspeed(SCRIPT, *args, "--output-dir", str(part), "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr and "step-000001" in resumed.stdout + resumed.stderr
+    again = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again] == [0, 1, 2]
+    for key in ("reward/mean", "train/loss", "train/kl", "train/entropy", "train/grad_norm", "eval/execution_accuracy"):
+        if key in rows[2]:
+            assert again[2][key] == pytest.approx(rows[2][key], rel=1e-5, abs=1e-7), key
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(full / "final" / "model.safetensors")), load_file(str(part / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------ worker
+def _update_worker(model_dir: str, out: str) -> None:
+    """One `_update` on the saved batch with ZeRO-3 over the launched ranks, fp32 (bf16 off)."""
+    from skyrl_tool_agent.distributed.comm import DistContext
+    from skyrl_tool_agent.distributed.engine import build_deepspeed_policy, resolve_deepspeed_config
+    from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
+
+    config = _update_config(Path(model_dir))
+    ctx = DistContext.init()
+    raw = config.load_deepspeed().model_dump(mode="json", exclude_none=True)
+    raw["bf16"] = {"enabled": False}
+    ds = resolve_deepspeed_config(raw, config, hidden_size=64, world_size=ctx.world_size)
+    policy = build_deepspeed_policy(config, ctx, ds)
+    trainer = DistributedGRPOTrainer(config, policy, None, None, [], output_dir=Path(out) / "dist", ds_config=ds)
+    calls = []
+    # a submodule: transformers checkpoints the layer's forward, so hooks on the layer itself run once
+    trainer.engine.module.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
+    stats = trainer._update(torch.load(Path(out) / "batch.pt", weights_only=False))
+    policy.save(Path(out) / "weights")
+    if ctx.is_main:
+        (Path(out) / "stats.json").write_text(json.dumps({**stats, "layer0_calls": len(calls)}))
+
+
+if __name__ == "__main__":
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    if argv[:1] == ["update-worker"]:
+        _update_worker(*argv[1:3])

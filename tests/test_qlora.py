@@ -1,0 +1,150 @@
+"""QLoRA (bitsandbytes NF4 base + LoRA adapters) on CPU: loading, sampling, then training.
+
+bitsandbytes repacks 4-bit weights for its AVX512-BF16 CPU inference kernel the first time a
+layer runs in eval mode without gradients (sampling), and that layout has no backward. The loader
+switches the repacking off (`pin_4bit_training_layout`); the policy refuses to train through a
+packed layer with a message naming the cause (`check_4bit_training_layout`). Both are tested.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+bnb = pytest.importorskip("bitsandbytes")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from skyrl_tool_agent.env.chat_format import format_answer, format_tool_call, render_conversation
+    from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
+    from tests.fixtures.tiny_db import SHOP_TASKS
+
+    corpus = [render_conversation([{"role": "user", "content": t.question},
+                                   {"role": "assistant", "content": format_tool_call("list_tables", {"db_id": t.db_id})},
+                                   {"role": "assistant", "content": format_answer(t.gold_sql)}]) for t in SHOP_TASKS]
+    tokenizer = train_tokenizer(corpus * 10, 400)
+    model = new_tiny_qwen2(tokenizer, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128)
+    out = tmp_path_factory.mktemp("qlora") / "model"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _config(model_dir: Path):
+    from skyrl_tool_agent.config import Config
+
+    return Config.model_validate({
+        "model": {"name_or_path": str(model_dir), "device": "cpu", "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+                  "quantization": {"load_in_4bit": True, "quant_type": "nf4", "compute_dtype": "bfloat16"}},
+        "training": {"mode": "lora", "micro_batch_size": 2, "learning_rate": 1e-2, "wandb": {"mode": "disabled"}},
+        "grpo": {"kl_coef": 0.05},
+    })
+
+
+def _policy(model_dir: Path):
+    from skyrl_tool_agent.policy.qwen import QwenPolicy
+
+    return QwenPolicy.from_config(_config(model_dir).model, mode="lora")
+
+
+def _four_bit_layers(policy) -> list:
+    return [m for m in policy.model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+
+
+def _batch(policy):
+    from skyrl_tool_agent.grpo.batch import TrainBatch
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, policy.model.config.vocab_size, (3, 24), generator=gen)
+    attention = torch.ones_like(ids)
+    attention[2, 18:] = 0
+    loss_mask = torch.zeros((3, 23), dtype=torch.bool)
+    loss_mask[:, 10:17] = True
+    with torch.no_grad():
+        old, _ = policy.token_logprobs(ids, attention)
+    adv = torch.tensor([1.0, -1.0, 0.5]).unsqueeze(1) * loss_mask
+    return TrainBatch(ids, attention, loss_mask, old * loss_mask, adv, torch.where(loss_mask, 0, -1))
+
+
+def _sample(policy) -> None:
+    """Both samplers: shared-prefix (common prefix >= 16 ids) and transformers' generate."""
+    from skyrl_tool_agent.policy.qwen import SamplingParams
+
+    prefix = list(range(5, 25))
+    out = policy.generate([prefix + [30, 31], prefix + [40]], SamplingParams(temperature=1.0, max_new_tokens=6))
+    out += policy.generate([[7, 8, 9], [10, 11]], SamplingParams(temperature=1.0, max_new_tokens=6))
+    assert len(out) == 4 and all(g.token_ids for g in out)
+
+
+def _lora_grads(policy, batch) -> dict[str, torch.Tensor]:
+    policy.model.zero_grad(set_to_none=True)
+    logp, _ = policy.token_logprobs(batch.input_ids, batch.attention_mask)
+    (logp * batch.loss_mask).sum().backward()
+    return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+
+def test_qlora_loads_4bit_base_with_trainable_adapters(model_dir):
+    policy = _policy(model_dir)
+    layers = _four_bit_layers(policy)
+    assert len(layers) == 2 * 7  # q k v o gate up down per layer
+    assert all(not layer.support_avx512bf16_for_cpu for layer in layers)  # repacking switched off
+    trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert policy.is_4bit
+
+
+def test_qlora_trains_after_sampling_with_the_same_gradients_as_before(model_dir):
+    """Gradients through the 4-bit base are identical before and after sampling (no repacking),
+    and a GRPO update (with the adapter-disabled reference for KL) moves only the adapters."""
+    from skyrl_tool_agent.grpo.trainer import GRPOTrainer
+
+    policy = _policy(model_dir)
+    batch = _batch(policy)
+    before = _lora_grads(policy, batch)
+    _sample(policy)
+    assert not any(getattr(layer.weight.quant_state, "packing_format_for_cpu", False) for layer in _four_bit_layers(policy))
+    after = _lora_grads(policy, batch)
+    assert before.keys() == after.keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0, msg=name)
+    # gradient reaches the adapters of the first layer, i.e. flows back through every 4-bit matmul
+    first_b = [g for n, g in after.items() if "layers.0." in n and "lora_B" in n]
+    assert first_b and all(float(g.abs().sum()) > 0 for g in first_b)
+
+    base = {n: p.detach().clone() for n, p in policy.model.named_parameters() if not p.requires_grad}
+    adapters = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    config = _config(model_dir)
+    trainer = GRPOTrainer(config, policy, None, None, [], output_dir=model_dir.parent / "run")
+    stats = trainer._update(batch)
+    assert stats["grad_norm"] > 0 and "kl" in stats
+    for n, p in policy.model.named_parameters():
+        if p.requires_grad:
+            assert "lora_B" not in n or not torch.equal(p, adapters[n]), n
+        else:
+            assert torch.equal(p, base[n]), n
+    _sample(policy)  # and sampling still works after the update
+
+
+def _cpu_repacks() -> bool:
+    has = getattr(bnb.functional, "has_avx512bf16", None)
+    return bool(has and has())
+
+
+@pytest.mark.skipif(not _cpu_repacks(), reason="bitsandbytes repacks only on CPUs with AVX512-BF16")
+def test_repacked_4bit_layout_fails_training_with_a_clear_message(model_dir):
+    """If bitsandbytes repacks anyway (e.g. a version ignoring the switch), training refuses
+    with a message naming the cause instead of failing in a kernel or dropping gradients."""
+    policy = _policy(model_dir)
+    for layer in _four_bit_layers(policy):
+        layer.support_avx512bf16_for_cpu = True  # what bitsandbytes does without the loader's switch
+    _sample(policy)
+    assert any(getattr(layer.weight.quant_state, "packing_format_for_cpu", False) for layer in _four_bit_layers(policy))
+    ids = torch.randint(5, policy.model.config.vocab_size, (2, 12))
+    with pytest.raises(RuntimeError, match="repacked by bitsandbytes for CPU inference"):
+        policy.token_logprobs(ids, torch.ones_like(ids))
+    with torch.no_grad():  # inference through the packed layout is still fine
+        logp, _ = policy.token_logprobs(ids, torch.ones_like(ids))
+    assert torch.isfinite(logp).all()
