@@ -147,7 +147,11 @@ class TrainingConfig(Section):
     seed: int = knob(42, "Seed for data order, sampling and initialisation.")
     output_dir: str = knob("outputs/grpo", "Run directory: checkpoints, metrics, resolved config.")
     time_budget_minutes: float | None = knob(
-        None, "Stop cleanly (with a checkpoint) after this many minutes; null = no limit.", gt=0
+        8.0,
+        "Stop cleanly (with a checkpoint) after this many minutes of GRPO; null = no limit. The CPU "
+        "default keeps the main job (model build + GRPO + evaluations) within ~15 minutes.",
+        h100=None,
+        gt=0,
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Datasets and database root.")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases logging.")

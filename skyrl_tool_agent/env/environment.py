@@ -176,7 +176,7 @@ class MCPToolEnvironment(BaseTextEnv):
         plan = self._plan(action)
         if plan.done:
             self.reward = self._score()
-        results = [self.runtime.call_tool_sync(c.name, c.arguments) for c in plan.calls]
+        results = self.runtime.call_tools_sync([(c.name, c.arguments) for c in plan.calls])
         return self._finish(plan, results)
 
     async def astep(self, action: str) -> BaseTextEnvStepOutput:

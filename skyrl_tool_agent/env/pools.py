@@ -7,9 +7,10 @@ the server specs and database root, and closed at exit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,15 @@ class EnvRuntime:
         self.tools: list[ToolSpec] = list(pool.list_tools())
         self.tool_arg_schemas: dict[str, Mapping[str, Any]] = {t.name: t.input_schema for t in self.tools}
 
-    def call_tool_sync(self, name: str, arguments: Mapping[str, Any]) -> tuple[str, bool]:
-        result = self.pool.call_tool_sync(name, dict(arguments))
-        return result.text, result.is_error
+    def call_tools_sync(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, bool]]:
+        """Run one turn's calls concurrently on the pool's loop (blocking; for the sync `step`)."""
+        if not calls:
+            return []
+        async def gather() -> list:
+            return await asyncio.gather(*(self.pool.pool.call_tool(n, dict(a)) for n, a in calls))
+
+        results = self.pool.run(gather())
+        return [(r.text, r.is_error) for r in results]
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> tuple[str, bool]:
         result = await self.pool.call_tool(name, dict(arguments))
