@@ -45,9 +45,11 @@ async def server(*args: str) -> AsyncIterator[ClientSession]:
         yield session
 
 
-def server_processes() -> list[psutil.Process]:
+def server_processes(db_root: Path) -> list[psutil.Process]:
+    """This test's server processes (other tests' shared env runtimes may still be alive)."""
     return [
-        p for p in psutil.Process().children(recursive=True) if "mcp_tools.sqlite_server" in " ".join(p.cmdline())
+        p for p in psutil.Process().children(recursive=True)
+        if "mcp_tools.sqlite_server" in (cmd := " ".join(p.cmdline())) and str(db_root) in cmd
     ]
 
 
@@ -152,7 +154,7 @@ async def test_hostile_corpus_through_the_server(db_root: Path) -> None:
     sample = sendable[::6] + runaway
     assert len(sample) >= 300
     async with server("--db-root", str(db_root), "--timeout-s", "0.5") as session:
-        (proc,) = server_processes()
+        (proc,) = server_processes(db_root)
         for category, sql in sample:
             start = time.monotonic()
             text, err, _ = await call(session, "execute_sql", db_id="demo", sql=sql)
@@ -161,7 +163,7 @@ async def test_hostile_corpus_through_the_server(db_root: Path) -> None:
                 assert err and text.startswith("denied"), (category, sql[:200], text)
             elif category in MUST_FAIL:
                 assert err, (category, sql[:200])
-        assert proc.is_running() and server_processes() == [proc]
+        assert proc.is_running() and server_processes(db_root) == [proc]
         text, err, _ = await call(session, "execute_sql", db_id="demo", sql="SELECT count(*) FROM singer")
         assert (text, err) == ("count(*)\n41", False)
     assert tree_state(db_root) == before
