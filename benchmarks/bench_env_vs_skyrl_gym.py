@@ -240,7 +240,7 @@ def breakdown(episodes: Episodes, db_root: Path, reps: int) -> dict[str, tuple[S
 
     def mcp_calls() -> float:  # ms per call, sequential, as the sync `step` makes them
         c0, s0 = _cpu(me), sum(_cpu(p) for p in servers)
-        seconds = timed(lambda: [runtime.call_tool_sync(name, args) for name, args in calls])
+        seconds = timed(lambda: [runtime.call_tools_sync([(name, args)]) for name, args in calls])
         cpu_client.add(1e3 * (_cpu(me) - c0) / len(calls))
         cpu_server.add(1e3 * (sum(_cpu(p) for p in servers) - s0) / len(calls))
         return 1e3 * seconds / len(calls)
@@ -257,7 +257,7 @@ def breakdown(episodes: Episodes, db_root: Path, reps: int) -> dict[str, tuple[S
         "env construct + init": per_episode(episodes.ours_env),
         "parse the 4 turns": per_episode(parsed),
         "tool calls over MCP (3-4 sequential)": per_episode(
-            lambda t: [runtime.call_tool_sync(c.name, c.arguments) for c in tool_calls[t.task_id]]),
+            lambda t: [runtime.call_tools_sync([(c.name, c.arguments)]) for c in tool_calls[t.task_id]]),
         "score_answer (the whole reward)": per_episode(
             lambda t: score_answer(t.gold_sql, t.gold_sql, db_path_for(db_root, t.db_id), format_ok=True,
                                    weights=runtime.settings.reward_weights, cache=cache)),
