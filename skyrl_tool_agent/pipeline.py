@@ -145,7 +145,7 @@ def run_training(config: Config, *, resume: str | None = None, progress: Any = N
         eval_tasks = fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
         trainer = GRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out)
         resumed = trainer.resume(resume)
-        run_logger = RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict(), resume=resumed)
+        run_logger = RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict())
         before_path = out / "before.json"
         if resumed and before_path.is_file():
             before = json.loads(before_path.read_text())

@@ -16,13 +16,12 @@ logger = logging.getLogger(__name__)
 
 
 class RunLogger:
-    def __init__(self, output_dir: Path, *, wandb_config: Any = None, run_config: dict | None = None, resume: bool = False) -> None:
+    def __init__(self, output_dir: Path, *, wandb_config: Any = None, run_config: dict | None = None) -> None:
         self.path = output_dir / "metrics.jsonl"
         output_dir.mkdir(parents=True, exist_ok=True)
         self._wandb = None
         if wandb_config is not None:
             self._start_wandb(output_dir, wandb_config, run_config or {})
-        self._resume = resume
 
     def _start_wandb(self, output_dir: Path, cfg: Any, run_config: dict) -> None:
         mode = cfg.mode
