@@ -38,12 +38,15 @@ def _extras(task, **more):
 
 def test_skyrl_gym_make_runs_oracle_episode_to_reward_one(shop_root):
     task = SHOP_TASKS[1]
-    env = skyrl_gym.make("mcp_tool_env", env_config={"db_root": str(shop_root)}, extras=_extras(task, max_turns=6))
+    explore = {"offered_tools": None, "schema_in_prompt": False, "bind_db_id": False}
+    env = skyrl_gym.make("mcp_tool_env", env_config={"db_root": str(shop_root), **explore},
+                         extras=_extras(task, max_turns=6))
     messages, info = env.init([{"role": "user", "content": f"Database: shop\nQuestion: {task.question}"}])
     assert messages[0]["role"] == "system" and "<tools>" in messages[0]["content"]
     for name in ("list_tables", "describe_table", "execute_sql"):
         assert f'"name": "{name}"' in messages[0]["content"]  # the tools the server actually lists
-    turns = oracle_turn_texts(task)
+    turns = oracle_turn_texts(task, info)
+    assert len(turns) == 4 and '"db_id": "shop"' in turns[0]
     for i, turn in enumerate(turns):
         out = env.step(turn)
         if i < len(turns) - 1:
@@ -53,6 +56,33 @@ def test_skyrl_gym_make_runs_oracle_episode_to_reward_one(shop_root):
     assert out["metadata"]["reward_components"]["execution"] == 1.0
     # the execute_sql observation showed the real result (10.5 + 20.0)
     assert any("30.5" in m["content"] for m in env.chat_history if m["role"] == "user")
+
+
+def test_default_episode_has_schema_in_prompt_and_binds_db_id(runtime, shop_root):
+    """CPU defaults: only execute_sql offered, db_id hidden and filled by the env, schema in the prompt."""
+    task = SHOP_TASKS[1]
+    env = MCPToolEnvironment(extras=_extras(task, max_turns=4), runtime=runtime)
+    messages, info = env.init([{"role": "user", "content": f"Database: shop\nQuestion: {task.question}"}])
+    system, user = messages[0]["content"], messages[1]["content"]
+    assert '"name": "execute_sql"' in system and '"name": "list_tables"' not in system
+    assert "db_id" not in system  # hidden from the schema the policy sees
+    assert user.startswith("Schema:\n") and "customer(" in user and user.endswith(task.question)
+    assert info["schema_in_prompt"] and "execute_sql" in info["db_id_bound"]
+    out = env.step('<tool_call>{"name": "list_tables", "arguments": {}}</tool_call>')  # not offered
+    assert out["observations"][0]["content"].startswith("Error:") and "list_tables" in out["observations"][0]["content"]
+    out = env.step('<tool_call>{"name": "execute_sql", "arguments": {"db_id": "other", "sql": "SELECT 1"}}</tool_call>')
+    assert "db_id" in out["observations"][0]["content"]  # an argument the policy may not pass
+    turns = oracle_turn_texts(task, info)
+    assert len(turns) == 2 and "db_id" not in turns[0]
+    out = env.step(turns[0])
+    assert "30.5" in out["observations"][0]["content"]  # ran on the episode's database
+    out = env.step(turns[1])
+    assert out["done"] and out["metadata"]["reward_components"]["execution"] == 1.0
+
+
+def test_offered_tools_must_exist(shop_root):
+    with pytest.raises(ValueError, match="offered_tools: no server lists \\['nope'\\]"):
+        EnvRuntime(EnvConfig(offered_tools=["execute_sql", "nope"]), shop_root)
 
 
 def test_wrong_answer_scores_below_one_and_malformed_turns_never_raise(runtime):
@@ -71,7 +101,7 @@ def test_wrong_answer_scores_below_one_and_malformed_turns_never_raise(runtime):
         assert not out["done"]
         text = out["observations"][0]["content"]
         assert text.startswith("Error:"), text
-    out = env.step('<tool_call>{"name": "execute_sql", "arguments": {"db_id": "shop", "sql": "SELEC nope"}}</tool_call>')
+    out = env.step('<tool_call>{"name": "execute_sql", "arguments": {"sql": "SELEC nope"}}</tool_call>')
     assert "error" in out["observations"][0]["content"].lower()
     assert env.tool_errors == 1
     out = env.step("<answer>SELECT count(*) FROM customer</answer>")
@@ -84,16 +114,16 @@ def test_wrong_answer_scores_below_one_and_malformed_turns_never_raise(runtime):
 def test_episode_ends_at_max_turns_with_zero_execution_reward(runtime):
     task = SHOP_TASKS[0]
     env = MCPToolEnvironment(extras=_extras(task, max_turns=2), runtime=runtime)
-    env.init([{"role": "user", "content": task.question}])
-    assert not env.step(oracle_turn_texts(task)[0])["done"]
-    out = env.step(oracle_turn_texts(task)[0])
+    _, info = env.init([{"role": "user", "content": task.question}])
+    assert not env.step(oracle_turn_texts(task, info)[0])["done"]
+    out = env.step(oracle_turn_texts(task, info)[0])
     assert out["done"] and out["metadata"]["done_reason"] == "max_turns"
     assert out["metadata"]["reward_components"]["execution"] == 0.0
 
 
 def test_env_works_with_any_mcp_server(shop_root):
     calc = MCPServerConfig(name="calc", command=sys.executable, args=[str(REPO / "tests/fixtures/calc_server.py")])
-    config = EnvConfig(mcp_servers=[calc])
+    config = EnvConfig(mcp_servers=[calc], offered_tools=None, schema_in_prompt=False)
     rt = EnvRuntime(config, shop_root)
     try:
         assert {t.name for t in rt.tools} == {"add", "shout"}
@@ -129,11 +159,11 @@ def test_shaping_rewards_penalise_failed_turns_only_when_enabled(shop_root):
     rt = EnvRuntime(EnvConfig(shaping_rewards=True, shaping_penalty=0.05), shop_root)
     try:
         env = MCPToolEnvironment(extras=_extras(task, max_turns=5), runtime=rt)
-        env.init([{"role": "user", "content": task.question}])
+        _, info = env.init([{"role": "user", "content": task.question}])
         assert env.step("no call here")["reward"] == pytest.approx(-0.05)
-        bad_sql = '<tool_call>{"name": "execute_sql", "arguments": {"db_id": "shop", "sql": "SELECT nope"}}</tool_call>'
+        bad_sql = '<tool_call>{"name": "execute_sql", "arguments": {"sql": "SELECT nope"}}</tool_call>'
         assert env.step(bad_sql)["reward"] == pytest.approx(-0.05)
-        assert env.step(oracle_turn_texts(task)[0])["reward"] == 0.0
+        assert env.step(oracle_turn_texts(task, info)[0])["reward"] == 0.0
         assert env.step(f"<answer>{task.gold_sql}</answer>")["reward"] == pytest.approx(1.0 - 0.1 / 1.15)  # format lost
     finally:
         rt.close()

@@ -148,6 +148,27 @@ class EnvConfig(Section):
         "<solution>...</solution> is the final answer (skyrl_tool_agent.env.parsing is the "
         "reference).",
     )
+    offered_tools: list[str] | None = knob(
+        default_factory=lambda: ["execute_sql"],
+        description="Tools offered to the policy, by the names the servers list; null = every tool. "
+        "Calls to a tool not offered are rejected like unknown tools. The CPU default offers only "
+        "execute_sql with the schema in the prompt (SkyRL-SQL's setup): short episodes a tiny model "
+        "can learn in minutes.",
+        h100=None,
+    )
+    schema_in_prompt: bool = knob(
+        True,
+        "Put the database schema (the get_schema tool's text, fetched through MCP when an episode "
+        "starts) in the first user message, as Spider-style text-to-SQL prompts do. Off: the "
+        "policy explores the schema with the tools.",
+        h100=False,
+    )
+    bind_db_id: bool = knob(
+        True,
+        "The env fills every tool's db_id argument with the episode's database and hides db_id "
+        "from the tool schemas the policy sees: nothing to copy, and no episode can read another "
+        "task's database. Off: the policy passes db_id itself.",
+    )
     shaping_rewards: bool = knob(
         False,
         "Per-turn shaping: a turn that is malformed or whose tool calls all fail gets -shaping_penalty "

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,15 +106,26 @@ class MCPToolEnvironment(BaseTextEnv):
         system = self.system_prompt
         if messages and messages[0].get("role") == "system":
             system = messages.pop(0)["content"]
+        config = self.runtime.config
+        if config.schema_in_prompt and self.db_id:
+            first_user = next((m for m in messages if m.get("role") == "user"), None)
+            if first_user is not None:
+                schema = self.runtime.database_schema(self.db_id)
+                first_user["content"] = f"Schema:\n{schema}\n{first_user['content']}"
         full = [{"role": "system", "content": system_prompt_with_tools(self.tool_schemas(), system)}, *messages]
         self.chat_history = list(full)
-        return full, {"db_id": self.db_id, "max_turns": self.max_turns, "tools": [t.name for t in self.runtime.tools]}
+        return full, {"db_id": self.db_id, "max_turns": self.max_turns, "tools": [t.name for t in self.runtime.tools],
+                      "schema_in_prompt": config.schema_in_prompt, "db_id_bound": sorted(self.runtime.db_id_bound)}
 
     # ------------------------------------------------------------------- step
     def _plan(self, action: str) -> _StepPlan:
         self.turns += 1
         self.chat_history.append({"role": "assistant", "content": action})
-        parsed = parse_turn(action, self.runtime.tool_arg_schemas, style=self.style, db_id=self.db_id)
+        bound = self.runtime.db_id_bound
+        parsed = parse_turn(action, self.runtime.tool_arg_schemas, style=self.style, db_id=None if bound else self.db_id)
+        if bound and self.db_id:  # the episode's database, whatever the model might have meant
+            parsed = replace(parsed, tool_calls=tuple(
+                ToolCall(c.name, {**c.arguments, "db_id": self.db_id}) if c.name in bound else c for c in parsed.tool_calls))
         if parsed.errors:
             self.format_errors += 1
         plan = _StepPlan(parsed=parsed)

@@ -41,6 +41,31 @@ def server_specs(config: EnvConfig, db_root: Path) -> list[ServerSpec]:
     return [ServerSpec(**server.model_dump()) for server in config.resolved_servers(db_root)]
 
 
+def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bind_db_id: bool) -> list[ToolSpec]:
+    """The tools the policy is offered (`EnvConfig.offered_tools`), db_id removed from their
+    argument schemas when the env binds it. Unknown names are a config error."""
+    if names is not None:
+        known = {t.name for t in tools}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"offered_tools: no server lists {unknown}; the servers list {sorted(known)}")
+        tools = [t for t in tools if t.name in set(names)]
+    if not bind_db_id:
+        return list(tools)
+    out = []
+    for tool in tools:
+        schema = dict(tool.input_schema)
+        props = dict(schema.get("properties") or {})
+        if "db_id" in props:
+            props.pop("db_id")
+            schema["properties"] = props
+            if "required" in schema:
+                schema["required"] = [r for r in schema["required"] if r != "db_id"]
+            tool = tool.model_copy(update={"input_schema": schema})
+        out.append(tool)
+    return out
+
+
 class EnvRuntime:
     """A started MCP pool plus everything episodes of one configuration share."""
 
@@ -69,8 +94,31 @@ class EnvRuntime:
             )
             pool.start()
         self.pool = pool
-        self.tools: list[ToolSpec] = list(pool.list_tools())
+        #: Every tool the servers list (the env may read the schema with one not offered).
+        self.all_tools: list[ToolSpec] = list(pool.list_tools())
+        #: The tools offered to the policy, as it sees them (db_id hidden when bound).
+        try:
+            self.tools: list[ToolSpec] = offered_tools(self.all_tools, config.offered_tools, bind_db_id=config.bind_db_id)
+        except ValueError:
+            self.close()  # a config error must not leave server processes behind
+            raise
         self.tool_arg_schemas: dict[str, Mapping[str, Any]] = {t.name: t.input_schema for t in self.tools}
+        #: Offered tools whose db_id argument the env fills in.
+        self.db_id_bound: frozenset[str] = frozenset(
+            t.name for t in self.all_tools if config.bind_db_id and "db_id" in t.input_schema.get("properties", {}))
+        self._schemas: dict[str, str] = {}
+
+    def database_schema(self, db_id: str) -> str:
+        """The get_schema tool's text for `db_id` (cached; for `schema_in_prompt`)."""
+        text = self._schemas.get(db_id)
+        if text is None:
+            if not any(t.name == "get_schema" for t in self.all_tools):
+                raise ValueError("schema_in_prompt needs a server listing a get_schema tool; none does")
+            result = self.pool.run(self.pool.pool.call_tool("get_schema", {"db_id": db_id}))
+            if result.is_error:
+                raise ValueError(f"cannot read the schema of database {db_id!r}: {result.text}")
+            text = self._schemas[db_id] = result.text
+        return text
 
     def call_tools_sync(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, bool]]:
         """Run one turn's calls concurrently on the pool's loop (blocking; for the sync `step`)."""

@@ -35,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 ORACLE = "oracle"
 DIFFICULTY_ORDER = ("easy", "medium", "hard", "extra")
-#: The oracle's full script (list tables, describe, execute, answer) needs this many turns.
-ORACLE_FULL_TURNS = 4
 
 
 @dataclass(frozen=True)
@@ -101,10 +99,7 @@ def make_agent(policy: Any, settings: CollectorSettings, options: EvalOptions) -
     if isinstance(policy, str) and policy != ORACLE:
         raise ValueError(f"unknown policy {policy!r}: 'oracle', a QwenPolicy or an Agent")
     if policy == ORACLE:
-        if settings.max_turns < ORACLE_FULL_TURNS - 1:
-            logger.warning("max_turns=%d: the oracle needs at least 3 turns to answer", settings.max_turns)
-        # With fewer than 4 turns the oracle skips describe_table and still answers in time.
-        return OracleAgent(describe=settings.max_turns >= ORACLE_FULL_TURNS), None
+        return OracleAgent(), None  # it adapts its script to the env's tools and max_turns
     from skyrl_tool_agent.policy.qwen import SamplingParams
 
     params = SamplingParams(temperature=options.temperature, top_p=options.top_p,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ class TurnRequest:
     max_new_tokens: int
     turn: int  # 0-based index of the turn being asked for
     seq: int = 0  # episode number within the collect() call (orders deterministic batches)
+    env_info: dict[str, Any] = field(default_factory=dict)  # what `env.init` said (tools offered, ...)
 
 
 @dataclass
@@ -84,15 +85,34 @@ def gold_tables(sql: str) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def oracle_turn_texts(task: Task, *, describe: bool = True) -> list[str]:
-    """The scripted oracle's turns: list tables, describe the gold query's tables (one turn, several
-    calls), execute the gold SQL, submit it."""
-    turns = [format_tool_call("list_tables", {"db_id": task.db_id})]
-    tables = gold_tables(task.gold_sql)
-    if describe and tables:
-        turns.append("\n".join(format_tool_call("describe_table", {"db_id": task.db_id, "table": t}) for t in tables))
-    turns.append(format_tool_call("execute_sql", {"db_id": task.db_id, "sql": task.gold_sql}))
+def oracle_turn_texts(task: Task, env_info: Mapping[str, Any] | None = None, *, describe: bool = True) -> list[str]:
+    """The scripted oracle's turns for an env that reported `env_info` at `init` (None: every tool
+    offered, db_id passed by the model, no schema in the prompt): list tables and describe the gold
+    query's tables (one turn, several calls) unless the schema is in the prompt, execute the gold
+    SQL, submit it. Tools the env does not offer are skipped, and describe_table when the episode's
+    max_turns leaves no room for it."""
+    info = env_info or {}
+    offered = info.get("tools")
+    bound = set(info.get("db_id_bound") or ())
+
+    def call(name: str, **arguments: Any) -> str:
+        return format_tool_call(name, arguments if name in bound else {"db_id": task.db_id, **arguments})
+
+    def has(name: str) -> bool:
+        return offered is None or name in offered
+
+    turns = []
+    if not info.get("schema_in_prompt"):
+        if has("list_tables"):
+            turns.append(call("list_tables"))
+        tables = gold_tables(task.gold_sql)
+        if describe and tables and has("describe_table"):
+            turns.append("\n".join(call("describe_table", table=t) for t in tables))
+    if has("execute_sql"):
+        turns.append(call("execute_sql", sql=task.gold_sql))
     turns.append(format_answer(task.gold_sql))
+    if describe and len(turns) > info.get("max_turns", len(turns)):  # no room: skip describe_table
+        return oracle_turn_texts(task, env_info, describe=False)
     return turns
 
 
@@ -105,7 +125,7 @@ class OracleAgent:
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
         out = []
         for r in requests:
-            script = oracle_turn_texts(r.task, describe=self.describe)
+            script = oracle_turn_texts(r.task, r.env_info, describe=self.describe)
             out.append(AgentTurn(text=script[min(r.turn, len(script) - 1)]))
         return out
 

