@@ -147,7 +147,7 @@ class TrainingConfig(Section):
     seed: int = knob(42, "Seed for data order, sampling and initialisation.")
     output_dir: str = knob("outputs/grpo", "Run directory: checkpoints, metrics, resolved config.")
     time_budget_minutes: float | None = knob(
-        8.0,
+        6.0,
         "Stop cleanly (with a checkpoint) after this many minutes of GRPO; null = no limit. The CPU "
         "default keeps the main job (model build + GRPO + evaluations) within ~15 minutes.",
         h100=None,
