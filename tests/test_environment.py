@@ -177,7 +177,10 @@ def test_collector_reports_a_broken_gold_query_and_keeps_going(runtime):
     from skyrl_tool_agent.rollout.collector import TrajectoryCollector
 
     broken = Task(task_id="bad", db_id="shop", question="?", gold_sql="SELECT x FROM nowhere", difficulty="easy")
+    no_db = Task(task_id="no-db", db_id="missing", question="?", gold_sql="SELECT 1", difficulty="easy")
     collector = TrajectoryCollector(runtime, OracleAgent())
-    out = asyncio.run(collector.collect([SHOP_TASKS[0], broken, SHOP_TASKS[2]]))
-    assert [t.result.solved for t in out] == [True, False, True]
+    out = asyncio.run(collector.collect([SHOP_TASKS[0], broken, no_db, SHOP_TASKS[2]]))
+    assert [t.result.solved for t in out] == [True, False, False, True]
     assert out[1].result.done_reason == "error" and "gold SQL failed" in out[1].result.error
+    # schema_in_prompt cannot read a missing database: that episode fails, the others run
+    assert out[2].result.done_reason == "error" and "cannot read the schema of database 'missing'" in out[2].result.error

@@ -41,6 +41,11 @@ def server_specs(config: EnvConfig, db_root: Path) -> list[ServerSpec]:
     return [ServerSpec(**server.model_dump()) for server in config.resolved_servers(db_root)]
 
 
+class EpisodeSetupError(ValueError):
+    """An episode cannot start (e.g. its database's schema cannot be read): that episode fails,
+    the collection goes on."""
+
+
 def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bind_db_id: bool) -> list[ToolSpec]:
     """The tools the policy is offered (`EnvConfig.offered_tools`), db_id removed from their
     argument schemas when the env binds it. Unknown names are a config error."""
@@ -116,7 +121,7 @@ class EnvRuntime:
                 raise ValueError("schema_in_prompt needs a server listing a get_schema tool; none does")
             result = self.pool.run(self.pool.pool.call_tool("get_schema", {"db_id": db_id}))
             if result.is_error:
-                raise ValueError(f"cannot read the schema of database {db_id!r}: {result.text}")
+                raise EpisodeSetupError(f"cannot read the schema of database {db_id!r}: {result.text}")
             text = self._schemas[db_id] = result.text
         return text
 

@@ -20,7 +20,7 @@ from typing import Any
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import render_conversation, render_observation, task_user_message
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
-from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.env.pools import EnvRuntime, EpisodeSetupError
 from skyrl_tool_agent.mcp.pool import MCPPoolError
 from skyrl_tool_agent.rewards.execution import GoldQueryError
 from skyrl_tool_agent.rollout.agents import Agent, AgentTurn, TurnRequest
@@ -167,6 +167,10 @@ class TrajectoryCollector:
             except GoldQueryError as exc:  # a dataset bug: report the episode, keep collecting
                 logger.warning("episode %s/%d not scored: %s", task.task_id, index, exc)
                 result = EpisodeResult(task.task_id, task.db_id, done_reason="error", error=f"gold SQL failed: {exc}")
+                return Trajectory(task.task_id, index, [], result)
+            except EpisodeSetupError as exc:
+                logger.warning("episode %s/%d not started: %s", task.task_id, index, exc)
+                result = EpisodeResult(task.task_id, task.db_id, done_reason="error", error=str(exc))
                 return Trajectory(task.task_id, index, [], result)
             except MCPPoolError as exc:
                 attempt += 1
