@@ -173,8 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = fixed_subset(load_tasks(BUILTIN / "train.json"), args.tasks, seed=0)
     t0 = time.perf_counter()
     # The exploring 4-turn episode (all tools, db_id passed) these figures were first measured on.
-    runtime = EnvRuntime(EnvConfig(offered_tools=None, schema_in_prompt=False, bind_db_id=False,
-                                   sessions_per_server=args.sessions), BUILTIN / "databases")
+    runtime = EnvRuntime(EnvConfig.exploring(sessions_per_server=args.sessions), BUILTIN / "databases")
     startup_s = time.perf_counter() - t0
     try:
         runs = Runs(runtime, tasks, args.group_size, args.max_turns)

@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             t0 = time.perf_counter()
             # The exploring 4-turn episode (all tools, db_id passed) these figures were first measured on.
-            runtime = EnvRuntime(EnvConfig(offered_tools=None, schema_in_prompt=False, bind_db_id=False), db_root)
+            runtime = EnvRuntime(EnvConfig.exploring(), db_root)
             startup.add(time.perf_counter() - t0)
             episodes = Episodes(tasks, runtime, skyrl_db_path, args.group_size)
             n = len(episodes.tasks)

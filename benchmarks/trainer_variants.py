@@ -84,7 +84,7 @@ def build_workload(out_dir: Path, prompts: int, group_size: int, micro_batch: in
 
     tasks = load_tasks(BUILTIN / "train.json")
     # The exploring 4-turn episode (all tools, db_id passed) these figures were first measured on.
-    runtime = EnvRuntime(EnvConfig(offered_tools=None, schema_in_prompt=False, bind_db_id=False), BUILTIN / "databases")
+    runtime = EnvRuntime(EnvConfig.exploring(), BUILTIN / "databases")
     try:
         settings = CollectorSettings(max_turns=6, max_total_tokens=8192)
         corpus = asyncio.run(TrajectoryCollector(runtime, OracleAgent(), settings=settings)

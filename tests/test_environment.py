@@ -38,7 +38,7 @@ def _extras(task, **more):
 
 def test_skyrl_gym_make_runs_oracle_episode_to_reward_one(shop_root):
     task = SHOP_TASKS[1]
-    explore = {"offered_tools": None, "schema_in_prompt": False, "bind_db_id": False}
+    explore = EnvConfig.exploring().model_dump(include={"offered_tools", "schema_in_prompt", "bind_db_id"})
     env = skyrl_gym.make("mcp_tool_env", env_config={"db_root": str(shop_root), **explore},
                          extras=_extras(task, max_turns=6))
     messages, info = env.init([{"role": "user", "content": f"Database: shop\nQuestion: {task.question}"}])
@@ -123,7 +123,7 @@ def test_episode_ends_at_max_turns_with_zero_execution_reward(runtime):
 
 def test_env_works_with_any_mcp_server(shop_root):
     calc = MCPServerConfig(name="calc", command=sys.executable, args=[str(REPO / "tests/fixtures/calc_server.py")])
-    config = EnvConfig(mcp_servers=[calc], offered_tools=None, schema_in_prompt=False)
+    config = EnvConfig.exploring(mcp_servers=[calc])
     rt = EnvRuntime(config, shop_root)
     try:
         assert {t.name for t in rt.tools} == {"add", "shout"}

@@ -98,7 +98,7 @@ def db_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def runtime(db_root):
-    rt = EnvRuntime(EnvConfig(offered_tools=None, schema_in_prompt=False, bind_db_id=False), db_root)  # scripts explore
+    rt = EnvRuntime(EnvConfig.exploring(), db_root)  # scripts explore
     yield rt
     rt.close()
 

@@ -53,7 +53,7 @@ class ScriptAgent:
 def make_report(root: Path) -> tuple[EvaluationRun, OutputPaths]:
     """A real evaluation with two solved and two failed episodes, written under `root`."""
     make_shop_db(root / "dbs")
-    runtime = EnvRuntime(EnvConfig(offered_tools=None, schema_in_prompt=False, bind_db_id=False), root / "dbs")  # scripts explore
+    runtime = EnvRuntime(EnvConfig.exploring(), root / "dbs")  # scripts explore
     try:
         run = run_evaluation(TASKS, runtime, ScriptAgent(), CollectorSettings(max_turns=4), EvalOptions(name="xss <check>"),
                              metadata={"dataset": "shop", "split": "dev"})

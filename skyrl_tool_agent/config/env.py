@@ -186,6 +186,12 @@ class EnvConfig(Section):
             raise ValueError(f"mcp_servers: duplicate server names {duplicates}")
         return self
 
+    @classmethod
+    def exploring(cls, **overrides: object) -> EnvConfig:
+        """The exploring episode (the H100 profile's shape): every tool offered, no schema in the
+        prompt, db_id passed by the policy — list tables, describe, execute, answer."""
+        return cls(**{"offered_tools": None, "schema_in_prompt": False, "bind_db_id": False, **overrides})
+
     def resolved_servers(self, db_root: str | Path) -> list[MCPServerConfig]:
         """The servers with placeholders filled for this database root (see module doc)."""
         return [server.resolved(db_root) for server in self.mcp_servers]
