@@ -306,7 +306,7 @@ def test_difficulty_mix_validation(mix: dict[str, float], ok: bool) -> None:
         ),
         ("training.adam_betas=[0.9, 1.5]", "each beta must be in [0, 1), got [0.9, 1.5]"),
         ("training.gradient_accumulation=9", "gradient_accumulation: 9 is more than the 4 micro-batches a step has"),
-        ("env.mcp_servers.0.args=[--db, '${dbroot}']", "unknown placeholder '${dbroot}' (known: ${db_root})"),
+        ("env.mcp_servers.0.args=[--db, '${dbroot}']", "unknown placeholder '${dbroot}' (known: ${db_root}, ${sql_timeout_s})"),
         ("env.reward.format_weight=-1", "reward.format_weight: Input should be greater than or equal to 0"),
         ("model.dtype=fp16", "dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16' (got 'fp16')"),
     ],
@@ -328,11 +328,11 @@ def test_cross_file_rule_also_holds_in_code() -> None:
 
 # ---------------------------------------------------------------------------- resolution helpers
 def test_server_placeholders_and_python(tmp_path: Path) -> None:
-    cfg = load_config(CONFIGS, [f"training.data.db_root={tmp_path}"])
+    cfg = load_config(CONFIGS, [f"training.data.db_root={tmp_path}", "env.sql_timeout_s=2.5"])
     (server,) = cfg.mcp_servers()
     assert server.command == sys.executable
-    assert server.args == ["-m", "mcp_tools.sqlite_server", "--db-root", str(tmp_path.resolve())]
-    assert cfg.env.mcp_servers[0].args[-1] == "${db_root}"  # the config itself stays as written
+    assert server.args == ["-m", "mcp_tools.sqlite_server", "--db-root", str(tmp_path.resolve()), "--timeout-s", "2.5"]
+    assert cfg.env.mcp_servers[0].args[3] == "${db_root}"  # the config itself stays as written
 
 
 def test_data_paths_follow_the_dataset() -> None:

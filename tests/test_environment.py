@@ -169,6 +169,23 @@ def test_shaping_rewards_penalise_failed_turns_only_when_enabled(shop_root):
         rt.close()
 
 
+def test_sql_timeout_knob_reaches_the_tool_server(shop_root):
+    """env.sql_timeout_s is passed to the default server as --timeout-s (the ${sql_timeout_s}
+    placeholder): an endless query is cut at the configured limit, not the server's default 5 s."""
+    import time
+
+    rt = EnvRuntime(EnvConfig(sql_timeout_s=0.3), shop_root)
+    try:
+        env = MCPToolEnvironment(extras=_extras(SHOP_TASKS[0], max_turns=3), runtime=rt)
+        env.init([{"role": "user", "content": SHOP_TASKS[0].question}])
+        endless = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM r) SELECT count(*) FROM r"
+        start = time.monotonic()
+        out = env.step('<tool_call>{"name": "execute_sql", "arguments": {"sql": "%s"}}</tool_call>' % endless)
+        assert "timeout" in out["observations"][0]["content"] and time.monotonic() - start < 2.0
+    finally:
+        rt.close()
+
+
 def test_collector_reports_a_broken_gold_query_and_keeps_going(runtime):
     import asyncio
 

@@ -4,8 +4,10 @@ rollout concurrency.
 Server commands may use placeholders, filled when the servers are started (`resolved_servers`):
 
 * ``${db_root}`` in `command`, `args`, `env` values or `cwd` becomes the absolute database root
-  (training.data.db_root, or the dataset's default). No other names exist; an unknown
-  ``${...}`` is a config error. There is no escape syntax (no server needs a literal ``${``).
+  (training.data.db_root, or the dataset's default).
+* ``${sql_timeout_s}`` becomes `env.sql_timeout_s`, so one knob bounds a query both in the tool
+  server (the default server passes it as ``--timeout-s``) and in the env's own scoring runs.
+  No other names exist; an unknown ``${...}`` is a config error. There is no escape syntax (no server needs a literal ``${``).
 * A `command` that is literally ``python`` becomes `sys.executable`, so servers run in the same
   interpreter/virtualenv as the trainer.
 """
@@ -22,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 from skyrl_tool_agent.config.base import Section, knob
 
 #: Placeholder names `${...}` understood in MCP server specs.
-PLACEHOLDERS: tuple[str, ...] = ("db_root",)
+PLACEHOLDERS: tuple[str, ...] = ("db_root", "sql_timeout_s")
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 
 
@@ -44,7 +46,7 @@ class MCPServerConfig(Section):
 
     name: str = knob(..., "Server name (unique; tools are routed by it).", pattern=r"^[A-Za-z0-9_.-]+$")
     command: str = knob(..., "Executable; 'python' = the trainer's interpreter.", min_length=1)
-    args: list[str] = knob(default_factory=list, description="Arguments; ${db_root} is filled in.")
+    args: list[str] = knob(default_factory=list, description="Arguments; ${db_root} and ${sql_timeout_s} are filled in.")
     env: dict[str, str] = knob(
         default_factory=dict, description="Extra environment variables for the server process."
     )
@@ -69,9 +71,9 @@ class MCPServerConfig(Section):
             _check_placeholders(item)
         return value
 
-    def resolved(self, db_root: str | Path) -> MCPServerConfig:
+    def resolved(self, db_root: str | Path, *, sql_timeout_s: float = 5.0) -> MCPServerConfig:
         """A copy with placeholders filled and `python` pinned to `sys.executable`."""
-        values = {"db_root": str(Path(db_root).expanduser().resolve())}
+        values = {"db_root": str(Path(db_root).expanduser().resolve()), "sql_timeout_s": f"{sql_timeout_s:g}"}
         command = sys.executable if self.command == "python" else substitute(self.command, values)
         return MCPServerConfig(
             name=self.name,
@@ -87,7 +89,7 @@ def _default_servers() -> list[MCPServerConfig]:
         MCPServerConfig(
             name="sqlite",
             command="python",
-            args=["-m", "mcp_tools.sqlite_server", "--db-root", "${db_root}"],
+            args=["-m", "mcp_tools.sqlite_server", "--db-root", "${db_root}", "--timeout-s", "${sql_timeout_s}"],
         )
     ]
 
@@ -136,7 +138,9 @@ class EnvConfig(Section):
         min_length=1,
     )
     call_timeout_s: float = knob(10.0, "Client-side limit for one tool call, in seconds.", gt=0)
-    sql_timeout_s: float = knob(5.0, "Limit for one SQL query inside the sandbox, in seconds.", gt=0)
+    sql_timeout_s: float = knob(
+        5.0, "Limit for one SQL query, in seconds: the env's scoring runs, and the tool server's via "
+        "${sql_timeout_s} in its args.", gt=0)
     sessions_per_server: int = knob(
         1, "MCP client sessions (server processes) per server spec.", h100=4, ge=1
     )
@@ -194,4 +198,4 @@ class EnvConfig(Section):
 
     def resolved_servers(self, db_root: str | Path) -> list[MCPServerConfig]:
         """The servers with placeholders filled for this database root (see module doc)."""
-        return [server.resolved(db_root) for server in self.mcp_servers]
+        return [server.resolved(db_root, sql_timeout_s=self.sql_timeout_s) for server in self.mcp_servers]
