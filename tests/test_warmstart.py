@@ -1,0 +1,91 @@
+"""Warm-start SFT on a real tiny Qwen2: bf16 autocast path, fp32 path, masking of the loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
+from skyrl_tool_agent.warmstart.sft import SFTSettings, _autocast, fast_cpu_bf16, supervised_finetune
+
+CORPUS = [
+    f"<|im_start|>user\nHow many rows in table t{i}?<|im_end|>\n<|im_start|>assistant\n"
+    f"<answer>SELECT COUNT(*) FROM t{i}</answer><|im_end|>\n"
+    for i in range(40)
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(CORPUS, 300)
+
+
+def _examples(tokenizer) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for text in CORPUS:
+        prompt, answer = text.split("<|im_start|>assistant\n")
+        p = tokenizer(prompt + "<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        out.append((p + a, [0] * len(p) + [1] * len(a)))
+    return out
+
+
+def _model(tokenizer):
+    return new_tiny_qwen2(tokenizer, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, seed=3)
+
+
+def test_autocast_choice() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert not _autocast(model, False)._enabled
+    on = _autocast(model, True)
+    assert on._enabled and on.fast_dtype == torch.bfloat16
+    assert _autocast(model, None)._enabled == fast_cpu_bf16()  # auto on CPU = bf16 matrix instructions
+
+
+def test_fast_cpu_bf16_reads_cpu_flags() -> None:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        assert fast_cpu_bf16() is False
+        return
+    flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "").split()
+    assert fast_cpu_bf16() == ("amx_bf16" in flags or "avx512_bf16" in flags)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_sft_learns_with_and_without_bf16_autocast(tokenizer, bf16: bool) -> None:
+    examples = _examples(tokenizer)
+    model = _model(tokenizer)
+    settings = SFTSettings(steps=30, batch_size=8, learning_rate=5e-3, warmup_steps=5, bf16_autocast=bf16)
+    history = supervised_finetune(model, examples, tokenizer.pad_token_id, settings)
+    first, last = history.loss[0][1], history.loss[-1][1]
+    assert last < 0.5 * first, (first, last)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast never changes the weights
+
+
+def test_bf16_and_fp32_first_losses_agree(tokenizer) -> None:
+    """Same init, same batch: the autocast loss equals the fp32 one up to bf16 rounding."""
+    examples = _examples(tokenizer)
+    losses = []
+    for bf16 in (False, True):
+        model = _model(tokenizer)
+        history = supervised_finetune(model, examples, tokenizer.pad_token_id,
+                                      SFTSettings(steps=1, batch_size=8, bf16_autocast=bf16))
+        losses.append(history.loss[0][1])
+    assert losses[0] == pytest.approx(losses[1], rel=0.02)
+
+
+def test_loss_is_mean_nll_of_masked_in_tokens(tokenizer) -> None:
+    """The SFT loss is the mean next-token NLL over the assistant (mask 1) tokens only, as a
+    plain full-sequence forward computes it."""
+    ids, mask = _examples(tokenizer)[0]
+    model = _model(tokenizer)
+    settings = SFTSettings(steps=1, batch_size=1, learning_rate=0.0, warmup_steps=1, bf16_autocast=False)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+        nll = -logp.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+    target = torch.tensor(mask[1:], dtype=torch.bool)
+    loss = supervised_finetune(model, [(ids, mask)], tokenizer.pad_token_id, settings).loss[0][1]
+    assert loss == pytest.approx(float(nll[target].mean()), rel=1e-4)
+    assert loss != pytest.approx(float(nll.mean()), rel=1e-3)  # prompt tokens are not in it
