@@ -305,7 +305,7 @@ def test_difficulty_mix_validation(mix: dict[str, float], ok: bool) -> None:
             "loss_aggregation: Input should be 'token_mean', 'sequence_mean' or 'fixed_length'",
         ),
         ("training.adam_betas=[0.9, 1.5]", "each beta must be in [0, 1), got [0.9, 1.5]"),
-        ("training.gradient_accumulation=9", "gradient_accumulation: 9 is more than the 4 micro-batches a step has"),
+        ("training.gradient_accumulation=9", "gradient_accumulation: 9 is more than the 8 micro-batches a step has"),
         ("env.mcp_servers.0.args=[--db, '${dbroot}']", "unknown placeholder '${dbroot}' (known: ${db_root}, ${sql_timeout_s})"),
         ("env.reward.format_weight=-1", "reward.format_weight: Input should be greater than or equal to 0"),
         ("model.dtype=fp16", "dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16' (got 'fp16')"),
@@ -373,7 +373,7 @@ def test_dump_and_save_round_trip(tmp_path: Path) -> None:
 
 
 def test_gradient_accumulation_and_deepspeed_values() -> None:
-    cfg = load_config(CONFIGS)
+    cfg = load_config(CONFIGS, ["training.tasks_per_step=2", "grpo.group_size=8", "training.micro_batch_size=4"])
     assert cfg.nominal_gradient_accumulation() == 4  # 2 tasks x 8 episodes / micro-batch 4
     assert cfg.deepspeed_auto_values() == {
         "train_micro_batch_size_per_gpu": 4,

@@ -121,7 +121,8 @@ class RewardConfig(Section):
 class CollectorConfig(Section):
     """The async trajectory collector."""
 
-    concurrency: int = knob(16, "Episodes in flight at once.", h100=64, ge=1)
+    concurrency: int = knob(
+        64, "Episodes in flight at once; also the most episodes one generation batch holds.", ge=1)
     max_episode_retries: int = knob(
         1, "Retries of an episode failed by infrastructure. That is a server crash or timeout, not a "
         "wrong answer.",

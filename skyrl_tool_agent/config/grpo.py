@@ -110,9 +110,10 @@ class GRPOConfig(Section):
     top_p: float = knob(1.0, "Nucleus sampling mass (1.0 = off, keeps log-probs exact).", gt=0, le=1)
     max_new_tokens_per_turn: int = knob(128, "Token cap for one assistant turn.", h100=512, ge=1)
     max_turns: int = knob(
-        5,
-        "Assistant turns per episode; the episode ends (unanswered) after the last. The oracle needs 4 "
-        "(list tables, describe, execute, answer); one spare turn lets the policy retry after an error.",
+        3,
+        "Assistant turns per episode; the episode ends (unanswered) after the last. The oracle needs 2 "
+        "with the CPU env defaults (execute_sql, answer) and 4 when exploring (list tables, describe, "
+        "execute, answer); a spare turn lets the policy retry after an error.",
         h100=8,
         ge=1,
     )
@@ -128,7 +129,7 @@ class GRPOConfig(Section):
         0.28, "PPO clip range above 1; above clip_eps_low = DAPO clip-higher.", ge=0
     )
     kl_coef: float = knob(
-        0.0,
+        0.02,
         "Weight of the KL penalty to the reference policy. The reference is the base model (LoRA "
         "just disables the adapter); 0 = no reference forward at all.",
         h100=0.001,
@@ -147,10 +148,9 @@ class GRPOConfig(Section):
         False, "Divide advantages by one batch-wide reward std (TRL scale_rewards='batch')."
     )
     filter_uniform_groups: bool = knob(
-        False,
+        True,
         "Drop groups whose episodes all got the same reward. DAPO dynamic sampling: they carry no "
         "gradient but dilute token_mean.",
-        h100=True,
     )
     loss_aggregation: Literal["token_mean", "sequence_mean", "fixed_length"] = knob(
         "token_mean",

@@ -103,7 +103,7 @@ class TrainingConfig(Section):
         "all parameters (multi-GPU: DeepSpeed ZeRO-3 via configs/accelerate_config.yaml).",
     )
     learning_rate: float = knob(
-        2e-4,
+        1e-3,
         "Peak AdamW learning rate. The tiny CPU model needs a large one; on H100 use 1e-5 for "
         "full and 1e-5..5e-5 for LoRA.",
         h100=2e-5,
@@ -116,16 +116,18 @@ class TrainingConfig(Section):
     weight_decay: float = knob(0.0, "AdamW weight decay.", ge=0)
     adam_betas: tuple[float, float] = knob((0.9, 0.999), "AdamW (beta1, beta2).")
     adam_eps: float = knob(1e-8, "AdamW epsilon.", gt=0)
-    max_steps: int = knob(20, "Training steps (one rollout batch + its updates each).", h100=300, ge=1)
+    max_steps: int = knob(30, "Training steps (one rollout batch + its updates each).", h100=300, ge=1)
     tasks_per_step: int = knob(
-        2,
+        8,
         "Tasks (prompts) per step, unless grpo.batcher.enabled. Each task is rolled out "
-        "grpo.group_size times; with the batcher on, it sizes each step instead.",
+        "grpo.group_size times; with the batcher on, it sizes each step instead. On CPU a step's "
+        "rollout costs about the decode steps of its longest episode, so 64 episodes cost ~1.5x "
+        "what 16 do.",
         h100=16,
         ge=1,
     )
     micro_batch_size: int = knob(
-        4, "Sequences per forward/backward pass (per GPU).", h100=16, ge=1
+        8, "Sequences per forward/backward pass (per GPU).", h100=16, ge=1
     )
     gradient_accumulation: int | None = knob(
         None,
@@ -148,7 +150,7 @@ class TrainingConfig(Section):
     seed: int = knob(42, "Seed for data order, sampling and initialisation.")
     output_dir: str = knob("outputs/grpo", "Run directory: checkpoints, metrics, resolved config.")
     time_budget_minutes: float | None = knob(
-        6.0,
+        4.5,
         "Stop cleanly (with a checkpoint) after this many minutes of GRPO; null = no limit. The CPU "
         "default keeps the main job (model build + GRPO + evaluations) within ~15 minutes.",
         h100=None,
