@@ -76,6 +76,7 @@ def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task
     than the GRPO evaluation subset, so the warm start is not tuned on GRPO's yardstick.
     """
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.policy.loading import resolve_device
     from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import build_embedded_model
     from skyrl_tool_agent.warmstart.sft import SFTSettings
@@ -85,8 +86,8 @@ def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task
         return json.loads((out / "warmstart.json").read_text()) if (out / "warmstart.json").is_file() else {}
     shutil.rmtree(out, ignore_errors=True)
     sft = SFTSettings()
-    if sft_steps is not None:
-        sft.steps = sft_steps
+    if sft_steps is not None:  # an explicit step count is run in full, however long it takes
+        sft.steps, sft.time_budget_minutes = sft_steps, None
     if eval_every is not None:
         sft.eval_every = eval_every
     logger.info("building the embedded default model into %s", out)
@@ -96,7 +97,8 @@ def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task
     runtime = EnvRuntime(config.env, db_root)
     try:
         return build_embedded_model(out, runtime, train_tasks, fixed_subset(dev_tasks, 64, seed=config.training.seed + 1),
-                                    sft=sft, collector_settings=settings, progress=progress)
+                                    sft=sft, collector_settings=settings, device=str(resolve_device(config.model.device)),
+                                    progress=progress)
     finally:
         runtime.close()
 
@@ -189,7 +191,7 @@ def continue_warm_start(config: Config, minutes: float, *, progress: Any = None)
         before = greedy_eval(policy, runtime, eval_tasks, settings)
         conversations = oracle_conversations(runtime, train_tasks, settings)
         examples = [conversation_to_ids(c, policy.tokenizer) for c in conversations]
-        sft = SFTSettings(steps=10**6, warmup_steps=0, seed=t.seed + 17)
+        sft = SFTSettings(steps=10**6, warmup_steps=0, seed=t.seed + 17, time_budget_minutes=minutes)
         sft.learning_rate *= 0.1  # the tail of the warm start's cosine schedule
         start = time.monotonic()
         history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft,

@@ -113,3 +113,5 @@ def test_bad_inputs_exit_2_with_one_line(setup, tmp_path):
         assert res.returncode == 2, (extra, res.stderr[-2000:])
         err = [line for line in res.stderr.splitlines() if line.startswith("error:")]
         assert len(err) == 1 and "Traceback" not in res.stderr, (extra, res.stderr[-2000:])
+        if "model.name_or_path=/nonexistent/model" in extra:
+            assert "model directory '/nonexistent/model' does not exist" in err[0], err

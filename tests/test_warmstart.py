@@ -89,3 +89,27 @@ def test_loss_is_mean_nll_of_masked_in_tokens(tokenizer) -> None:
     loss = supervised_finetune(model, [(ids, mask)], tokenizer.pad_token_id, settings).loss[0][1]
     assert loss == pytest.approx(float(nll[target].mean()), rel=1e-4)
     assert loss != pytest.approx(float(nll.mean()), rel=1e-3)  # prompt tokens are not in it
+
+
+def test_time_budget_stops_the_warm_start_and_the_last_step_is_evaluated(tokenizer) -> None:
+    """A CPU without bf16 matrix units runs ~2.5x slower steps: the wall-clock cap, not the step
+    count, then ends the warm start, and the step it stopped at still gets its held-out figures."""
+    examples = _examples(tokenizer)
+    evaluated: list[int] = []
+
+    def evaluate(step: int) -> dict[str, float]:
+        evaluated.append(step)
+        return {"execution_accuracy": 0.0}
+
+    settings = SFTSettings(steps=10_000, batch_size=4, eval_every=5_000, bf16_autocast=False, time_budget_minutes=0.02)
+    history = supervised_finetune(_model(tokenizer), examples, tokenizer.pad_token_id, settings, evaluate=evaluate)
+    done = len(history.loss)
+    assert 1 <= done < 10_000
+    assert evaluated == [done] and history.evals[-1]["step"] == done
+    assert history.seconds >= 0.02 * 60
+
+    # Without a cap the step count rules, and a step that was just evaluated is not evaluated twice.
+    evaluated.clear()
+    settings = SFTSettings(steps=4, batch_size=4, eval_every=2, bf16_autocast=False, time_budget_minutes=None)
+    history = supervised_finetune(_model(tokenizer), examples, tokenizer.pad_token_id, settings, evaluate=evaluate)
+    assert len(history.loss) == 4 and evaluated == [2, 4]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,7 +47,12 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def resolve_model_path(config: ModelConfig) -> str:
     """The path or hub name to load; builds the embedded default when it is asked for and missing."""
     if config.name_or_path != EMBEDDED:
-        return config.name_or_path
+        name = config.name_or_path
+        # A hub id is `name` or `org/name`; anything that looks like a path must exist (else the hub
+        # client's "Repo id must be in the form ..." is all the user sees).
+        if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
+            raise ModelLoadError(f"model directory {name!r} does not exist")
+        return name
     path = config.resolved_embedded_dir()
     if not (path / "config.json").is_file():
         raise ModelLoadError(

@@ -55,10 +55,12 @@ def build_embedded_model(
     sft: SFTSettings,
     collector_settings: CollectorSettings,
     vocab_size: int = 2048,
+    device: str = "cpu",
     progress: Callable[[str, float], None] | None = None,
 ) -> dict:
     """Build and save the embedded model into `out_dir`; returns the build report (also saved as
-    `warmstart.json`: warm-start loss curve, held-out EX at each eval step, timings)."""
+    `warmstart.json`: warm-start loss curve, held-out EX at each eval step, timings). `device`:
+    where the warm start runs (`resolve_device(config.model.device)` in the pipeline)."""
     t0 = time.monotonic()
     report: dict = {"train_tasks": len(train_tasks), "dev_tasks": len(dev_tasks)}
     if progress:
@@ -75,7 +77,8 @@ def build_embedded_model(
     lengths = sorted(len(ids) for ids, _ in examples)
     report.update(vocab_size=len(tokenizer), median_tokens=lengths[len(lengths) // 2], max_tokens=lengths[-1])
 
-    model = new_tiny_qwen2(tokenizer, seed=sft.seed)
+    # Built on the CPU (same initial weights everywhere), then trained where the policy will run.
+    model = new_tiny_qwen2(tokenizer, seed=sft.seed).to(device)
     report["parameters"] = sum(p.numel() for p in model.parameters())
     policy = QwenPolicy(model, tokenizer, mode="full")
 

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p)
     p.add_argument("--force", action="store_true", help="rebuild even if a model is cached")
-    p.add_argument("--sft-steps", type=int, help="warm-start steps (default: SFTSettings.steps)")
+    p.add_argument("--sft-steps", type=int, help="warm-start steps, all run (default: SFTSettings.steps or its time budget, whichever ends first)")
     p.add_argument("--eval-every", type=int, help="held-out evaluation cadence during the warm start")
     p.add_argument("--out", help="output directory (default: the embedded cache dir)")
     args = p.parse_args(argv)
