@@ -191,7 +191,7 @@ def continue_warm_start(config: Config, minutes: float, *, progress: Any = None)
         before = greedy_eval(policy, runtime, eval_tasks, settings)
         conversations = oracle_conversations(runtime, train_tasks, settings)
         examples = [conversation_to_ids(c, policy.tokenizer) for c in conversations]
-        sft = SFTSettings(steps=10**6, warmup_steps=0, seed=t.seed + 17, time_budget_minutes=minutes)
+        sft = SFTSettings(steps=10**6, warmup_steps=0, seed=t.seed + 17, time_budget_minutes=None)
         sft.learning_rate *= 0.1  # the tail of the warm start's cosine schedule
         start = time.monotonic()
         history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft,

@@ -104,12 +104,13 @@ def test_time_budget_stops_the_warm_start_and_the_last_step_is_evaluated(tokeniz
     settings = SFTSettings(steps=10_000, batch_size=4, eval_every=5_000, bf16_autocast=False, time_budget_minutes=0.02)
     history = supervised_finetune(_model(tokenizer), examples, tokenizer.pad_token_id, settings, evaluate=evaluate)
     done = len(history.loss)
-    assert 1 <= done < 10_000
+    # The first 10 steps' speed fitted the cosine schedule to what 1.2 s holds, far below 10,000.
+    assert 10 < history.planned_steps < 10_000
+    assert 10 <= done <= history.planned_steps
     assert evaluated == [done] and history.evals[-1]["step"] == done
-    assert history.seconds >= 0.02 * 60
 
     # Without a cap the step count rules, and a step that was just evaluated is not evaluated twice.
     evaluated.clear()
     settings = SFTSettings(steps=4, batch_size=4, eval_every=2, bf16_autocast=False, time_budget_minutes=None)
     history = supervised_finetune(_model(tokenizer), examples, tokenizer.pad_token_id, settings, evaluate=evaluate)
-    assert len(history.loss) == 4 and evaluated == [2, 4]
+    assert len(history.loss) == 4 and evaluated == [2, 4] and history.planned_steps == 4

@@ -91,7 +91,8 @@ def build_embedded_model(
             progress(f"warm start loss {loss:.3f}", step / sft.steps)
 
     history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=on_step)
-    report["sft"] = {"settings": asdict(sft), "loss": history.loss, "evals": history.evals, "seconds": history.seconds}
+    report["sft"] = {"settings": asdict(sft), "loss": history.loss, "evals": history.evals, "seconds": history.seconds,
+                     "planned_steps": history.planned_steps}
     report["total_seconds"] = time.monotonic() - t0
 
     out_dir.mkdir(parents=True, exist_ok=True)

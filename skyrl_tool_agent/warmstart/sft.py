@@ -96,6 +96,7 @@ class SFTHistory:
     loss: list[tuple[int, float]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
+    planned_steps: int = 0  # where the cosine schedule ends (fewer than asked when a time budget binds)
 
 
 def _collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -128,25 +129,37 @@ def supervised_finetune(
     data = [(ids[: settings.max_length], mask[: settings.max_length]) for ids, mask in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
 
+    # The cosine schedule ends at `planned` steps. Under a time budget, the speed of the first steps
+    # says how many steps fit, and the schedule is fitted to that (else a capped run would stop with
+    # the learning rate still high, mid-schedule).
+    planned = settings.steps
+    probe = max(10, settings.warmup_steps)
+
     def lr_at(step: int) -> float:
         if step < settings.warmup_steps:
             return (step + 1) / settings.warmup_steps
-        frac = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
+        frac = (step - settings.warmup_steps) / max(1, planned - settings.warmup_steps)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     device = next(model.parameters()).device
     history = SFTHistory()
     start = time.monotonic()
-    if settings.time_budget_minutes is not None:
-        cap = start + 60 * settings.time_budget_minutes
-        deadline = cap if deadline is None else min(deadline, cap)
+    budget_s = None if settings.time_budget_minutes is None else 60 * settings.time_budget_minutes
+    if budget_s is not None:
+        deadline = start + budget_s if deadline is None else min(deadline, start + budget_s)
     order: list[int] = []
     model.train()
-    for step in range(settings.steps):
+    step = 0
+    while step < planned:
         if deadline is not None and time.monotonic() > deadline:
-            logger.info("warm start stopped by its time budget after %d of %d steps", step, settings.steps)
+            logger.info("warm start stopped by its time budget after %d of %d steps", step, planned)
             break
+        if budget_s is not None and step == probe:
+            fits = int(budget_s / ((time.monotonic() - start) / step))
+            if fits < planned:
+                planned = max(fits, step + 1)
+                logger.info("warm start: %.1f min fit ~%d of %d steps; schedule fitted to %d",
+                            settings.time_budget_minutes, fits, settings.steps, planned)
         if len(order) < settings.batch_size:
             # Shuffle, then sort chunks of 8 batches by length: little padding, still random order.
             idx = list(range(len(data)))
@@ -162,17 +175,19 @@ def supervised_finetune(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = settings.learning_rate * lr_at(step)
         optimizer.step()
-        scheduler.step()
         history.loss.append((step + 1, loss.item()))
         if progress is not None:
             progress(step + 1, history.loss[-1][1])
-        if evaluate is not None and ((step + 1) % settings.eval_every == 0 or step + 1 == settings.steps):
+        if evaluate is not None and ((step + 1) % settings.eval_every == 0 or step + 1 == planned):
             model.eval()
             figures = {"step": step + 1, "seconds": time.monotonic() - start, **evaluate(step + 1)}
             model.train()
             history.evals.append(figures)
             logger.info("warm start step %d: %s", step + 1, figures)
+        step += 1
     done = len(history.loss)
     if evaluate is not None and done and (not history.evals or history.evals[-1]["step"] != done):
         model.eval()
@@ -180,4 +195,5 @@ def supervised_finetune(
         logger.info("warm start step %d: %s", done, history.evals[-1])
     model.eval()
     history.seconds = time.monotonic() - start
+    history.planned_steps = planned
     return history
