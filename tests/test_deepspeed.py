@@ -299,6 +299,7 @@ def _update_worker(model_dir: str, out: str) -> None:
     policy.save(Path(out) / "weights")
     if ctx.is_main:
         (Path(out) / "stats.json").write_text(json.dumps({**stats, "layer0_calls": len(calls)}))
+    ctx.close()
 
 
 if __name__ == "__main__":

@@ -104,11 +104,11 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
     finally:
         runtime.close()
     if not ctx.is_main:
-        ctx.barrier()
+        ctx.close()  # waits for rank 0's outputs
         return None
     (out / "before_after.json").write_text(json.dumps({"before": before, "after": after, "steps": trainer.step}, indent=1) + "\n")
     plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
-    ctx.barrier()
+    ctx.close()
     return RunSummary(before, after, trainer.step, time.monotonic() - start, out, history)
 
 
