@@ -46,6 +46,19 @@ def load_task_splits(config: Config) -> tuple[list[Task], list[Task], Path]:
         raise UserInputError(str(exc)) from exc
 
 
+def rl_train_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path) -> list[Task]:
+    """The tasks GRPO samples (`training.data.train_pool`): the training file's, or the generated
+    pool of every built-in slot assignment not in dev."""
+    if config.training.data.train_pool == "file":
+        return train_tasks
+    from skyrl_tool_agent.data.builtin.pool import generated_train_pool
+
+    try:
+        return generated_train_pool(db_root, held_out=dev_tasks)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserInputError(f"{exc} (training.data.train_pool: generated)") from exc
+
+
 def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
     g, t = config.grpo, config.training
     c = g.curriculum
@@ -137,6 +150,7 @@ def run_training(config: Config, *, resume: str | None = None, progress: Any = N
     out.mkdir(parents=True, exist_ok=True)
     train_tasks, dev_tasks, db_root = load_task_splits(config)
     ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress)
+    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
     (out / "config.yaml").write_text(config.dump_yaml())
     start = time.monotonic()
     deadline = start + 60 * t.time_budget_minutes if t.time_budget_minutes else None
@@ -173,7 +187,8 @@ def run_training(config: Config, *, resume: str | None = None, progress: Any = N
 
 def continue_warm_start(config: Config, minutes: float, *, progress: Any = None) -> dict[str, Any]:
     """The supervised baseline for GRPO's gain: continue the embedded model's warm start (same
-    recipe, same data) for `minutes` of wall time, then evaluate greedy on GRPO's fixed dev subset."""
+    recipe, on the tasks GRPO samples: `training.data.train_pool`) for `minutes` of wall time, then
+    evaluate greedy on GRPO's fixed dev subset."""
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.policy.qwen import QwenPolicy
     from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -181,6 +196,7 @@ def continue_warm_start(config: Config, minutes: float, *, progress: Any = None)
     from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
 
     train_tasks, dev_tasks, db_root = load_task_splits(config)
+    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
     g, t = config.grpo, config.training
     settings = CollectorSettings(max_turns=max(g.max_turns, 4), max_new_tokens_per_turn=g.max_new_tokens_per_turn,
                                  max_total_tokens=g.max_total_tokens, concurrency=64, max_batch=64)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from skyrl_tool_agent.config.base import Section, expand_path, knob
 
@@ -46,6 +46,19 @@ class DataConfig(Section):
         "data/processed/databases for builtin, <spider_root>/database for spider.",
     )
     spider_root: str = knob("../shared/spider", "Spider 1.0 directory (dev.json, database/, ...).")
+    train_pool: Literal["file", "generated"] = knob(
+        "file",
+        "Which tasks GRPO samples. file = train_file (the warm start's own tasks); generated = "
+        "builtin only: every slot assignment of the built-in templates whose query is not in dev "
+        "(~10.9k questions, all paraphrases, generated from db_root at start), so RL steps mostly "
+        "see questions the warm start never trained on. The warm start always uses train_file.",
+    )
+
+    @model_validator(mode="after")
+    def _generated_pool_is_builtin(self) -> DataConfig:
+        if self.train_pool == "generated" and self.dataset != "builtin":
+            raise ValueError("train_pool 'generated' needs dataset 'builtin' (it fills the built-in templates)")
+        return self
 
     def resolved_train_file(self) -> Path:
         """`train_file`, or the dataset's default training file."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from skyrl_tool_agent.config import Config, load_deepspeed_config
 from skyrl_tool_agent.data.batching import fixed_subset
-from skyrl_tool_agent.pipeline import RunSummary, build_loader, ensure_embedded_model, load_task_splits
+from skyrl_tool_agent.pipeline import RunSummary, build_loader, ensure_embedded_model, load_task_splits, rl_train_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
         ensure_embedded_model(config, train_tasks, dev_tasks, db_root)  # first run only; others wait
         (out / "config.yaml").write_text(config.dump_yaml())
     ctx.barrier()
+    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)  # deterministic: same on every rank
     ds_config = resolve_deepspeed_config(ds_file, config, hidden_size=model_hidden_size(config), world_size=ctx.world_size)
     start = time.monotonic()
     deadline = start + 60 * t.time_budget_minutes if t.time_budget_minutes else None

@@ -68,7 +68,7 @@ class BuildReport:
         }
 
 
-def _instances(domain: Domain, template: Template, con: sqlite3.Connection,
+def template_instances(domain: Domain, template: Template, con: sqlite3.Connection,
                dropped: Counter[str]) -> list[list[Instance]]:
     """All usable instances of a template, one list (of paraphrases) per slot assignment."""
     template_id = f"{domain.db_id}.{template.local_id}"
@@ -160,7 +160,7 @@ def build_builtin(out_dir: str | Path = "data/processed", seed: int = 0,
             for template in domain.templates:
                 template.check()
                 rng = random.Random(f"{seed}:{domain.db_id}.{template.local_id}")
-                groups = _instances(domain, template, con, dropped)
+                groups = template_instances(domain, template, con, dropped)
                 if not groups:  # e.g. every candidate was a LIMIT tie for this seed
                     logger.warning("%s.%s: no usable instance", domain.db_id, template.local_id)
                     dropped["template_unused"] += 1
@@ -179,4 +179,4 @@ def build_builtin(out_dir: str | Path = "data/processed", seed: int = 0,
     return report
 
 
-__all__ = ["BuildReport", "Instance", "build_builtin", "split_template"]
+__all__ = ["BuildReport", "Instance", "build_builtin", "split_template", "template_instances"]

@@ -1,0 +1,70 @@
+"""The generated training pool: every slot assignment of every built-in template, minus dev's.
+
+`train.json` keeps 9 slot assignments per template (one paraphrase each) so the warm start has a
+small fixed set; a policy warm-started on it solves most of those tasks from memory, so GRPO on the
+same tasks gets almost no learning signal (all-correct groups). The pool holds the ~10.9k other
+questions the same templates produce on the same databases (all paraphrases, train's assignments
+included), with every assignment whose gold query is in dev left out, so RL steps mostly see
+questions the policy has never trained on, drawn from dev's distribution but never dev itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from skyrl_tool_agent.data.builtin.generate import template_instances
+from skyrl_tool_agent.data.hardness import spider_hardness, to_difficulty
+from skyrl_tool_agent.data.tasks import Task, db_path_for
+
+logger = logging.getLogger(__name__)
+
+
+def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[Task]:
+    """Tasks for every usable slot assignment (all paraphrases) of the built-in templates on the
+    databases under `db_root`, except those whose gold SQL or question is in `held_out`.
+
+    Deterministic for given databases (templates and candidates are enumerated in a fixed order).
+    Raises FileNotFoundError when a built-in database is missing and ValueError when a template's
+    query fails on it (the databases are not the built-in ones).
+    """
+    from skyrl_tool_agent.data.builtin.domains import DOMAINS  # late: the domain modules are large
+
+    held_sql = {t.gold_sql for t in held_out}
+    held_questions = {t.question for t in held_out}
+    difficulty: dict[str, str] = {}  # paraphrases share their SQL: parse each query once
+    tasks: list[Task] = []
+    skipped = 0
+    for domain in DOMAINS:
+        path = db_path_for(db_root, domain.db_id)
+        if not path.is_file():
+            raise FileNotFoundError(f"built-in database not found: {path}")
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            for template in domain.templates:
+                try:
+                    groups = template_instances(domain, template, con, Counter())
+                except sqlite3.Error as exc:
+                    raise ValueError(f"{path} is not the built-in {domain.db_id} database "
+                                     f"(template {template.local_id}: {exc})") from exc
+                for group in groups:
+                    if group[0].gold_sql in held_sql or any(i.question in held_questions for i in group):
+                        skipped += 1
+                        continue
+                    for inst in group:
+                        if inst.gold_sql not in difficulty:
+                            difficulty[inst.gold_sql] = to_difficulty(spider_hardness(inst.gold_sql))
+                        tasks.append(Task(task_id=f"builtin-pool-{len(tasks):05d}", db_id=inst.db_id,
+                                          question=inst.question, gold_sql=inst.gold_sql,
+                                          difficulty=difficulty[inst.gold_sql], source="builtin",
+                                          split="train", template_id=inst.template_id))
+        finally:
+            con.close()
+    logger.info("generated training pool: %d questions (%d slot assignments held out)", len(tasks), skipped)
+    return tasks
+
+
+__all__ = ["generated_train_pool"]

@@ -1,0 +1,91 @@
+"""The generated training pool (`training.data.train_pool: generated`): built from the real built-in
+SQLite files, disjoint from dev, a superset of train, and the errors when it cannot be built."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from skyrl_tool_agent.config import ConfigError, UserInputError, load_config
+from skyrl_tool_agent.data.builtin.domains import DOMAINS
+from skyrl_tool_agent.data.builtin.pool import generated_train_pool
+from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
+from skyrl_tool_agent.pipeline import rl_train_tasks
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA = REPO_ROOT / "data" / "processed"
+CONFIGS = REPO_ROOT / "configs"
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return load_tasks(DATA / "train.json"), load_tasks(DATA / "dev.json")
+
+
+@pytest.fixture(scope="module")
+def pool(splits):
+    return generated_train_pool(DATA / "databases", held_out=splits[1])
+
+
+def test_pool_is_disjoint_from_dev_and_covers_train(pool, splits) -> None:
+    train, dev = splits
+    assert {t.gold_sql for t in pool}.isdisjoint({t.gold_sql for t in dev})
+    assert {t.question for t in pool}.isdisjoint({t.question for t in dev})
+    pool_pairs = {(t.question, t.gold_sql) for t in pool}
+    assert all((t.question, t.gold_sql) in pool_pairs for t in train)  # train is one paraphrase per assignment
+    assert len(pool) >= 5 * len(train)
+    unseen = [t for t in pool if (t.question, t.gold_sql) not in {(x.question, x.gold_sql) for x in train}]
+    assert len(unseen) >= 4 * len(train)
+    # Every template that has dev tasks still has training questions in the pool, and every difficulty occurs.
+    assert {t.template_id for t in dev} <= {t.template_id for t in pool}
+    assert set(Counter(t.difficulty for t in pool)) == {"easy", "medium", "hard"}
+    assert len({t.task_id for t in pool}) == len(pool) and all(t.split == "train" for t in pool)
+
+
+def test_pool_gold_queries_run_and_answer(pool) -> None:
+    sample = pool[:: max(1, len(pool) // 200)]
+    for task in sample:
+        con = sqlite3.connect(f"file:{db_path_for(DATA / 'databases', task.db_id)}?mode=ro", uri=True)
+        try:
+            rows = con.execute(task.gold_sql).fetchall()
+        finally:
+            con.close()
+        assert rows, task
+
+
+def test_pool_is_deterministic(pool, splits) -> None:
+    again = generated_train_pool(DATA / "databases", held_out=splits[1])
+    assert [t.model_dump() for t in again] == [t.model_dump() for t in pool]
+
+
+def test_rl_train_tasks_follows_the_knob(pool, splits) -> None:
+    train, dev = splits
+    assert rl_train_tasks(load_config(CONFIGS), train, dev, DATA / "databases") is train
+    config = load_config(CONFIGS, ["training.data.train_pool=generated"])
+    assert rl_train_tasks(config, train, dev, DATA / "databases") == pool
+
+
+def test_missing_or_foreign_databases_are_user_errors(splits, tmp_path: Path) -> None:
+    train, dev = splits
+    config = load_config(CONFIGS, ["training.data.train_pool=generated"])
+    with pytest.raises(UserInputError, match=r"built-in database not found: .*\(training.data.train_pool: generated\)"):
+        rl_train_tasks(config, train, dev, tmp_path / "nowhere")
+    # Right file names, wrong contents: an empty SQLite database where the first domain's should be.
+    root = tmp_path / "foreign"
+    shutil.copytree(DATA / "databases", root)
+    first = db_path_for(root, DOMAINS[0].db_id)
+    first.unlink()
+    sqlite3.connect(first).close()
+    with pytest.raises(UserInputError, match=rf"is not the built-in {DOMAINS[0].db_id} database .*no such table"):
+        rl_train_tasks(config, train, dev, root)
+
+
+def test_generated_pool_needs_the_builtin_dataset() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIGS, ["training.data.dataset=spider", "training.data.train_pool=generated"])
+    message = str(info.value)
+    assert "\n" not in message and "train_pool 'generated' needs dataset 'builtin'" in message
