@@ -9,6 +9,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 
 def setup_logging(level: int = logging.INFO) -> None:
     from rich.logging import RichHandler
@@ -19,9 +21,16 @@ def setup_logging(level: int = logging.INFO) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+#: Seconds between progress lines when the output is not a terminal (a log file, CI, nohup).
+LOG_PROGRESS_EVERY_S = 30.0
+
+
 @contextlib.contextmanager
 def training_progress(total_steps: int) -> Iterator[Any]:
-    """A rich progress bar; the yielded callback takes ('step', metrics) or (phase text, fraction)."""
+    """A rich progress bar; the yielded callback takes ('step', metrics) or (phase text, fraction).
+
+    A bar is invisible in a log file (rich draws it only on a terminal), so there the same
+    information is logged instead: every GRPO step, and a build line every LOG_PROGRESS_EVERY_S."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -30,6 +39,9 @@ def training_progress(total_steps: int) -> Iterator[Any]:
         build = bar.add_task("build", total=1.0, info="", visible=False)
         train = bar.add_task("GRPO", total=total_steps, info="")
         last = [time.monotonic()]
+        started = time.monotonic()
+        last_logged = [started]
+        to_log = not bar.console.is_terminal
 
         def update(kind: str, value: Any) -> None:
             if kind == "step":
@@ -38,9 +50,15 @@ def training_progress(total_steps: int) -> Iterator[Any]:
                 if "eval/execution_accuracy" in m:
                     info += f"  dev EX {m['eval/execution_accuracy']:.3f}"
                 bar.update(train, completed=m["step"], info=info)
+                if to_log:
+                    logger.info("GRPO step %d/%d  %s  (%.0f s)", m["step"], total_steps, info, time.monotonic() - started)
             else:
-                if time.monotonic() - last[0] > 0.5 or value >= 1.0:
+                now = time.monotonic()
+                if now - last[0] > 0.5 or value >= 1.0:
                     bar.update(build, visible=True, description=f"embedded model: {kind}", completed=value)
-                    last[0] = time.monotonic()
+                    last[0] = now
+                if to_log and (now - last_logged[0] >= LOG_PROGRESS_EVERY_S or value >= 1.0):
+                    logger.info("embedded model: %s %.0f%%  (%.0f s)", kind, 100 * value, now - started)
+                    last_logged[0] = now
 
         yield update

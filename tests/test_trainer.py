@@ -78,6 +78,8 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, tmp_path):
     assert (full / "final" / "adapter_config.json").is_file()
     assert (full / "training_curves.png").stat().st_size > 10_000
     assert "before GRPO" in done.stdout
+    # Output captured (not a terminal): the progress bar is replaced by one log line per step.
+    assert all(f"GRPO step {n}/3" in done.stdout + done.stderr for n in (1, 2, 3)), done.stdout[-2000:]
 
     # interrupted run: kill -9 once the step-1 checkpoint exists, then resume
     part = tmp_path / "part"

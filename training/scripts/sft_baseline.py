@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -28,7 +30,16 @@ def main(argv: list[str] | None = None) -> None:
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.pipeline import continue_warm_start
 
-        result = continue_warm_start(config_from_args(args), args.minutes)
+        started, last = time.monotonic(), [0.0]
+
+        def progress(step: int, loss: float) -> None:  # a line every 30 s: readable in a terminal and a log
+            now = time.monotonic() - started
+            if now - last[0] >= 30:
+                logging.getLogger("sft_baseline").info("supervised step %d, loss %.3f, %.0f of %.0f s",
+                                                       step, loss, now, 60 * args.minutes)
+                last[0] = now
+
+        result = continue_warm_start(config_from_args(args), args.minutes, progress=progress)
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
     b, a = result["before"]["execution_accuracy"], result["after"]["execution_accuracy"]
     print(f"continued warm start: {result['steps']} steps in {args.minutes} min: dev EX {b:.3f} -> {a:.3f} ({a - b:+.3f})")
