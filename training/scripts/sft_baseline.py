@@ -30,10 +30,13 @@ def main(argv: list[str] | None = None) -> None:
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.pipeline import continue_warm_start
 
-        started, last = time.monotonic(), [0.0]
+        started: list[float] = []  # the supervised clock starts at the first step (after the first evaluation)
+        last = [0.0]
 
         def progress(step: int, loss: float) -> None:  # a line every 30 s: readable in a terminal and a log
-            now = time.monotonic() - started
+            if not started:
+                started.append(time.monotonic())
+            now = time.monotonic() - started[0]
             if now - last[0] >= 30:
                 logging.getLogger("sft_baseline").info("supervised step %d, loss %.3f, %.0f of %.0f s",
                                                        step, loss, now, 60 * args.minutes)
