@@ -38,7 +38,7 @@ def setup(tmp_path_factory):
     return root, model_dir
 
 
-def _cmd(root: Path, model_dir: Path, out: Path, *extra: str) -> list[str]:
+def _config_args(root: Path, model_dir: Path) -> list[str]:
     sets = {
         "model.name_or_path": model_dir, "model.device": "cpu", "model.lora.r": 4, "model.lora.alpha": 8,
         "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
@@ -48,10 +48,12 @@ def _cmd(root: Path, model_dir: Path, out: Path, *extra: str) -> list[str]:
         "grpo.group_size": 2, "grpo.max_turns": 4, "grpo.max_new_tokens_per_turn": 40, "grpo.max_total_tokens": 1200,
         "grpo.filter_uniform_groups": False, "grpo.kl_coef": 0.05,
     }
-    args = [sys.executable, str(SCRIPT), "--mode", "lora", "--output-dir", str(out)]
-    for key, value in sets.items():
-        args += ["--set", f"{key}={value}"]
-    return args + list(extra)
+    return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+
+
+def _cmd(root: Path, model_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--mode", "lora", "--output-dir", str(out),
+            *_config_args(root, model_dir), *extra]
 
 
 def _env() -> dict[str, str]:
@@ -117,3 +119,21 @@ def test_bad_inputs_exit_2_with_one_line(setup, tmp_path):
         assert len(err) == 1 and "Traceback" not in res.stderr, (extra, res.stderr[-2000:])
         if "model.name_or_path=/nonexistent/model" in extra:
             assert "model directory '/nonexistent/model' does not exist" in err[0], err
+
+
+def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_path):
+    """The supervised baseline GRPO is compared with: real supervised steps for the given wall time,
+    evaluated greedy before and after on GRPO's dev subset."""
+    root, model_dir = setup
+    out = tmp_path / "sft.json"
+    cmd = [sys.executable, str(REPO / "training" / "scripts" / "sft_baseline.py"), "--minutes", "0.1",
+           "--output", str(out), *_config_args(root, model_dir)]
+    started = time.monotonic()
+    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["minutes"] == 0.1 and result["steps"] >= 1
+    for side in ("before", "after"):
+        assert result[side]["n"] == 3 and 0.0 <= result[side]["execution_accuracy"] <= 1.0
+    assert "continued warm start:" in res.stdout
+    assert time.monotonic() - started < 240  # the deadline stops it (the step cap is 10**6)
