@@ -24,7 +24,6 @@ in worker threads), and caps on returned rows and characters with a `truncated` 
 from __future__ import annotations
 
 import logging
-import math
 import re
 import sqlite3
 import time
@@ -32,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from mcp_tools.result_rows import fetch_capped
 
 logger = logging.getLogger(__name__)
 
@@ -266,46 +267,6 @@ def _first_statement_if_rest_empty(sql: str) -> str:
     return sql[: pos + 1]
 
 
-def _cell_chars(value: Any) -> int:
-    """Characters a cell takes when rendered (bytes count as hex)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, bytes):
-        return 2 * len(value)
-    return 8
-
-
-def _clip_cell(value: Any, limit: int) -> Any:
-    if isinstance(value, str) and len(value) > limit:
-        return value[:limit] + "…"
-    if isinstance(value, bytes) and 2 * len(value) > limit:
-        return value[: max(limit // 2, 1)]
-    return value
-
-
-def _fetch(cur: sqlite3.Cursor, max_rows: int | None, max_chars: int | None) -> tuple[list[tuple], bool]:
-    """Fetch at most `max_rows` rows and about `max_chars` characters; return (rows, truncated)."""
-    if max_chars is None:
-        if max_rows is None:
-            return cur.fetchall(), False
-        rows = cur.fetchmany(max_rows + 1)
-        return (rows[:max_rows], True) if len(rows) > max_rows else (rows, False)
-    # Row by row, so a few huge values never sit in memory all at once.
-    rows: list[tuple] = []
-    total = 0
-    for row in cur:
-        if max_rows is not None and len(rows) >= max_rows:
-            return rows, True
-        size = sum(_cell_chars(v) for v in row)
-        if total + size > max_chars:
-            if not rows:  # keep one (clipped) row rather than an empty answer
-                rows.append(tuple(_clip_cell(v, max_chars) for v in row))
-            return rows, True
-        total += size
-        rows.append(row)
-    return rows, False
-
-
 def _classify(exc: BaseException, conn: SandboxConnection, timeout_s: float, timed_out: bool) -> SandboxError:
     """Turn whatever SQLite/Python raised into a SandboxError with a model-readable message."""
     msg = str(exc)
@@ -378,7 +339,7 @@ def run_query(
                 raise
             cur = conn.execute(_first_statement_if_rest_empty(sql))
         columns = [d[0] for d in cur.description] if cur.description else []
-        rows, truncated = _fetch(cur, max_rows, max_chars)
+        rows, truncated = fetch_capped(cur, max_rows, max_chars)
         return QueryResult(columns=columns, rows=rows, truncated=truncated, row_count=len(rows))
     except SandboxError:
         raise
@@ -396,12 +357,3 @@ def run_query(
             conn.set_progress_handler(None, 0)
         except sqlite3.Error:
             pass
-
-
-def jsonable_cell(value: Any) -> Any:
-    """A cell as a JSON-safe value: BLOBs as hex strings, non-finite floats as strings."""
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value

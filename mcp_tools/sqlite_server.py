@@ -36,7 +36,8 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from mcp_tools.fast_stdio import fast_stdio_server
-from mcp_tools.sandbox import QueryResult, SandboxError, jsonable_cell, run_query
+from mcp_tools.result_rows import jsonable_cell
+from mcp_tools.sandbox import QueryResult, SandboxError, run_query
 from mcp_tools.sqlite_catalog import Catalog, CatalogError, ColumnInfo, TableInfo, find_table, quote_ident
 
 logger = logging.getLogger(__name__)
