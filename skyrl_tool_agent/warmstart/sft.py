@@ -181,14 +181,14 @@ def supervised_finetune(
         history.loss.append((step + 1, loss.item()))
         if progress is not None:
             progress(step + 1, history.loss[-1][1])
-        if evaluate is not None and ((step + 1) % settings.eval_every == 0 or step + 1 == planned):
+        if evaluate is not None and (step + 1) % settings.eval_every == 0 and step + 1 < planned:
             model.eval()
             figures = {"step": step + 1, "seconds": time.monotonic() - start, **evaluate(step + 1)}
             model.train()
             history.evals.append(figures)
             logger.info("warm start step %d: %s", step + 1, figures)
         step += 1
-    done = len(history.loss)
+    done = len(history.loss)  # the last step is evaluated here, whether the schedule or the clock ended it
     if evaluate is not None and done and (not history.evals or history.evals[-1]["step"] != done):
         model.eval()
         history.evals.append({"step": done, "seconds": time.monotonic() - start, **evaluate(done)})
