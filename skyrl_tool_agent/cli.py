@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -25,6 +25,21 @@ def setup_logging(level: int = logging.INFO) -> None:
 LOG_PROGRESS_EVERY_S = 30.0
 
 
+def log_every(seconds: float = LOG_PROGRESS_EVERY_S) -> Callable[[], bool]:
+    """A clock for throttled progress lines: each call says whether `seconds` have passed since
+    the last call that said yes (the first yes comes `seconds` after creation)."""
+    last = [time.monotonic()]
+
+    def due() -> bool:
+        now = time.monotonic()
+        if now - last[0] < seconds:
+            return False
+        last[0] = now
+        return True
+
+    return due
+
+
 @contextlib.contextmanager
 def training_progress(total_steps: int) -> Iterator[Any]:
     """A rich progress bar; the yielded callback takes ('step', metrics) or (phase text, fraction).
@@ -40,8 +55,8 @@ def training_progress(total_steps: int) -> Iterator[Any]:
         train = bar.add_task("GRPO", total=total_steps, info="")
         last = [time.monotonic()]
         started = time.monotonic()
-        last_logged = [started]
         to_log = not bar.console.is_terminal
+        log_due = log_every()
 
         def update(kind: str, value: Any) -> None:
             if kind == "step":
@@ -57,8 +72,7 @@ def training_progress(total_steps: int) -> Iterator[Any]:
                 if now - last[0] > 0.5 or value >= 1.0:
                     bar.update(build, visible=True, description=f"embedded model: {kind}", completed=value)
                     last[0] = now
-                if to_log and (now - last_logged[0] >= LOG_PROGRESS_EVERY_S or value >= 1.0):
+                if to_log and (log_due() or value >= 1.0):
                     logger.info("embedded model: %s %.0f%%  (%.0f s)", kind, 100 * value, now - started)
-                    last_logged[0] = now
 
         yield update

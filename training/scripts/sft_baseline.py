@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from skyrl_tool_agent.cli import setup_logging  # noqa: E402
+from skyrl_tool_agent.cli import log_every, setup_logging  # noqa: E402
 from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args  # noqa: E402
 
 
@@ -31,16 +31,14 @@ def main(argv: list[str] | None = None) -> None:
         from skyrl_tool_agent.pipeline import continue_warm_start
 
         started: list[float] = []  # the supervised clock starts at the first step (after the first evaluation)
-        last = [0.0]
+        log_due = log_every()
 
-        def progress(step: int, loss: float) -> None:  # a line every 30 s: readable in a terminal and a log
+        def progress(step: int, loss: float) -> None:  # throttled lines: readable in a terminal and a log
             if not started:
                 started.append(time.monotonic())
-            now = time.monotonic() - started[0]
-            if now - last[0] >= 30:
-                logging.getLogger("sft_baseline").info("supervised step %d, loss %.3f, %.0f of %.0f s",
-                                                       step, loss, now, 60 * args.minutes)
-                last[0] = now
+            if log_due():
+                logging.getLogger("sft_baseline").info("supervised step %d, loss %.3f, %.0f of %.0f s", step, loss,
+                                                       time.monotonic() - started[0], 60 * args.minutes)
 
         result = continue_warm_start(config_from_args(args), args.minutes, progress=progress)
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
