@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.config_files import CONFIGS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILTIN_DATA = REPO_ROOT / "data" / "processed"
 BUILTIN_DB_ROOT = BUILTIN_DATA / "databases"
 SPIDER_ROOT = (REPO_ROOT / ".." / "shared" / "spider").resolve()
+
+
+@pytest.fixture
+def cfg_dir(tmp_path: Path) -> Path:
+    """A private copy of the shipped configs/ to break (config tests)."""
+    target = tmp_path / "configs"
+    shutil.copytree(CONFIGS, target)
+    return target
 
 
 @pytest.fixture

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-import shutil
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any, get_args
 
@@ -22,32 +18,12 @@ from skyrl_tool_agent.config import (
     GRPOConfig,
     ModelConfig,
     TrainingConfig,
-    add_config_args,
-    cli_main_guard,
-    config_from_args,
     load_config,
-    load_deepspeed_config,
 )
 from skyrl_tool_agent.config.__main__ import main as config_cli
 from skyrl_tool_agent.config.loader import CORE_SECTIONS, SECTIONS, section_yaml
 from skyrl_tool_agent.data.tasks import Difficulty
-
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
-
-
-@pytest.fixture
-def cfg_dir(tmp_path: Path) -> Path:
-    """A private copy of the shipped configs/ to break."""
-    target = tmp_path / "configs"
-    shutil.copytree(CONFIGS, target)
-    return target
-
-
-def edit(path: Path, old: str, new: str) -> None:
-    text = path.read_text()
-    assert old in text, f"{old!r} not in {path}"
-    path.write_text(text.replace(old, new, 1))
+from tests.fixtures.config_files import CONFIGS, edit
 
 
 def config_error(*args: Any, **kwargs: Any) -> str:
@@ -380,98 +356,3 @@ def test_gradient_accumulation_and_deepspeed_values() -> None:
         "gradient_accumulation_steps": 4,
         "gradient_clipping": 1.0,
     }
-
-
-# ---------------------------------------------------------------------------- accelerate / DeepSpeed files
-def test_distributed_files_load_and_are_real() -> None:
-    cfg = load_config(CONFIGS, ["training.mode=full"])
-    acc = cfg.load_accelerate()
-    assert acc.distributed_type == "DEEPSPEED" and acc.num_processes == 8
-    assert acc.deepspeed_config is not None
-    assert acc.deepspeed_config.deepspeed_config_file == "configs/deepspeed_config.json"
-    assert load_config(CONFIGS, ["accelerate.num_processes=2"]).load_accelerate().num_processes == 2
-    ds = cfg.load_deepspeed()
-    assert ds.zero_optimization.stage == 3 and ds.bf16.enabled is True
-    assert ds.zero_optimization.offload_optimizer is None  # no offload by default
-    # accelerate itself reads the launcher file (it rejects unknown keys) ...
-    config_args = pytest.importorskip("accelerate.commands.config.config_args")
-    assert config_args.ClusterConfig.from_yaml_file(str(CONFIGS / "accelerate_config.yaml")).mixed_precision is None
-
-
-def test_accelerate_accepts_the_deepspeed_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The DeepSpeed plugin as `accelerate launch` builds it from our files: ZeRO-3 and bf16 on."""
-    utils = pytest.importorskip("accelerate.utils")
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", "deepspeed_config_file,zero3_init_flag")
-    plugin = utils.DeepSpeedPlugin(hf_ds_config="configs/deepspeed_config.json", zero3_init_flag=True)
-    plugin.set_mixed_precision("no")  # what the launcher passes when mixed_precision is null
-    assert plugin.zero_stage == 3 and plugin.deepspeed_config["bf16"]["enabled"] is True
-    # Why AccelerateConfig insists on mixed_precision: null next to a deepspeed_config_file:
-    monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", "deepspeed_config_file,zero3_init_flag,mixed_precision")
-    with pytest.raises(ValueError, match="will be ignored"):
-        utils.DeepSpeedPlugin(hf_ds_config="configs/deepspeed_config.json")
-
-
-def test_distributed_file_errors(cfg_dir: Path) -> None:
-    ds = cfg_dir / "deepspeed_config.json"
-    edit(ds, '"stage": 3', '"stage": 2')
-    assert load_deepspeed_config(ds, mode="lora").zero_optimization.stage == 2
-    with pytest.raises(ConfigError) as info:
-        load_config(cfg_dir, ["training.mode=full"]).load_deepspeed()
-    assert str(info.value) == f"{ds}: zero_optimization.stage: must be 3 for training.mode=full, got 2"
-    with pytest.raises(ConfigError, match=r"bf16.enabled: must be true, got 'auto'"):
-        load_deepspeed_config(CONFIGS / "deepspeed_config.json", ["deepspeed.bf16.enabled=auto"])
-    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu: expected an integer or 'auto', got 'big'"):
-        load_deepspeed_config(CONFIGS / "deepspeed_config.json", ["deepspeed.train_micro_batch_size_per_gpu=big"])
-    edit(ds, '"stage": 2,', '"stage": 2')
-    with pytest.raises(ConfigError, match=rf"^{ds}: invalid JSON at line \d+, column \d+: "):
-        load_deepspeed_config(ds)
-    edit(cfg_dir / "accelerate_config.yaml", "mixed_precision: null", "mixed_precision: bf16")
-    with pytest.raises(ConfigError, match="mixed_precision must be null with a deepspeed_config_file"):
-        load_config(cfg_dir).load_accelerate()
-
-
-# ---------------------------------------------------------------------------- scripts
-def test_cli_args(tmp_path: Path) -> None:
-    other = tmp_path / "g.yaml"
-    other.write_text("group_size: 6\n")
-    parser = add_config_args(argparse.ArgumentParser())
-    args = parser.parse_args(["--config-dir", str(CONFIGS), "--set", "model.lora.r=4", "--grpo-config", str(other)])
-    cfg = config_from_args(args)
-    assert cfg.model.lora.r == 4 and cfg.grpo.group_size == 6
-
-
-def test_guard_in_process(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info, cli_main_guard():
-        load_config(CONFIGS, ["grpo.group_size=x"])
-    assert info.value.code == 2
-    assert capsys.readouterr().err.startswith("error: --set grpo.group_size=x: group_size: ")
-    with pytest.raises(RuntimeError), cli_main_guard():  # bugs are not swallowed
-        raise RuntimeError("bug")
-
-
-def test_script_with_bad_config_exits_2_with_one_line(cfg_dir: Path) -> None:
-    edit(cfg_dir / "grpo_config.yaml", "group_size: 8 ", "group_size: four ")
-    script = textwrap.dedent(
-        """
-        import sys
-        from skyrl_tool_agent.config import cli_main_guard, load_config
-
-        @cli_main_guard()
-        def main() -> None:
-            load_config(sys.argv[1])
-            print("loaded")
-
-        main()
-        """
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(cfg_dir)], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
-    assert proc.stderr.splitlines() == [
-        f"error: {cfg_dir}/grpo_config.yaml: group_size: Input should be a valid integer, "
-        "unable to parse string as an integer (got 'four')"
-    ]
-    assert "Traceback" not in proc.stderr

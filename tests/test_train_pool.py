@@ -15,10 +15,9 @@ from skyrl_tool_agent.data.builtin.domains import DOMAINS
 from skyrl_tool_agent.data.builtin.pool import generated_train_pool
 from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
 from skyrl_tool_agent.pipeline import rl_train_tasks
+from tests.fixtures.config_files import CONFIGS, REPO
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA = REPO_ROOT / "data" / "processed"
-CONFIGS = REPO_ROOT / "configs"
+DATA = REPO / "data" / "processed"
 
 
 @pytest.fixture(scope="module")
