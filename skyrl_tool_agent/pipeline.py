@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from skyrl_tool_agent.config import Config, UserInputError
+from skyrl_tool_agent.config import Config, UserInputError, default_build_dir
 from skyrl_tool_agent.data.batching import TaskBatcher, fixed_subset
 from skyrl_tool_agent.data.curriculum import CurriculumSampler
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task, load_tasks
+
+if TYPE_CHECKING:
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +48,35 @@ def load_task_splits(config: Config) -> tuple[list[Task], list[Task], Path]:
         raise UserInputError(str(exc)) from exc
 
 
+def pool_and_validation(config: Config, train_tasks: list[Task], dev_tasks: list[Task],
+                        db_root: Path) -> tuple[list[Task], list[Task]]:
+    """(generated pool without validation, validation split) for the built-in dataset: every slot
+    assignment not in dev, minus `training.data.validation_tasks` unseen queries held out."""
+    from skyrl_tool_agent.data.builtin.pool import generated_train_pool, split_validation
+
+    data = config.training.data
+    try:
+        pool = generated_train_pool(db_root, held_out=dev_tasks)
+        return split_validation(pool, train_tasks, data.validation_tasks, seed=config.training.seed)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserInputError(f"{exc} (training.data: the generated pool)") from exc
+
+
+def validation_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path) -> list[Task]:
+    """The held-out yardstick for curves and tuning: the pool's validation split for the built-in
+    dataset; for Spider (no generator) a fixed 64-task dev subset drawn with another seed than the
+    reported evaluation's."""
+    if config.training.data.dataset == "builtin":
+        return pool_and_validation(config, train_tasks, dev_tasks, db_root)[1]
+    return fixed_subset(dev_tasks, 64, seed=config.training.seed + 1)
+
+
 def rl_train_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path) -> list[Task]:
     """The tasks GRPO samples (`training.data.train_pool`): the training file's, or the generated
-    pool of every built-in slot assignment not in dev."""
-    if config.training.data.train_pool == "file":
+    pool of every built-in slot assignment not in dev and not in the validation split."""
+    if config.training.data.resolved_train_pool() == "file":
         return train_tasks
-    from skyrl_tool_agent.data.builtin.pool import generated_train_pool
-
-    try:
-        return generated_train_pool(db_root, held_out=dev_tasks)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UserInputError(f"{exc} (training.data.train_pool: generated)") from exc
+    return pool_and_validation(config, train_tasks, dev_tasks, db_root)[0]
 
 
 def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
@@ -82,65 +102,117 @@ def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
 
 def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path, *,
                    out: Path | None = None, force: bool = False, sft_steps: int | None = None,
-                   eval_every: int | None = None, progress: Any = None) -> dict[str, Any]:
-    """Build the embedded default model into `out` (default: its cache dir); returns the build report.
+                   eval_every: int | None = None, progress: Any = None,
+                   provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build the embedded default model into `out` (default: `model.embedded_dir`, else the
+    project cache; never the shipped copy); returns the build report.
 
-    Held-out figures during the warm start use a fixed 64-task dev subset drawn with another seed
-    than the GRPO evaluation subset, so the warm start is not tuned on GRPO's yardstick.
+    Held-out figures during the warm start use `validation_tasks` (never dev), so where the warm
+    start is stopped is not chosen on the reported yardstick.
     """
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.policy.loading import resolve_device
-    from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import build_embedded_model
     from skyrl_tool_agent.warmstart.sft import SFTSettings
 
-    out = out or config.model.resolved_embedded_dir()
+    if out is None:
+        out = default_build_dir() if config.model.uses_shipped_model() else config.model.resolved_embedded_dir()
     if (out / "config.json").is_file() and not force:
         return json.loads((out / "warmstart.json").read_text()) if (out / "warmstart.json").is_file() else {}
-    shutil.rmtree(out, ignore_errors=True)
     sft = SFTSettings()
     if sft_steps is not None:  # an explicit step count is run in full, however long it takes
         sft.steps, sft.time_budget_minutes = sft_steps, None
     if eval_every is not None:
         sft.eval_every = eval_every
     logger.info("building the embedded default model into %s", out)
-    g = config.grpo
-    settings = CollectorSettings(max_turns=max(g.max_turns, 4), max_new_tokens_per_turn=g.max_new_tokens_per_turn,
-                                 max_total_tokens=g.max_total_tokens, concurrency=64, max_batch=64)
     runtime = EnvRuntime(config.env, db_root)
     try:
-        return build_embedded_model(out, runtime, train_tasks, fixed_subset(dev_tasks, 64, seed=config.training.seed + 1),
-                                    sft=sft, collector_settings=settings, device=str(resolve_device(config.model.device)),
-                                    progress=progress)
+        return build_embedded_model(out, runtime, train_tasks, validation_tasks(config, train_tasks, dev_tasks, db_root),
+                                    sft=sft, collector_settings=oracle_collector_settings(config),
+                                    device=str(resolve_device(config.model.device)), progress=progress,
+                                    provenance=provenance)
     finally:
         runtime.close()
 
 
+#: Validation tasks (the first N by task id) whose greedy outcomes the shipped model records.
+GREEDY_CHECK_TASKS = 16
+
+
+def ship_embedded(config: Config, built_dir: Path, dest: Path | None = None) -> dict[str, Any]:
+    """Ship the model built in `built_dir` as the package's embedded default (or into `dest`)."""
+    from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
+    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.warmstart.ship import ship_embedded_model
+
+    if not (built_dir / "config.json").is_file() or not (built_dir / "warmstart.json").is_file():
+        raise UserInputError(f"{built_dir} holds no built model (config.json and warmstart.json)")
+    train, dev, db_root = load_task_splits(config)
+    check = validation_tasks(config, train, dev, db_root)[:GREEDY_CHECK_TASKS]
+    runtime = EnvRuntime(config.env, db_root)
+    try:
+        return ship_embedded_model(built_dir, dest or SHIPPED_EMBEDDED_DIR, runtime, check, oracle_collector_settings(config))
+    finally:
+        runtime.close()
+
+
+def oracle_collector_settings(config: Config) -> CollectorSettings:
+    """Collector settings for warm-start data and its greedy evaluations: the run's turn and token
+    caps, but at least the 4 turns the scripted oracle may need."""
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+
+    g = config.grpo
+    return CollectorSettings(max_turns=max(g.max_turns, 4), max_new_tokens_per_turn=g.max_new_tokens_per_turn,
+                             max_total_tokens=g.max_total_tokens, concurrency=64, max_batch=64)
+
+
 def ensure_embedded_model(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path,
-                          progress: Any = None) -> None:
-    """Build the embedded default model if it is asked for and missing (first run only)."""
-    if config.model.is_embedded():
-        build_embedded(config, train_tasks, dev_tasks, db_root, progress=progress)
+                          progress: Any = None, *, rebuild: bool = False) -> None:
+    """Build the embedded model if it is asked for from a build directory where none is built yet,
+    or anew with `rebuild` (the shipped copy is never built; loading checks its files)."""
+    if config.model.is_embedded() and not config.model.uses_shipped_model():
+        build_embedded(config, train_tasks, dev_tasks, db_root, progress=progress, force=rebuild)
 
 
 @dataclass
 class RunSummary:
-    before: dict[str, float]
-    after: dict[str, float]
+    before: dict[str, Any]
+    after: dict[str, Any]
     steps: int
     seconds: float
     output_dir: Path
     history: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str = ""
+    #: Execution-accuracy change on the eval tasks with its paired-bootstrap 95% interval.
+    delta: dict[str, float] | None = None
 
 
-def run_training(config: Config, *, resume: str | None = None, progress: Any = None) -> RunSummary:
-    """Train with GRPO as configured; evaluates the fixed dev subset before and after.
+def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
+               seconds: float, history: list[dict[str, Any]]) -> RunSummary:
+    """Write before_after.json (with the paired-bootstrap interval of the EX change when both
+    evaluations carry per-task outcomes) and training_curves.png; one copy for both run drivers."""
+    from skyrl_tool_agent.eval.plots import plot_training_curves
+    from skyrl_tool_agent.eval.stats import paired_bootstrap
+
+    delta = None
+    if before.get("solved") and len(before["solved"]) == len(after.get("solved") or []):
+        delta = paired_bootstrap(before["solved"], after["solved"]).to_dict()
+    record = {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
+              "execution_accuracy_delta": delta}
+    (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
+    plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
+    return RunSummary(before, after, steps, seconds, out, history, stop_reason, delta)
+
+
+def run_training(config: Config, *, resume: str | None = None, rebuild: bool = False,
+                 progress: Any = None) -> RunSummary:
+    """Train with GRPO as configured; evaluates the fixed dev subset before and after. `rebuild`:
+    build the embedded model anew first (see `ensure_embedded_model`).
 
     Writes into `training.output_dir`: metrics.jsonl, checkpoints/, final/ (save_pretrained),
     before_after.json, config.yaml (resolved) and training_curves.png.
     """
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.eval.plots import plot_training_curves
     from skyrl_tool_agent.grpo.run_logging import RunLogger
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
     from skyrl_tool_agent.policy.qwen import QwenPolicy
@@ -149,11 +221,10 @@ def run_training(config: Config, *, resume: str | None = None, progress: Any = N
     out = Path(t.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     train_tasks, dev_tasks, db_root = load_task_splits(config)
-    ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress)
+    ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress, rebuild=rebuild)
     train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
     (out / "config.yaml").write_text(config.dump_yaml())
     start = time.monotonic()
-    deadline = start + 60 * t.time_budget_minutes if t.time_budget_minutes else None
     runtime = EnvRuntime(config.env, db_root)
     try:
         policy = QwenPolicy.from_config(config.model, mode=t.mode)
@@ -172,47 +243,54 @@ def run_training(config: Config, *, resume: str | None = None, progress: Any = N
             run_logger.truncate_after(0)
             run_logger.log({"step": 0, "eval/execution_accuracy": before["execution_accuracy"],
                             "eval/reward_mean": before["reward_mean"], "eval/format_ok_rate": before["format_ok_rate"]})
+        # The time budget is GRPO's own: it starts after the first evaluation.
+        deadline = time.monotonic() + 60 * t.time_budget_minutes if t.time_budget_minutes else None
         history = trainer.train(run_logger, on_step=progress and (lambda m: progress("step", m)), deadline=deadline)
-        after = trainer.evaluate() if not history or "eval/execution_accuracy" not in history[-1] else {
-            "execution_accuracy": history[-1]["eval/execution_accuracy"], "reward_mean": history[-1]["eval/reward_mean"],
-            "format_ok_rate": history[-1]["eval/format_ok_rate"]}
+        after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
         policy.save(out / "final")
         run_logger.finish()
     finally:
         runtime.close()
-    (out / "before_after.json").write_text(json.dumps({"before": before, "after": after, "steps": trainer.step}, indent=1) + "\n")
-    plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
-    return RunSummary(before, after, trainer.step, time.monotonic() - start, out, history)
+    return finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
+                      seconds=time.monotonic() - start, history=history)
 
 
-def continue_warm_start(config: Config, minutes: float, *, progress: Any = None) -> dict[str, Any]:
+def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tuple[float, ...] = (),
+                        eval_tasks: list[Task] | None = None, progress: Any = None) -> dict[str, Any]:
     """The supervised baseline for GRPO's gain: continue the embedded model's warm start (same
-    recipe, on the tasks GRPO samples: `training.data.train_pool`) for `minutes` of wall time, then
-    evaluate greedy on GRPO's fixed dev subset."""
+    recipe at the tail learning rate of its schedule, on the tasks GRPO samples:
+    `training.data.train_pool`) for `minutes` of training time, then evaluate greedy on `eval_tasks`
+    (default: GRPO's fixed dev subset). `eval_at_minutes` adds evaluations on the way (a curve
+    against training time; evaluation time is off that clock). Each evaluation carries `solved`
+    per task for paired intervals."""
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.eval.metrics import summarize
     from skyrl_tool_agent.policy.qwen import QwenPolicy
-    from skyrl_tool_agent.rollout.collector import CollectorSettings
-    from skyrl_tool_agent.warmstart.build import greedy_eval, oracle_conversations
+    from skyrl_tool_agent.warmstart.build import greedy_trajectories, oracle_conversations
     from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
 
     train_tasks, dev_tasks, db_root = load_task_splits(config)
     train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
-    g, t = config.grpo, config.training
-    settings = CollectorSettings(max_turns=max(g.max_turns, 4), max_new_tokens_per_turn=g.max_new_tokens_per_turn,
-                                 max_total_tokens=g.max_total_tokens, concurrency=64, max_batch=64)
+    t = config.training
+    settings = oracle_collector_settings(config)
     runtime = EnvRuntime(config.env, db_root)
     try:
         policy = QwenPolicy.from_config(config.model, mode="full")
-        eval_tasks = fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
-        before = greedy_eval(policy, runtime, eval_tasks, settings)
+        eval_tasks = eval_tasks if eval_tasks is not None else fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
+
+        def evaluate(_step: int = 0) -> dict[str, Any]:
+            trajectories = greedy_trajectories(policy, runtime, eval_tasks, settings)
+            return {**summarize(trajectories), "solved": [int(tr.result.solved) for tr in trajectories]}
+
+        before = evaluate()
         conversations = oracle_conversations(runtime, train_tasks, settings)
         examples = [conversation_to_ids(c, policy.tokenizer) for c in conversations]
-        sft = SFTSettings(steps=10**6, warmup_steps=0, seed=t.seed + 17, time_budget_minutes=None)
+        sft = SFTSettings(steps=10**6, warmup_steps=0, seed=t.seed + 17, time_budget_minutes=None, eval_every=10**9)
         sft.learning_rate *= 0.1  # the tail of the warm start's cosine schedule
-        start = time.monotonic()
         history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft,
-                                      deadline=start + 60 * minutes, progress=progress)
-        after = greedy_eval(policy, runtime, eval_tasks, settings)
+                                      evaluate=evaluate, eval_at_seconds=[60 * m for m in eval_at_minutes],
+                                      train_seconds=60 * minutes, progress=progress)
     finally:
         runtime.close()
-    return {"minutes": minutes, "steps": len(history.loss), "before": before, "after": after}
+    curve = [{"minutes": e["seconds"] / 60, **{k: v for k, v in e.items() if k != "seconds"}} for e in history.evals]
+    return {"minutes": minutes, "steps": len(history.loss), "before": before, "after": curve[-1], "curve": curve}

@@ -13,7 +13,7 @@ def print_before_after(summary: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Dev subset, greedy (n={int(summary.before.get('n', 0))}) — {summary.steps} GRPO steps, "
+    table = Table(title=f"Dev tasks, greedy (n={int(summary.before.get('n', 0))}) — {summary.steps} GRPO steps, "
                         f"{summary.seconds / 60:.1f} min")
     table.add_column("metric")
     table.add_column("before GRPO", justify="right")
@@ -25,6 +25,13 @@ def print_before_after(summary: Any) -> None:
             continue
         table.add_row(key, f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}")
     Console().print(table)
+    if summary.delta:
+        d = summary.delta
+        Console().print(f"execution accuracy change: {100 * d['delta']:+.1f} points, "
+                        f"{100 * d['confidence']:.0f}% paired-bootstrap interval "
+                        f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] over {d['n']} tasks")
+    if summary.stop_reason:
+        Console().print(f"training stopped: {summary.stop_reason}")
     Console().print(f"outputs: {summary.output_dir} (metrics.jsonl, training_curves.png, final/)")
 
 

@@ -16,14 +16,16 @@ from skyrl_tool_agent.config import (
     DifficultyMix,
     EnvConfig,
     GRPOConfig,
+    SHIPPED_EMBEDDED_DIR,
     ModelConfig,
     TrainingConfig,
+    default_build_dir,
     load_config,
 )
 from skyrl_tool_agent.config.__main__ import main as config_cli
 from skyrl_tool_agent.config.loader import CORE_SECTIONS, SECTIONS, section_yaml
 from skyrl_tool_agent.data.tasks import Difficulty
-from tests.fixtures.config_files import CONFIGS, edit
+from tests.fixtures.config_files import CONFIGS, REPO, edit
 
 
 def config_error(*args: Any, **kwargs: Any) -> str:
@@ -329,11 +331,16 @@ def test_wandb_auto_mode() -> None:
 
 
 def test_embedded_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("SKYRL_TOOL_AGENT_CACHE", raising=False)
-    assert ModelConfig().resolved_embedded_dir() == Path.home() / ".cache/skyrl_tool_agent/embedded"
+    # embedded_dir null = the copy shipped in the package, wherever the cache is.
     monkeypatch.setenv("SKYRL_TOOL_AGENT_CACHE", str(tmp_path))
-    assert ModelConfig().resolved_embedded_dir() == tmp_path / "embedded"
-    assert ModelConfig(embedded_dir="~/x").resolved_embedded_dir() == Path.home() / "x"
+    assert ModelConfig().resolved_embedded_dir() == SHIPPED_EMBEDDED_DIR and ModelConfig().uses_shipped_model()
+    assert SHIPPED_EMBEDDED_DIR == REPO / "skyrl_tool_agent" / "assets" / "embedded"
+    # Builds (train_grpo.py --rebuild, build_default_model.py) go to the cache.
+    assert default_build_dir() == tmp_path / "embedded"
+    monkeypatch.delenv("SKYRL_TOOL_AGENT_CACHE")
+    assert default_build_dir() == Path.home() / ".cache/skyrl_tool_agent/embedded"
+    built = ModelConfig(embedded_dir="~/x")
+    assert built.resolved_embedded_dir() == Path.home() / "x" and not built.uses_shipped_model()
     assert ModelConfig().is_embedded() and not ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B-Instruct").is_embedded()
     assert ModelConfig().resolved_dtype("cuda") == "bfloat16" and ModelConfig().resolved_dtype("cpu") == "float32"
 

@@ -230,6 +230,7 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
     sets = {
         "model.name_or_path": tiny / "model", "model.device": "cpu",
         "training.data.train_file": tiny / "train.json", "training.data.dev_file": tiny / "dev.json",
+        "training.data.train_pool": "file",
         "training.data.db_root": tiny / "dbs", "training.max_steps": 2, "training.tasks_per_step": 3,
         "training.checkpoint_every": 1, "training.keep_checkpoints": 3, "training.eval_every": 0,
         "training.eval_num_tasks": 2, "training.learning_rate": 1e-3, "training.wandb.mode": "disabled",

@@ -12,9 +12,9 @@ import pytest
 
 from skyrl_tool_agent.config import ConfigError, UserInputError, load_config
 from skyrl_tool_agent.data.builtin.domains import DOMAINS
-from skyrl_tool_agent.data.builtin.pool import generated_train_pool
+from skyrl_tool_agent.data.builtin.pool import generated_train_pool, split_validation
 from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
-from skyrl_tool_agent.pipeline import rl_train_tasks
+from skyrl_tool_agent.pipeline import rl_train_tasks, validation_tasks
 from tests.fixtures.config_files import CONFIGS, REPO
 
 DATA = REPO / "data" / "processed"
@@ -63,15 +63,35 @@ def test_pool_is_deterministic(pool, splits) -> None:
 
 def test_rl_train_tasks_follows_the_knob(pool, splits) -> None:
     train, dev = splits
-    assert rl_train_tasks(load_config(CONFIGS), train, dev, DATA / "databases") is train
-    config = load_config(CONFIGS, ["training.data.train_pool=generated"])
-    assert rl_train_tasks(config, train, dev, DATA / "databases") == pool
+    config = load_config(CONFIGS, ["training.data.train_pool=file"])
+    assert rl_train_tasks(config, train, dev, DATA / "databases") is train
+    config = load_config(CONFIGS, ["training.data.train_pool=generated", "training.data.validation_tasks=50"])
+    rl_pool = rl_train_tasks(config, train, dev, DATA / "databases")
+    held = {t.gold_sql for t in validation_tasks(config, train, dev, DATA / "databases")}
+    assert len(held) == 50
+    assert rl_pool == [t for t in pool if t.gold_sql not in held]  # the pool less every paraphrase of validation
+
+
+def test_validation_split_is_unseen_by_train_and_pool(pool, splits) -> None:
+    train, dev = splits
+    rest, val = split_validation(pool, train, 128, seed=42)
+    val_sql = {t.gold_sql for t in val}
+    assert len(val) == len(val_sql) == 128  # one question per held-out query
+    assert val_sql.isdisjoint({t.gold_sql for t in rest})
+    assert val_sql.isdisjoint({t.gold_sql for t in train}) and val_sql.isdisjoint({t.gold_sql for t in dev})
+    assert len(rest) + sum(1 for t in pool if t.gold_sql in val_sql) == len(pool)
+    assert set(Counter(t.difficulty for t in val)) == {"easy", "medium", "hard"}
+    again_rest, again_val = split_validation(pool, train, 128, seed=42)
+    assert again_val == val and again_rest == rest  # deterministic
+    assert {t.gold_sql for t in split_validation(pool, train, 128, seed=7)[1]} != val_sql  # the seed picks
+    with pytest.raises(ValueError, match="more queries than the pool's"):
+        split_validation(pool, train, len(pool), seed=0)
 
 
 def test_missing_or_foreign_databases_are_user_errors(splits, tmp_path: Path) -> None:
     train, dev = splits
     config = load_config(CONFIGS, ["training.data.train_pool=generated"])
-    with pytest.raises(UserInputError, match=r"built-in database not found: .*\(training.data.train_pool: generated\)"):
+    with pytest.raises(UserInputError, match=r"built-in database not found: .*\(training.data: the generated pool\)"):
         rl_train_tasks(config, train, dev, tmp_path / "nowhere")
     # Right file names, wrong contents: an empty SQLite database where the first domain's should be.
     root = tmp_path / "foreign"

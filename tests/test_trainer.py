@@ -42,7 +42,7 @@ def _config_args(root: Path, model_dir: Path) -> list[str]:
     sets = {
         "model.name_or_path": model_dir, "model.device": "cpu", "model.lora.r": 4, "model.lora.alpha": 8,
         "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
-        "training.data.db_root": root / "dbs", "training.max_steps": 3, "training.tasks_per_step": 2,
+        "training.data.db_root": root / "dbs", "training.data.train_pool": "file", "training.max_steps": 3, "training.tasks_per_step": 2,
         "training.checkpoint_every": 1, "training.eval_every": 0, "training.eval_num_tasks": 3,
         "training.learning_rate": 0.01, "training.wandb.mode": "disabled", "training.seed": 7,
         "grpo.group_size": 2, "grpo.max_turns": 4, "grpo.max_new_tokens_per_turn": 40, "grpo.max_total_tokens": 1200,
@@ -80,6 +80,14 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, tmp_path):
     assert (full / "final" / "adapter_config.json").is_file()
     assert (full / "training_curves.png").stat().st_size > 10_000
     assert "before GRPO" in done.stdout
+    # Before/after on the same tasks, with the paired interval of the change and why training stopped.
+    record = json.loads((full / "before_after.json").read_text())
+    assert len(record["before"]["solved"]) == len(record["after"]["solved"]) == 3
+    delta = record["execution_accuracy_delta"]
+    assert delta["n"] == 3 and delta["low"] <= delta["delta"] <= delta["high"]
+    assert delta["delta"] == pytest.approx(record["after"]["execution_accuracy"] - record["before"]["execution_accuracy"])
+    assert record["stop_reason"] == "max_steps (3) reached"
+    assert "paired-bootstrap interval" in done.stdout and "training stopped: max_steps (3) reached" in done.stdout
     # Output captured (not a terminal): the progress bar is replaced by one log line per step.
     assert all(f"GRPO step {n}/3" in done.stdout + done.stderr for n in (1, 2, 3)), done.stdout[-2000:]
 

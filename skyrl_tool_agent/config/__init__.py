@@ -42,11 +42,20 @@ from skyrl_tool_agent.config.loader import (
     load_config,
     load_deepspeed_config,
 )
-from skyrl_tool_agent.config.model import EMBEDDED, LoraConfig, ModelConfig, QuantizationConfig
+from skyrl_tool_agent.config.model import (
+    EMBEDDED,
+    SHIPPED_EMBEDDED_DIR,
+    LoraConfig,
+    ModelConfig,
+    QuantizationConfig,
+    default_build_dir,
+)
 from skyrl_tool_agent.config.training import DataConfig, PushToHubConfig, TrainingConfig, WandbConfig
 
 __all__ = [
     "EMBEDDED",
+    "SHIPPED_EMBEDDED_DIR",
+    "default_build_dir",
     "AccelerateConfig",
     "BatcherConfig",
     "CollectorConfig",

@@ -14,6 +14,8 @@ EMBEDDED = "embedded"
 #: Environment variable naming the project's cache root (default ~/.cache/skyrl_tool_agent).
 CACHE_ENV_VAR = "SKYRL_TOOL_AGENT_CACHE"
 DEFAULT_CACHE_ROOT = "~/.cache/skyrl_tool_agent"
+#: The embedded model that ships inside the package (built by build_default_model.py --ship).
+SHIPPED_EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "assets" / "embedded"
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "mps", "cuda"]
@@ -51,15 +53,18 @@ class ModelConfig(Section):
     name_or_path: str = knob(
         EMBEDDED,
         "Model to train: 'embedded', a hub name or a local directory. 'embedded' = the project's "
-        "tiny Qwen2-architecture model, built locally on first use (no download).",
+        "tiny Qwen2-architecture model: the warm-started copy shipped in the package (no download, "
+        "no build), or one built into embedded_dir.",
         h100="Qwen/Qwen2.5-1.5B-Instruct",
         min_length=1,
     )
     embedded_dir: str | None = knob(
         None,
-        "Where the embedded model is built and cached; null = the default cache. That is "
-        "$SKYRL_TOOL_AGENT_CACHE/embedded when the variable is set, else "
-        "~/.cache/skyrl_tool_agent/embedded; `~` and $VARS are expanded.",
+        "Where the embedded model comes from. null = the copy shipped in the package "
+        "(skyrl_tool_agent/assets/embedded, its files checked against their recorded sha256 at "
+        "load); a directory = a model built there by build_default_model.py, built on first use "
+        "when missing (train_grpo.py --rebuild builds into $SKYRL_TOOL_AGENT_CACHE/embedded, else "
+        "~/.cache/skyrl_tool_agent/embedded). `~` and $VARS are expanded.",
     )
     revision: str | None = knob(None, "Hub revision (branch, tag or commit); null = the default branch.")
     dtype: DType = knob(
@@ -93,15 +98,23 @@ class ModelConfig(Section):
         """Whether `name_or_path` asks for the project's embedded tiny model."""
         return self.name_or_path == EMBEDDED
 
+    def uses_shipped_model(self) -> bool:
+        """Whether the embedded model is the copy shipped in the package (`embedded_dir` null)."""
+        return self.is_embedded() and self.embedded_dir is None
+
     def resolved_embedded_dir(self) -> Path:
         """The embedded model's directory (see `embedded_dir`), `~` and $VARS expanded."""
         if self.embedded_dir is not None:
             return expand_path(self.embedded_dir)
-        root = os.environ.get(CACHE_ENV_VAR) or DEFAULT_CACHE_ROOT
-        return expand_path(root) / "embedded"
+        return SHIPPED_EMBEDDED_DIR
 
     def resolved_dtype(self, device_type: str) -> str:
         """The dtype name `dtype` means on a device of type `device_type` ('cuda', 'cpu', 'mps')."""
         if self.dtype != "auto":
             return self.dtype
         return "bfloat16" if device_type == "cuda" else "float32"
+
+
+def default_build_dir() -> Path:
+    """Where the embedded model is built when no directory is given: the project's cache."""
+    return expand_path(os.environ.get(CACHE_ENV_VAR) or DEFAULT_CACHE_ROOT) / "embedded"

@@ -16,7 +16,14 @@ from typing import Any
 
 from skyrl_tool_agent.config import Config, load_deepspeed_config
 from skyrl_tool_agent.data.batching import fixed_subset
-from skyrl_tool_agent.pipeline import RunSummary, build_loader, ensure_embedded_model, load_task_splits, rl_train_tasks
+from skyrl_tool_agent.pipeline import (
+    RunSummary,
+    build_loader,
+    ensure_embedded_model,
+    finish_run,
+    load_task_splits,
+    rl_train_tasks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +63,6 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
     from skyrl_tool_agent.distributed.engine import build_deepspeed_policy, model_hidden_size, resolve_deepspeed_config
     from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.eval.plots import plot_training_curves
     from skyrl_tool_agent.grpo.run_logging import RunLogger
 
     ctx = DistContext.init()
@@ -74,7 +80,6 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
     train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)  # deterministic: same on every rank
     ds_config = resolve_deepspeed_config(ds_file, config, hidden_size=model_hidden_size(config), world_size=ctx.world_size)
     start = time.monotonic()
-    deadline = start + 60 * t.time_budget_minutes if t.time_budget_minutes else None
     runtime = EnvRuntime(config.env, db_root)
     try:
         policy = build_deepspeed_policy(config, ctx, ds_config)
@@ -95,11 +100,10 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
                 before_path.write_text(json.dumps(before, indent=1) + "\n")
             run_logger.truncate_after(0)
             run_logger.log({"step": 0, **{f"eval/{k}": before[k] for k in EVAL_KEYS}})
+        # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides).
+        deadline = time.monotonic() + 60 * t.time_budget_minutes if t.time_budget_minutes else None
         history = trainer.train(run_logger, on_step=_log_step if ctx.is_main else None, deadline=deadline)
-        if history and "eval/execution_accuracy" in history[-1]:
-            after = {k: history[-1][f"eval/{k}"] for k in EVAL_KEYS}
-        else:
-            after = trainer.evaluate()
+        after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
         policy.save(out / "final")
         run_logger.finish()
     finally:
@@ -107,10 +111,10 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
     if not ctx.is_main:
         ctx.close()  # waits for rank 0's outputs
         return None
-    (out / "before_after.json").write_text(json.dumps({"before": before, "after": after, "steps": trainer.step}, indent=1) + "\n")
-    plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
+    summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
+                         seconds=time.monotonic() - start, history=history)
     ctx.close()
-    return RunSummary(before, after, trainer.step, time.monotonic() - start, out, history)
+    return summary
 
 
 def _log_step(metrics: dict[str, Any]) -> None:

@@ -11,26 +11,47 @@ import matplotlib
 matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-CURVES = [
-    ("reward/mean", "train reward (mean)"),
-    ("eval/execution_accuracy", "dev execution accuracy (greedy)"),
-    ("train/kl", "KL to reference"),
-    ("train/entropy", "policy entropy"),
+# Panels of the training curves: (title, y range or None for auto, [(metrics key, label, kind)]).
+# Rewards and accuracies live on 0-1 by construction, so their axes are fixed there: an auto
+# range would blow a 0.01 wobble up to the full panel height.
+PANELS = [
+    ("reward", (0.0, 1.0), [("reward/mean", "train (sampled, per step)", "step"),
+                            ("eval/reward_mean", "dev (greedy)", "eval")]),
+    ("execution accuracy", (0.0, 1.0), [("train/execution_accuracy", "train (sampled, per step)", "step"),
+                                        ("eval/execution_accuracy", "dev (greedy)", "eval")]),
+    ("KL to reference", None, [("train/kl", "k-estimator mean", "step")]),
+    ("policy entropy", None, [("train/entropy", "mean per policy token", "step")]),
 ]
 
 
+def _rolling_mean(values: list[float], window: int) -> list[float]:
+    return [sum(values[max(0, i - window + 1): i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
 def plot_training_curves(metrics_path: Path, out_png: Path) -> Path:
-    """Reward, dev EX, KL and entropy against step, from metrics.jsonl."""
+    """Reward and execution accuracy (train per step with a rolling mean, dev at eval steps) on
+    fixed 0-1 axes, KL and entropy against step, from metrics.jsonl."""
     rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (key, title) in zip(axes.flat, CURVES):
-        points = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
-        if points:
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    for ax, (title, ylim, series) in zip(axes.flat, PANELS):
+        for key, label, kind in series:
+            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if not points:
+                continue
             xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", markersize=3)
+            if kind == "eval":
+                ax.plot(xs, ys, marker="o", markersize=5, linewidth=2, label=label, color="#c44e52")
+            else:
+                ax.plot(xs, ys, linewidth=0.8, alpha=0.35, color="#4c72b0")
+                ax.plot(xs, _rolling_mean(list(ys), 5), linewidth=1.8, color="#4c72b0",
+                        label=f"{label}, 5-step mean")
+        if ylim:
+            ax.set_ylim(*ylim)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)

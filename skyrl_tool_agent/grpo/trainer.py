@@ -91,6 +91,9 @@ class GRPOTrainer:
         self.checkpoint_dir = output_dir / "checkpoints"
         self.optimizer, self.scheduler = build_optimizer(policy, config)
         self.step = 0
+        self.last_eval: dict[str, Any] | None = None  # the latest `evaluate()` made by `train`
+        self.last_eval_seconds = 0.0  # how long it took (benchmarks keep evaluation off the clock)
+        self.stop_reason = ""  # why `train` returned, in words (logged)
         g = config.grpo
         self.collector_settings = CollectorSettings(
             max_turns=g.max_turns,
@@ -132,10 +135,12 @@ class GRPOTrainer:
                                         settings=self.collector_settings)
         return asyncio.run(collector.collect(tasks, group_size))
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy execution accuracy etc. on the fixed dev subset."""
+    def evaluate(self) -> dict[str, Any]:
+        """Greedy execution accuracy etc. on the fixed dev subset, with `solved`: 1/0 per eval task
+        in `eval_tasks` order (for paired confidence intervals between two evaluations)."""
         params = SamplingParams(temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
-        return summarize(self.collect(self.eval_tasks, 1, params))
+        trajectories = self.collect(self.eval_tasks, 1, params)
+        return {**summarize(trajectories), "solved": [int(tr.result.solved) for tr in trajectories]}
 
     # --------------------------------------------------------------- update
     # The four hooks below are the optimizer "engine": plain torch here; the DeepSpeed trainer
@@ -274,12 +279,20 @@ class GRPOTrainer:
         """Run until `training.max_steps` (or the wall-clock `deadline`); returns the logged metrics."""
         t = self.config.training
         history = []
+        started = time.monotonic()
+        self.stop_reason = f"max_steps ({t.max_steps}) reached"
         while self.step < t.max_steps:
             out = self.train_step()
             metrics = out.metrics
-            last = self.step >= t.max_steps or self._past_deadline(deadline)
+            out_of_time = self.step < t.max_steps and self._past_deadline(deadline)
+            if out_of_time:
+                self.stop_reason = (f"time budget reached after {self.step} of {t.max_steps} steps "
+                                    f"({(time.monotonic() - started) / 60:.1f} min)")
+            last = self.step >= t.max_steps or out_of_time
             if (t.eval_every and self.step % t.eval_every == 0) or last:
-                ev = self.evaluate()
+                t_eval = time.monotonic()
+                ev = self.last_eval = self.evaluate()
+                self.last_eval_seconds = time.monotonic() - t_eval
                 metrics["eval/execution_accuracy"] = ev["execution_accuracy"]
                 metrics["eval/reward_mean"] = ev["reward_mean"]
                 metrics["eval/format_ok_rate"] = ev["format_ok_rate"]
@@ -292,4 +305,5 @@ class GRPOTrainer:
                 self.save()
             if last:
                 break
+        logger.info("training stopped: %s", self.stop_reason)
         return history

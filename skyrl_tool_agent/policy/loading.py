@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import EMBEDDED, ModelConfig, UserInputError
+from skyrl_tool_agent.policy.manifest import verify_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,15 @@ def resolve_model_path(config: ModelConfig) -> str:
             raise ModelLoadError(f"model directory {name!r} does not exist")
         return name
     path = config.resolved_embedded_dir()
-    if not (path / "config.json").is_file():
+    if config.uses_shipped_model():
+        try:
+            verify_manifest(path)
+        except ValueError as exc:
+            raise ModelLoadError(f"the shipped embedded model is unusable: {exc}") from exc
+    elif not (path / "config.json").is_file():
         raise ModelLoadError(
-            f"embedded model not built at {path}: run `python training/scripts/build_default_model.py` "
-            "(train_grpo.py does this automatically)"
+            f"embedded model not built at {path}: run `python training/scripts/build_default_model.py "
+            f"--out {path}` (train_grpo.py does this automatically)"
         )
     return str(path)
 

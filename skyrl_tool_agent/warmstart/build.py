@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -23,6 +25,7 @@ from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
 from skyrl_tool_agent.rollout.agents import OracleAgent, PolicyAgent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.rollout.trajectory import Trajectory
 from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
 
 logger = logging.getLogger(__name__)
@@ -38,31 +41,45 @@ def oracle_conversations(runtime: EnvRuntime, tasks: Sequence[Task], settings: C
     return solved
 
 
-def greedy_eval(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings) -> dict[str, float]:
-    """Held-out execution accuracy etc. of greedy decoding through the real env."""
+def greedy_trajectories(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task],
+                        settings: CollectorSettings) -> list[Trajectory]:
+    """One greedy episode per task through the real env, in task order."""
     agent = PolicyAgent(policy, SamplingParams(temperature=0.0, max_new_tokens=settings.max_new_tokens_per_turn))
     collector = TrajectoryCollector(runtime, agent, tokenizer=policy.tokenizer, settings=settings)
-    trajectories = asyncio.run(collector.collect(tasks, 1))
-    return summarize(trajectories)
+    return asyncio.run(collector.collect(tasks, 1))
+
+
+def greedy_eval(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings) -> dict[str, float]:
+    """Held-out execution accuracy etc. of greedy decoding through the real env."""
+    return summarize(greedy_trajectories(policy, runtime, tasks, settings))
+
+
+def greedy_outcomes(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings) -> list[int]:
+    """1/0 per task (in task order): whether greedy decoding solved it."""
+    return [int(t.result.solved) for t in greedy_trajectories(policy, runtime, tasks, settings)]
 
 
 def build_embedded_model(
     out_dir: Path,
     runtime: EnvRuntime,
     train_tasks: Sequence[Task],
-    dev_tasks: Sequence[Task],
+    heldout_tasks: Sequence[Task],
     *,
     sft: SFTSettings,
     collector_settings: CollectorSettings,
     vocab_size: int = 2048,
     device: str = "cpu",
     progress: Callable[[str, float], None] | None = None,
+    provenance: dict | None = None,
 ) -> dict:
     """Build and save the embedded model into `out_dir`; returns the build report (also saved as
-    `warmstart.json`: warm-start loss curve, held-out EX at each eval step, timings). `device`:
-    where the warm start runs (`resolve_device(config.model.device)` in the pipeline)."""
+    `warmstart.json`: `provenance` (e.g. the build command), warm-start loss curve, held-out EX
+    at each eval step on `heldout_tasks`, timings). `device`: where the warm start runs
+    (`resolve_device(config.model.device)` in the pipeline). The files are written into a
+    temporary sibling directory and renamed into place, so an interrupted build leaves no
+    half-written model behind."""
     t0 = time.monotonic()
-    report: dict = {"train_tasks": len(train_tasks), "dev_tasks": len(dev_tasks)}
+    report: dict = {**(provenance or {}), "train_tasks": len(train_tasks), "heldout_tasks": len(heldout_tasks)}
     if progress:
         progress("oracle episodes", 0.0)
     conversations = oracle_conversations(runtime, train_tasks, collector_settings)
@@ -83,7 +100,7 @@ def build_embedded_model(
     policy = QwenPolicy(model, tokenizer, mode="full")
 
     def evaluate(step: int) -> dict[str, float]:
-        figures = greedy_eval(policy, runtime, dev_tasks, collector_settings)
+        figures = greedy_eval(policy, runtime, heldout_tasks, collector_settings)
         return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns") if k in figures}
 
     def on_step(step: int, loss: float) -> None:
@@ -95,8 +112,14 @@ def build_embedded_model(
                      "planned_steps": history.planned_steps}
     report["total_seconds"] = time.monotonic() - t0
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "warmstart.json").write_text(json.dumps(report, indent=1) + "\n")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "warmstart.json").write_text(json.dumps(report, indent=1) + "\n")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        staging.rename(out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return report

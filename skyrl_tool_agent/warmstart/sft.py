@@ -121,10 +121,14 @@ def supervised_finetune(
     evaluate: Callable[[int], dict[str, float]] | None = None,
     progress: Callable[[int, float], None] | None = None,
     deadline: float | None = None,
+    eval_at_seconds: Sequence[float] = (),
+    train_seconds: float | None = None,
 ) -> SFTHistory:
     """AdamW with linear warmup and cosine decay; batches of similar length to limit padding.
-    Stops after `settings.steps`, at the monotonic-clock `deadline` or after
-    `settings.time_budget_minutes`, whichever comes first; the last step is always evaluated."""
+    Stops after `settings.steps`, at the monotonic-clock `deadline`, after
+    `settings.time_budget_minutes` or after `train_seconds` of training, whichever comes first; the
+    last step is always evaluated. `eval_at_seconds`: also evaluate when the training clock (wall
+    time minus time spent evaluating) passes each of these marks, for curves against wall time."""
     rng = random.Random(settings.seed)
     data = [(ids[: settings.max_length], mask[: settings.max_length]) for ids, mask in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
@@ -148,11 +152,26 @@ def supervised_finetune(
     if budget_s is not None:
         deadline = start + budget_s if deadline is None else min(deadline, start + budget_s)
     order: list[int] = []
+    eval_marks = sorted(eval_at_seconds)
+    eval_seconds = 0.0  # time spent evaluating, off the training clock
+
+    def run_eval(step: int) -> None:
+        nonlocal eval_seconds
+        t_eval = time.monotonic()
+        model.eval()
+        figures = {"step": step, "seconds": t_eval - start - eval_seconds, **evaluate(step)}
+        model.train()
+        history.evals.append(figures)
+        logger.info("warm start step %d: %s", step, {k: v for k, v in figures.items() if not isinstance(v, list)})
+        eval_seconds += time.monotonic() - t_eval
+
     model.train()
     step = 0
     while step < planned:
         if deadline is not None and time.monotonic() > deadline:
             logger.info("warm start stopped by its time budget after %d of %d steps", step, planned)
+            break
+        if train_seconds is not None and time.monotonic() - start - eval_seconds >= train_seconds:
             break
         if budget_s is not None and step == probe:
             fits = int(budget_s / ((time.monotonic() - start) / step))
@@ -181,19 +200,17 @@ def supervised_finetune(
         history.loss.append((step + 1, loss.item()))
         if progress is not None:
             progress(step + 1, history.loss[-1][1])
-        if evaluate is not None and (step + 1) % settings.eval_every == 0 and step + 1 < planned:
-            model.eval()
-            figures = {"step": step + 1, "seconds": time.monotonic() - start, **evaluate(step + 1)}
-            model.train()
-            history.evals.append(figures)
-            logger.info("warm start step %d: %s", step + 1, figures)
+        clock = time.monotonic() - start - eval_seconds
+        due = bool(eval_marks) and clock >= eval_marks[0]
+        while eval_marks and clock >= eval_marks[0]:
+            eval_marks.pop(0)
+        if evaluate is not None and step + 1 < planned and ((step + 1) % settings.eval_every == 0 or due):
+            run_eval(step + 1)
         step += 1
     done = len(history.loss)  # the last step is evaluated here, whether the schedule or the clock ended it
     if evaluate is not None and done and (not history.evals or history.evals[-1]["step"] != done):
-        model.eval()
-        history.evals.append({"step": done, "seconds": time.monotonic() - start, **evaluate(done)})
-        logger.info("warm start step %d: %s", done, history.evals[-1])
+        run_eval(done)
     model.eval()
-    history.seconds = time.monotonic() - start
+    history.seconds = time.monotonic() - start - eval_seconds
     history.planned_steps = planned
     return history

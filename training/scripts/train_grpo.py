@@ -12,7 +12,6 @@ through the same validation. Bad input exits with status 2 and one `error:` line
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -30,6 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-dir", help="training.output_dir")
     p.add_argument("--max-steps", type=int, help="training.max_steps")
     p.add_argument("--resume", help="'auto' (latest checkpoint in the output dir, if any) or a checkpoint dir")
+    p.add_argument("--rebuild", action="store_true",
+                   help="build the embedded model anew (into model.embedded_dir, else the cache) and train from it "
+                        "instead of the shipped one (e.g. after changing its shape)")
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the final adapter/model to this Hub repo")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by deepspeed
     return p.parse_args(argv)
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> None:
             extra.append(f"training.max_steps={args.max_steps}")
         if args.push_to_hub:
             extra.append(f"training.push_to_hub.repo_id={args.push_to_hub}")
+        if args.rebuild:
+            from skyrl_tool_agent.config import default_build_dir
+
+            extra.append(f"model.embedded_dir={default_build_dir()}")  # an explicit --set still wins
         args.overrides = [*extra, *args.overrides]  # explicit --set wins over the shortcuts
         config = config_from_args(args)
         repo = config.training.push_to_hub.repo_id
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             from skyrl_tool_agent.pipeline import run_training
 
             with training_progress(config.training.max_steps) as progress:
-                summary = run_training(config, resume=args.resume, progress=progress)
+                summary = run_training(config, resume=args.resume, rebuild=args.rebuild, progress=progress)
         print_before_after(summary)
         if repo:
             push_to_hub(summary.output_dir / "final", repo, private=config.training.push_to_hub.private)

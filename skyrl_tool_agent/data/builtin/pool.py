@@ -67,4 +67,28 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
     return tasks
 
 
-__all__ = ["generated_train_pool"]
+def split_validation(pool: Sequence[Task], seen: Sequence[Task], n: int, seed: int = 0) -> tuple[list[Task], list[Task]]:
+    """(pool without the validation queries, validation): `n` tasks, one paraphrase each of `n`
+    gold queries that no task in `seen` (the warm start's train file) has, chosen by a hash of
+    (seed, query). Every paraphrase of a validation query leaves the pool, so nothing tuned or
+    stopped on validation has trained on its question or its SQL. This is the yardstick for the
+    warm-start curve and for tuning GRPO; dev is only ever reported."""
+    import hashlib
+
+    seen_sql = {t.gold_sql for t in seen}
+    fresh = sorted({t.gold_sql for t in pool if t.gold_sql not in seen_sql},
+                   key=lambda q: hashlib.sha256(f"{seed}:{q}".encode()).hexdigest())
+    if n > len(fresh):
+        raise ValueError(f"validation of {n} asks for more queries than the pool's {len(fresh)} unseen ones")
+    chosen = set(fresh[:n])
+    validation: dict[str, Task] = {}
+    rest: list[Task] = []
+    for task in pool:
+        if task.gold_sql in chosen:
+            validation.setdefault(task.gold_sql, task)  # the first paraphrase: the pool's order is fixed
+        else:
+            rest.append(task)
+    return rest, sorted(validation.values(), key=lambda t: t.task_id)
+
+
+__all__ = ["generated_train_pool", "split_validation"]

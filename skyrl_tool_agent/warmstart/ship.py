@@ -1,0 +1,70 @@
+"""Ship a built embedded model as the package's default: bf16 weights, file hashes, a greedy check.
+
+`build_default_model.py --ship DIR` calls `ship_embedded_model` on a directory the build wrote.
+The shipped `warmstart.json` keeps the build's own record (its exact command, seed, steps, loss and
+held-out curves) and adds the sha256 of every file and a greedy check: the per-task outcome of
+greedy decoding on a small fixed set of validation tasks, loaded exactly as the main job loads
+the model. A test reloads the shipped files and must reproduce that check exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, directory_hashes
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.warmstart.build import greedy_outcomes
+
+logger = logging.getLogger(__name__)
+
+
+def greedy_check(model_dir: Path, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings) -> dict:
+    """Per-task greedy outcomes of the model in `model_dir`, loaded as the main job loads the
+    embedded model (full precision on this device, no adapters)."""
+    policy = QwenPolicy.from_config(ModelConfig(embedded_dir=str(model_dir)), mode="full")
+    settings = dataclasses.replace(settings, deterministic=True)  # lockstep batches: same numerics every run
+    solved = greedy_outcomes(policy, runtime, tasks, settings)
+    return {
+        "tasks": [t.model_dump(mode="json") for t in tasks],
+        "solved": solved,
+        "execution_accuracy": sum(solved) / max(1, len(solved)),
+        "collector": asdict(settings),
+    }
+
+
+def ship_embedded_model(built_dir: Path, dest: Path, runtime: EnvRuntime, check_tasks: Sequence[Task],
+                        settings: CollectorSettings) -> dict:
+    """Write the model built in `built_dir` to `dest` in bf16 with its manifest; returns the manifest.
+    Written into a temporary sibling and renamed into place."""
+    record = json.loads((built_dir / MANIFEST_FILE).read_text())
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(built_dir, dtype=torch.float32)
+        model.to(torch.bfloat16).save_pretrained(staging)
+        AutoTokenizer.from_pretrained(built_dir).save_pretrained(staging)
+        record["shipped_dtype"] = "bfloat16"
+        record["greedy_check"] = greedy_check(staging, runtime, check_tasks, settings)
+        record["files"] = directory_hashes(staging)
+        (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("shipped %s -> %s: greedy check EX %.3f on %d tasks", built_dir, dest,
+                record["greedy_check"]["execution_accuracy"], len(check_tasks))
+    return record
