@@ -158,7 +158,7 @@ def profile_run(runs: Runs, concurrency: int, top: int = 20) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=32, help="built-in train tasks (fixed stratified subset)")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per task (default 8)")
     parser.add_argument("--concurrency", default="1,8,64", help="comma-separated episodes in flight")

@@ -283,7 +283,7 @@ def breakdown(episodes: Episodes, db_root: Path, reps: int) -> dict[str, tuple[S
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", choices=["auto", "spider", "builtin"], default="auto",
                         help="task source; auto = Spider dev when --spider-root exists, else the built-in dev set")
     parser.add_argument("--spider-root", type=Path, default=DEFAULT_SPIDER_ROOT)

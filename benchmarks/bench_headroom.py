@@ -35,9 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-samples", type=int, default=8, help="episodes per task at each temperature (k)")
     p.add_argument("--temperatures", default="0.6,0.8,1.0")
     p.add_argument("--concurrency", type=int, default=128, help="episodes in flight / per generation batch")
+    p.add_argument("--limit", type=int, help="a stratified subset of N tasks (quick checks; reported figures use all)")
     p.add_argument("--json-out", default=None, help="default benchmarks/results/bench_headroom_<split>.json")
     args = p.parse_args(argv)
     with cli_main_guard(also=(FileNotFoundError,)):
+        from skyrl_tool_agent.data.batching import fixed_subset
         from skyrl_tool_agent.env.pools import EnvRuntime
         from skyrl_tool_agent.eval.metrics import pass_at_k
         from skyrl_tool_agent.pipeline import load_task_splits, validation_tasks
@@ -48,11 +50,11 @@ def main(argv: list[str] | None = None) -> None:
         config = config_from_args(args)
         train, dev, db_root = load_task_splits(config)
         tasks = dev if args.split == "dev" else validation_tasks(config, train, dev, db_root)
+        if args.limit:
+            tasks = fixed_subset(tasks, args.limit, seed=0)
         temps = [float(x) for x in args.temperatures.split(",") if x]
         g = config.grpo
-        settings = CollectorSettings(max_turns=g.max_turns, max_new_tokens_per_turn=g.max_new_tokens_per_turn,
-                                     max_total_tokens=g.max_total_tokens, concurrency=args.concurrency,
-                                     max_batch=args.concurrency, deterministic=True)
+        settings = CollectorSettings.from_config(config, concurrency=args.concurrency)
         runtime = EnvRuntime(config.env, db_root)
         policy = QwenPolicy.from_config(config.model, mode="full")
         rows, results = [], {}

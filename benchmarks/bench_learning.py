@@ -19,6 +19,7 @@ setting is chosen on it. Not a unit test.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -39,7 +40,7 @@ def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.grpo.run_logging import RunLogger
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
-    from skyrl_tool_agent.pipeline import build_loader, load_task_splits, rl_train_tasks
+    from skyrl_tool_agent.pipeline import build_loader, load_task_splits, rl_train_tasks, run_eval_tasks
     from skyrl_tool_agent.policy.qwen import QwenPolicy
 
     train, dev, db_root = load_task_splits(config)
@@ -47,7 +48,8 @@ def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
     runtime = EnvRuntime(config.env, db_root)
     try:
         policy = QwenPolicy.from_config(config.model, mode=config.training.mode)
-        trainer = GRPOTrainer(config, policy, runtime, build_loader(config, pool), dev, output_dir=out)
+        eval_tasks = run_eval_tasks(config, train, dev, db_root)
+        trainer = GRPOTrainer(config, policy, runtime, build_loader(config, pool), eval_tasks, output_dir=out)
         run_logger = RunLogger(out, wandb_config=config.training.wandb)
         before = trainer.evaluate()
         curve, trained_s = [], 0.0
@@ -64,6 +66,19 @@ def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
     finally:
         runtime.close()
     return {"before": before, "curve": curve, "steps": trainer.step, "metrics": str(out / "metrics.jsonl")}
+
+
+def grpo_from_run(run_dir: Path) -> dict[str, Any]:
+    """The GRPO arm as a finished main job recorded it (one point: its end)."""
+    path = run_dir / "before_after.json"
+    if not path.is_file():
+        raise SystemExit(f"error: {path} not found (run train_grpo.py with --output-dir {run_dir} first)")
+    record = json.loads(path.read_text())
+    if not record["before"].get("solved"):
+        raise SystemExit(f"error: {path} has no per-task outcomes (written by an older version)")
+    point = {"minutes": record["training_minutes"], "step": record["steps"], **record["after"]}
+    return {"before": record["before"], "curve": [point], "steps": record["steps"], "metrics": str(run_dir / "metrics.jsonl"),
+            "from_run": str(run_dir), "stop_reason": record["stop_reason"]}
 
 
 def plot(results: dict[str, Any], out_png: Path, title: str) -> Path:
@@ -105,26 +120,34 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--minutes", type=float, help="training minutes per method (default: training.time_budget_minutes)")
     p.add_argument("--points", type=int, default=3, help="evaluations per method, evenly spaced in time")
     p.add_argument("--only", choices=["grpo", "sft"], help="run one method (the other's figures are left out)")
+    p.add_argument("--grpo-run", metavar="OUTPUT_DIR",
+                   help="take the GRPO arm from a finished main job (train_grpo.py's before_after.json: its before/after "
+                        "on all dev tasks and its training minutes) instead of running it; --minutes defaults to its time")
     p.add_argument("--json-out", default=str(RESULTS_DIR / "bench_learning.json"))
     p.add_argument("--png-out", default=str(RESULTS_DIR / "bench_learning.png"))
     args = p.parse_args(argv)
     with cli_main_guard(also=(FileNotFoundError,)):
-        from skyrl_tool_agent.pipeline import continue_warm_start, load_task_splits
+        from skyrl_tool_agent.pipeline import continue_warm_start, load_task_splits, run_eval_tasks
 
         config = config_from_args(args)
+        results: dict[str, Any] = {}
+        if args.grpo_run:
+            results["grpo"] = grpo_from_run(Path(args.grpo_run))
+            args.minutes = args.minutes or results["grpo"]["curve"][-1]["minutes"]
         minutes = args.minutes or config.training.time_budget_minutes
         if not minutes:
             raise SystemExit("error: give --minutes (training.time_budget_minutes is null)")
         marks = [minutes * (i + 1) / args.points for i in range(args.points)]
-        _, dev, _ = load_task_splits(config)
-        results: dict[str, Any] = {}
-        if args.only != "sft":
+        train, dev, db_root = load_task_splits(config)
+        eval_tasks = run_eval_tasks(config, train, dev, db_root)  # what the main job evaluates: all dev by default
+        if args.only != "sft" and not args.grpo_run:
             out = Path(tempfile.mkdtemp(prefix="bench_learning_grpo_"))
             args.overrides += [f"training.output_dir={out}", "training.eval_every=0", "training.wandb.mode=disabled"]
             results["grpo"] = grpo_curve(config_from_args(args), marks, out)
+        if "grpo" in results:
             results["start"] = results["grpo"]["before"]
         if args.only != "grpo":
-            sft = continue_warm_start(config, minutes, eval_at_minutes=tuple(marks[:-1]), eval_tasks=dev)
+            sft = continue_warm_start(config, minutes, eval_at_minutes=tuple(marks[:-1]), eval_tasks=eval_tasks)
             results["sft"] = sft
             results.setdefault("start", sft["before"])
             if "grpo" in results and results["grpo"]["before"]["solved"] != sft["before"]["solved"]:
@@ -145,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(["GRPO - SFT (last point)", "", "", g["execution_accuracy"] - s["execution_accuracy"],
                      f"{100 * d['delta']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"])
     info = machine_info()
-    print_table(f"Dev execution accuracy (greedy, all {len(dev)} tasks) from {config.model.name_or_path}",
+    print_table(f"Dev execution accuracy (greedy, {len(eval_tasks)} of {len(dev)} tasks) from {config.model.name_or_path}",
                 ["method", "minutes", "steps", "dev EX", "change, points [95% CI]"], rows,
                 caption=f"{info['cpu']}, {info['usable_cores']} cores; {load_note(info)}")
     write_json(args.json_out, "bench_learning", {"minutes": minutes, "marks": marks, "config": config.to_dict()},

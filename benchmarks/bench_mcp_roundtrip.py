@@ -204,7 +204,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=2000, help="calls per mode and repetition")
     parser.add_argument("--fresh-calls", type=int, default=20, help="calls for the fresh-session mode")
     parser.add_argument("--db", help="SQLite file (default: a generated two-table database)")

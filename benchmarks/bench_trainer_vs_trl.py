@@ -101,7 +101,7 @@ def measure_memory(variant: str, workload_path: Path, updates: int, threads: int
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=2, help="tasks in the batch (default 2)")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per task (default 8)")
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward (default 4)")

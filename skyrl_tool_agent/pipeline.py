@@ -71,6 +71,17 @@ def validation_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Ta
     return fixed_subset(dev_tasks, 64, seed=config.training.seed + 1)
 
 
+def run_eval_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path) -> list[Task]:
+    """What a training run evaluates (`training.eval_split`): a fixed, stratified subset of
+    `eval_num_tasks` dev tasks (all of them by default), or the validation split."""
+    t = config.training
+    if t.eval_split == "validation":
+        if t.data.dataset != "builtin":
+            raise UserInputError("training.eval_split: validation needs the builtin dataset (its generated pool)")
+        return validation_tasks(config, train_tasks, dev_tasks, db_root)[: t.eval_num_tasks]
+    return fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
+
+
 def rl_train_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path) -> list[Task]:
     """The tasks GRPO samples (`training.data.train_pool`): the training file's, or the generated
     pool of every built-in slot assignment not in dev and not in the validation split."""
@@ -143,6 +154,7 @@ def ship_embedded(config: Config, built_dir: Path, dest: Path | None = None) -> 
     """Ship the model built in `built_dir` as the package's embedded default (or into `dest`)."""
     from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.ship import ship_embedded_model
 
     if not (built_dir / "config.json").is_file() or not (built_dir / "warmstart.json").is_file():
@@ -151,19 +163,18 @@ def ship_embedded(config: Config, built_dir: Path, dest: Path | None = None) -> 
     check = validation_tasks(config, train, dev, db_root)[:GREEDY_CHECK_TASKS]
     runtime = EnvRuntime(config.env, db_root)
     try:
-        return ship_embedded_model(built_dir, dest or SHIPPED_EMBEDDED_DIR, runtime, check, oracle_collector_settings(config))
+        # The greedy check evaluates exactly as the main job does (GRPOTrainer.evaluate's settings).
+        return ship_embedded_model(built_dir, dest or SHIPPED_EMBEDDED_DIR, runtime, check, CollectorSettings.from_config(config))
     finally:
         runtime.close()
 
 
 def oracle_collector_settings(config: Config) -> CollectorSettings:
-    """Collector settings for warm-start data and its greedy evaluations: the run's turn and token
-    caps, but at least the 4 turns the scripted oracle may need."""
+    """Collector settings for warm-start data and its held-out curve: the run's turn and token
+    caps, but at least the 4 turns the scripted oracle may need, 64 episodes in flight."""
     from skyrl_tool_agent.rollout.collector import CollectorSettings
 
-    g = config.grpo
-    return CollectorSettings(max_turns=max(g.max_turns, 4), max_new_tokens_per_turn=g.max_new_tokens_per_turn,
-                             max_total_tokens=g.max_total_tokens, concurrency=64, max_batch=64)
+    return CollectorSettings.from_config(config, min_turns=4, concurrency=64, deterministic=False)
 
 
 def ensure_embedded_model(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path,
@@ -188,7 +199,7 @@ class RunSummary:
 
 
 def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
-               seconds: float, history: list[dict[str, Any]]) -> RunSummary:
+               seconds: float, history: list[dict[str, Any]], training_seconds: float) -> RunSummary:
     """Write before_after.json (with the paired-bootstrap interval of the EX change when both
     evaluations carry per-task outcomes) and training_curves.png; one copy for both run drivers."""
     from skyrl_tool_agent.eval.plots import plot_training_curves
@@ -198,7 +209,7 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
     if before.get("solved") and len(before["solved"]) == len(after.get("solved") or []):
         delta = paired_bootstrap(before["solved"], after["solved"]).to_dict()
     record = {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
-              "execution_accuracy_delta": delta}
+              "training_minutes": training_seconds / 60, "execution_accuracy_delta": delta}
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
     plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
     return RunSummary(before, after, steps, seconds, out, history, stop_reason, delta)
@@ -222,6 +233,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     out.mkdir(parents=True, exist_ok=True)
     train_tasks, dev_tasks, db_root = load_task_splits(config)
     ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress, rebuild=rebuild)
+    eval_tasks = run_eval_tasks(config, train_tasks, dev_tasks, db_root)
     train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
     (out / "config.yaml").write_text(config.dump_yaml())
     start = time.monotonic()
@@ -229,7 +241,6 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     try:
         policy = QwenPolicy.from_config(config.model, mode=t.mode)
         loader = build_loader(config, train_tasks)
-        eval_tasks = fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
         trainer = GRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out)
         resumed = trainer.resume(resume)
         run_logger = RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict())
@@ -252,7 +263,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     finally:
         runtime.close()
     return finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
-                      seconds=time.monotonic() - start, history=history)
+                      seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds)
 
 
 def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tuple[float, ...] = (),
@@ -266,20 +277,22 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.eval.metrics import summarize
     from skyrl_tool_agent.policy.qwen import QwenPolicy
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import greedy_trajectories, oracle_conversations
     from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
 
-    train_tasks, dev_tasks, db_root = load_task_splits(config)
-    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
+    file_tasks, dev_tasks, db_root = load_task_splits(config)
+    train_tasks = rl_train_tasks(config, file_tasks, dev_tasks, db_root)
     t = config.training
     settings = oracle_collector_settings(config)
     runtime = EnvRuntime(config.env, db_root)
     try:
         policy = QwenPolicy.from_config(config.model, mode="full")
-        eval_tasks = eval_tasks if eval_tasks is not None else fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
+        if eval_tasks is None:
+            eval_tasks = run_eval_tasks(config, file_tasks, dev_tasks, db_root)
 
-        def evaluate(_step: int = 0) -> dict[str, Any]:
-            trajectories = greedy_trajectories(policy, runtime, eval_tasks, settings)
+        def evaluate(_step: int = 0) -> dict[str, Any]:  # exactly as GRPOTrainer.evaluate runs it
+            trajectories = greedy_trajectories(policy, runtime, eval_tasks, CollectorSettings.from_config(config))
             return {**summarize(trajectories), "solved": [int(tr.result.solved) for tr in trajectories]}
 
         before = evaluate()

@@ -315,8 +315,9 @@ def test_server_placeholders_and_python(tmp_path: Path) -> None:
 
 def test_data_paths_follow_the_dataset() -> None:
     builtin = TrainingConfig().data
-    assert builtin.resolved_db_root() == Path("data/processed/databases")
-    assert builtin.resolved_train_file() == Path("data/processed/train.json")
+    # the built-in defaults are the checkout's data/processed, whatever the working directory
+    assert builtin.resolved_db_root() == REPO / "data" / "processed" / "databases"
+    assert builtin.resolved_train_file() == REPO / "data" / "processed" / "train.json"
     spider = load_config(CONFIGS, ["training.data.dataset=spider", "training.data.spider_root=/s"]).training.data
     assert spider.resolved_db_root() == Path("/s/database")
     assert spider.resolved_dev_file() == Path("/s/dev.json")

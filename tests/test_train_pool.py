@@ -14,7 +14,7 @@ from skyrl_tool_agent.config import ConfigError, UserInputError, load_config
 from skyrl_tool_agent.data.builtin.domains import DOMAINS
 from skyrl_tool_agent.data.builtin.pool import generated_train_pool, split_validation
 from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
-from skyrl_tool_agent.pipeline import rl_train_tasks, validation_tasks
+from skyrl_tool_agent.pipeline import rl_train_tasks, run_eval_tasks, validation_tasks
 from tests.fixtures.config_files import CONFIGS, REPO
 
 DATA = REPO / "data" / "processed"
@@ -108,3 +108,16 @@ def test_generated_pool_needs_the_builtin_dataset() -> None:
         load_config(CONFIGS, ["training.data.dataset=spider", "training.data.train_pool=generated"])
     message = str(info.value)
     assert "\n" not in message and "train_pool 'generated' needs dataset 'builtin'" in message
+
+
+def test_eval_split_picks_what_a_run_evaluates(splits) -> None:
+    train, dev = splits
+    dev_run = load_config(CONFIGS)
+    assert run_eval_tasks(dev_run, train, dev, DATA / "databases") == sorted(dev, key=lambda t: t.task_id)  # all 320
+    tuning = load_config(CONFIGS, ["training.eval_split=validation", "training.eval_num_tasks=40"])
+    tasks = run_eval_tasks(tuning, train, dev, DATA / "databases")
+    assert tasks == validation_tasks(tuning, train, dev, DATA / "databases")[:40]
+    assert {t.gold_sql for t in tasks}.isdisjoint({t.gold_sql for t in dev})
+    spider = load_config(CONFIGS, ["training.eval_split=validation", "training.data.dataset=spider"])
+    with pytest.raises(UserInputError, match="eval_split: validation needs the builtin dataset"):
+        run_eval_tasks(spider, train, dev, DATA / "databases")

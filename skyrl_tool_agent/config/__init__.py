@@ -14,7 +14,11 @@ Layout (one module per file it validates):
 
 Every knob is documented once, in its `Field(description=...)`; the shipped YAML files are
 generated from the schemas (`python -m skyrl_tool_agent.config write-defaults configs`) and hold
-the CPU defaults, with the H100 value in each comment. This package never imports torch.
+the CPU defaults, with the H100 value in each comment. They ship inside the package
+(`config/defaults/`, what `load_config()` reads with no directory, from any working directory);
+the repository's configs/ is the same files as a copy to edit (tests/test_commands.py keeps the
+two equal). `--config FILE.yaml` reads every section from one file instead. This package never
+imports torch.
 """
 
 from __future__ import annotations

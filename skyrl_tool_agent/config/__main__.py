@@ -1,5 +1,7 @@
 """`python -m skyrl_tool_agent.config COMMAND`: inspect and regenerate the configuration.
 
+The same as `skyrl-tool-agent config COMMAND` (and `skyrl-tool-agent knobs`).
+
 * `show [config flags]`            validate and print the resolved config as YAML
 * `write-defaults DIR [--profile cpu|h100]`  write the four section files with their defaults
 * `knobs [--markdown]`             list every knob: name, type, CPU default, H100 value, description
@@ -64,14 +66,15 @@ def _knobs(markdown: bool) -> None:
             print(f"{name} ({kind}) = {default}" + (f"  [H100: {h100}]" if h100 else "") + f"\n    {text}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m skyrl_tool_agent.config", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog or "python -m skyrl_tool_agent.config",
+                                     description=__doc__.splitlines()[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
-    add_config_args(commands.add_parser("show", help="validate and print the resolved config"))
-    write = commands.add_parser("write-defaults", help="write the default section files")
+    add_config_args(commands.add_parser("show", help="validate and print the resolved config", allow_abbrev=False))
+    write = commands.add_parser("write-defaults", help="write the default section files", allow_abbrev=False)
     write.add_argument("directory", type=Path)
     write.add_argument("--profile", choices=("cpu", "h100"), default="cpu")
-    knobs = commands.add_parser("knobs", help="list every knob")
+    knobs = commands.add_parser("knobs", help="list every knob", allow_abbrev=False)
     knobs.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
 

@@ -1,6 +1,7 @@
-"""Config flags shared by every script: `--config-dir`, `--set KEY=VALUE`, `--<file>-config PATH`.
+"""Config flags shared by every script: `--config FILE` or `--config-dir DIR`, `--set KEY=VALUE`,
+`--<file>-config PATH`.
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_config_args(parser)
     args = parser.parse_args()
     with cli_main_guard():
@@ -11,19 +12,33 @@ from __future__ import annotations
 
 import argparse
 
-from skyrl_tool_agent.config.loader import DEFAULT_CONFIG_DIR, SECTIONS, Config, load_config
+from skyrl_tool_agent.config.loader import SECTIONS, Config, load_config
 
 #: Section -> the flag that replaces its file path.
 FILE_FLAGS = {name: f"--{name}-config" for name in SECTIONS}
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the config flags to `parser` (in their own argument group); returns the parser."""
+    """Add the config flags to `parser` (in their own argument group); returns the parser.
+
+    Build the parser with `allow_abbrev=False`, or argparse also takes prefixes such as
+    `--config-d` for `--config-dir` or `--model` for `--model-config`."""
     group = parser.add_argument_group("configuration")
-    group.add_argument(
+    source = group.add_mutually_exclusive_group()
+    source.add_argument(
+        "--config",
+        dest="config_file",
+        default=None,
+        metavar="FILE.yaml",
+        help="one YAML file holding every section (top-level keys model, training, grpo, env; a missing "
+        "section keeps its defaults), e.g. a run's config.yaml",
+    )
+    source.add_argument(
         "--config-dir",
-        default=DEFAULT_CONFIG_DIR,
-        help=f"directory holding the config files (default: {DEFAULT_CONFIG_DIR})",
+        default=None,
+        metavar="DIR",
+        help="directory holding the section files model_config.yaml, training_config.yaml, ... "
+        "(default: the defaults shipped in the package; the repository's configs/ is a copy to edit)",
     )
     group.add_argument(
         "--set",
@@ -40,7 +55,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             dest=f"{name}_config",
             default=None,
             metavar="PATH",
-            help=f"use this file instead of <config-dir>/{SECTIONS[name][1]}",
+            help=f"use this file for the {name} section instead of {SECTIONS[name][1]} of the config dir / --config",
         )
     return parser
 
@@ -48,7 +63,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> Config:
     """`load_config` with the flags added by `add_config_args`."""
     return load_config(
-        args.config_dir,
+        getattr(args, "config_dir", None),
         args.overrides,
+        config_file=getattr(args, "config_file", None),
         **{f"{name}_config": getattr(args, f"{name}_config") for name in SECTIONS},
     )

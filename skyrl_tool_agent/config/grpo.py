@@ -129,9 +129,10 @@ class GRPOConfig(Section):
         0.28, "PPO clip range above 1; above clip_eps_low = DAPO clip-higher.", ge=0
     )
     kl_coef: float = knob(
-        0.02,
+        0.0,
         "Weight of the KL penalty to the reference policy. The reference is the base model (LoRA "
-        "just disables the adapter); 0 = no reference forward at all.",
+        "just disables the adapter); 0 = no reference forward at all (the CPU default: the "
+        "reference pass cost ~25% of an update).",
         h100=0.001,
         ge=0,
     )

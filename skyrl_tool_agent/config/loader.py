@@ -1,9 +1,12 @@
-"""`Config` (the four sections composed) and `load_config`, which reads configs/*.yaml, applies
-`--set` overrides, validates, and reports any problem as one `ConfigError` line."""
+"""`Config` (the four sections composed) and `load_config`, which reads the section files (the
+defaults shipped in the package, a directory like the repository's configs/, or one YAML file
+holding every section), applies `--set` overrides, validates, and reports any problem as one
+`ConfigError` line."""
 
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +26,12 @@ from skyrl_tool_agent.config.overrides import Loc, Override, apply_override, par
 from skyrl_tool_agent.config.training import TrainingConfig
 from skyrl_tool_agent.config.yaml_io import read_json_mapping, read_yaml_mapping, render_section
 
-DEFAULT_CONFIG_DIR = "configs"
+#: The default section files, shipped inside the package (the repository's configs/ is the same
+#: files as a copy to edit; tests/test_commands.py keeps the two equal).
+PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "defaults"
+#: What `load_config` reads when given no directory and no file: the packaged defaults, so that a
+#: command works from any working directory.
+DEFAULT_CONFIG_DIR = PACKAGED_CONFIG_DIR
 #: Section name -> (schema, file name in the config directory). The first four make up `Config`.
 SECTIONS: dict[str, tuple[type[Section], str]] = {
     "model": (ModelConfig, "model_config.yaml"),
@@ -158,7 +166,7 @@ class Config(BaseModel):
 
     # ------------------------------------------------------------------ on-demand files
     def load_accelerate(self) -> AccelerateConfig:
-        """configs/accelerate_config.yaml (or the path given to load_config), validated; cached."""
+        """accelerate_config.yaml (the packaged default, or the path given to load_config), validated; cached."""
         if "accelerate" not in self._distributed:
             path = self._sources.files.get("accelerate", str(Path(DEFAULT_CONFIG_DIR) / SECTIONS["accelerate"][1]))
             self._distributed["accelerate"] = load_accelerate_config(
@@ -167,7 +175,8 @@ class Config(BaseModel):
         return self._distributed["accelerate"]
 
     def load_deepspeed(self) -> DeepSpeedConfig:
-        """configs/deepspeed_config.json, validated for `training.mode` (ZeRO-3 for full, bf16); cached."""
+        """deepspeed_config.json (packaged default or the path given), validated for `training.mode`
+        (ZeRO-3 for full, bf16); cached."""
         if "deepspeed" not in self._distributed:
             path = self._sources.files.get("deepspeed", str(Path(DEFAULT_CONFIG_DIR) / SECTIONS["deepspeed"][1]))
             self._distributed["deepspeed"] = load_deepspeed_config(
@@ -231,10 +240,36 @@ def load_deepspeed_config(path: str | Path, overrides: Sequence[str] = (), *, mo
     return result
 
 
+def _read_single_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The sections of one YAML file holding several (`model:`, `training:`, `grpo:`, `env:` at the
+    top level, as `Config.dump_yaml()` writes it); a section left out keeps its defaults."""
+    shown = str(path)
+    data = _read(path)
+    sections: dict[str, dict[str, Any]] = {}
+    for key, value in data.items():
+        if key not in CORE_SECTIONS:
+            hint = difflib.get_close_matches(str(key), CORE_SECTIONS, n=1)
+            extra = (
+                "; the accelerate/DeepSpeed files are given with --accelerate-config / --deepspeed-config"
+                if key in SECTIONS
+                else (f" (did you mean '{hint[0]}'?)" if hint else "")
+            )
+            raise ConfigError(
+                f"{shown}: unknown section '{key}' (expected top-level keys {', '.join(CORE_SECTIONS)}){extra}"
+            )
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{shown}: {key}: expected a mapping of keys to values, got {type(value).__name__}")
+        sections[key] = value
+    return sections
+
+
 def load_config(
-    config_dir: str | Path = DEFAULT_CONFIG_DIR,
+    config_dir: str | Path | None = None,
     overrides: Sequence[str] = (),
     *,
+    config_file: str | Path | None = None,
     model_config: str | Path | None = None,
     training_config: str | Path | None = None,
     grpo_config: str | Path | None = None,
@@ -244,8 +279,14 @@ def load_config(
 ) -> Config:
     """Load `<config_dir>/{model,training,grpo,env}_config.yaml`, apply `overrides`
     (`["grpo.group_size=4", "model.lora.r=8"]`, values parsed as YAML) before validation, and
-    return the validated `Config`. `*_config=` replaces one file's path (the scripts'
-    `--model-config` etc.). The accelerate/DeepSpeed paths are only read by `Config.load_*()`.
+    return the validated `Config`.
+
+    `config_dir` None = the defaults shipped in the package (`PACKAGED_CONFIG_DIR`), whatever the
+    working directory. `config_file` instead reads every section from one YAML file with top-level
+    keys model/training/grpo/env (a missing section keeps its defaults; `Config.dump_yaml()` and a
+    run's config.yaml are such files); it excludes `config_dir`. `*_config=` replaces one section's
+    file (the scripts' `--model-config` etc.), also next to `config_file`. The accelerate/DeepSpeed
+    paths are only read by `Config.load_*()` (default: the packaged files).
 
     Raises `ConfigError` (one line naming the file or `--set` and the field) on any problem.
     """
@@ -257,10 +298,25 @@ def load_config(
         "accelerate": accelerate_config,
         "deepspeed": deepspeed_config,
     }
-    paths = {name: str(given[name] or Path(config_dir) / SECTIONS[name][1]) for name in SECTIONS}
+    if config_file is not None and config_dir is not None:
+        raise ConfigError(f"give a config directory ({config_dir}) or a single config file ({config_file}), not both")
+    directory = Path(PACKAGED_CONFIG_DIR if config_dir is None else config_dir)
+    single = _read_single_file(config_file) if config_file is not None else None
+    paths: dict[str, str] = {}
+    shown: dict[str, str] = {}  # how each core section's source is named in errors
+    raw: dict[str, dict[str, Any]] = {}
+    for name in SECTIONS:
+        if given[name]:
+            paths[name] = shown[name] = str(given[name])
+        elif single is not None and name in CORE_SECTIONS:
+            paths[name], shown[name] = str(config_file), f"{config_file}: {name}"
+            raw[name] = single.get(name, {})
+        else:
+            source = PACKAGED_CONFIG_DIR if single is not None else directory
+            paths[name] = shown[name] = str(source / SECTIONS[name][1])
     sources = ConfigSources(files=paths, overrides=_parse_overrides(overrides))
     parts = {
-        name: _validate(name, _read(paths[name]), paths[name], sources.overrides_for(name))
+        name: _validate(name, raw[name] if name in raw else _read(paths[name]), shown[name], sources.overrides_for(name))
         for name in CORE_SECTIONS
     }
     model, training, grpo = parts["model"], parts["training"], parts["grpo"]
@@ -268,7 +324,7 @@ def load_config(
     for section, loc, message in cross_check(model, training, grpo):
         written = {o.path: o for o in sources.overrides_for(section)}
         dotted = ".".join(map(str, loc))
-        where = written[loc].label if loc in written else paths[section]
+        where = written[loc].label if loc in written else shown[section]
         raise ConfigError(f"{where}: {dotted}: {message}")
     config = Config(**parts)
     config._sources = sources

@@ -115,6 +115,11 @@ class ModelConfig(Section):
         return "bfloat16" if device_type == "cuda" else "float32"
 
 
+def cache_root() -> Path:
+    """The project's cache: $SKYRL_TOOL_AGENT_CACHE, else ~/.cache/skyrl_tool_agent (`~`, $VARS expanded)."""
+    return expand_path(os.environ.get(CACHE_ENV_VAR) or DEFAULT_CACHE_ROOT)
+
+
 def default_build_dir() -> Path:
     """Where the embedded model is built when no directory is given: the project's cache."""
-    return expand_path(os.environ.get(CACHE_ENV_VAR) or DEFAULT_CACHE_ROOT) / "embedded"
+    return cache_root() / "embedded"

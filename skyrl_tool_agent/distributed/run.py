@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_tool_agent.config import Config, load_deepspeed_config
-from skyrl_tool_agent.data.batching import fixed_subset
 from skyrl_tool_agent.pipeline import (
     RunSummary,
     build_loader,
@@ -23,6 +22,7 @@ from skyrl_tool_agent.pipeline import (
     finish_run,
     load_task_splits,
     rl_train_tasks,
+    run_eval_tasks,
 )
 
 logger = logging.getLogger(__name__)
@@ -77,14 +77,14 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
         ensure_embedded_model(config, train_tasks, dev_tasks, db_root)  # first run only; others wait
         (out / "config.yaml").write_text(config.dump_yaml())
     ctx.barrier()
-    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)  # deterministic: same on every rank
+    eval_tasks = run_eval_tasks(config, train_tasks, dev_tasks, db_root)  # deterministic: same on every rank
+    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
     ds_config = resolve_deepspeed_config(ds_file, config, hidden_size=model_hidden_size(config), world_size=ctx.world_size)
     start = time.monotonic()
     runtime = EnvRuntime(config.env, db_root)
     try:
         policy = build_deepspeed_policy(config, ctx, ds_config)
         loader = build_loader(config, train_tasks)
-        eval_tasks = fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
         trainer = DistributedGRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out, ds_config=ds_config)
         resumed = trainer.resume(resume)
         run_logger: Any = (RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict())
@@ -112,7 +112,7 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
         ctx.close()  # waits for rank 0's outputs
         return None
     summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
-                         seconds=time.monotonic() - start, history=history)
+                         seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds)
     ctx.close()
     return summary
 

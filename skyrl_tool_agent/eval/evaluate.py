@@ -71,24 +71,8 @@ class EvaluationRun:
     trajectories: list[Trajectory] = field(repr=False)
 
 
-def collector_settings(config: Config, *, max_turns: int | None = None, concurrency: int | None = None,
-                       deterministic: bool = True) -> CollectorSettings:
-    """Episode limits as in training (`grpo.*`), concurrency from `env.collector`.
-
-    deterministic: lockstep generation batches ordered by episode, so greedy results do not depend
-    on tool latency (the trainer's setting; costs little at evaluation batch sizes).
-    """
-    g = config.grpo
-    width = max(1, concurrency or config.env.collector.concurrency)
-    return CollectorSettings(
-        max_turns=max_turns or g.max_turns,
-        max_new_tokens_per_turn=g.max_new_tokens_per_turn,
-        max_total_tokens=g.max_total_tokens,
-        concurrency=width,
-        max_batch=width,
-        max_episode_retries=config.env.collector.max_episode_retries,
-        deterministic=deterministic,
-    )
+#: Episode limits as in training (`grpo.*`), concurrency from `env.collector` (see `CollectorSettings.from_config`).
+collector_settings = CollectorSettings.from_config
 
 
 def make_agent(policy: Any, settings: CollectorSettings, options: EvalOptions) -> tuple[Agent, Any]:

@@ -94,18 +94,9 @@ class GRPOTrainer:
         self.last_eval: dict[str, Any] | None = None  # the latest `evaluate()` made by `train`
         self.last_eval_seconds = 0.0  # how long it took (benchmarks keep evaluation off the clock)
         self.stop_reason = ""  # why `train` returned, in words (logged)
+        self.train_seconds = 0.0
         g = config.grpo
-        self.collector_settings = CollectorSettings(
-            max_turns=g.max_turns,
-            max_new_tokens_per_turn=g.max_new_tokens_per_turn,
-            max_total_tokens=g.max_total_tokens,
-            concurrency=max(config.env.collector.concurrency, 1),
-            max_batch=max(config.env.collector.concurrency, 1),
-            max_episode_retries=config.env.collector.max_episode_retries,
-            # Lockstep turns: generation batches (hence sampling RNG use) do not depend on tool
-            # latency, so a resumed run samples exactly what an uninterrupted one would.
-            deterministic=True,
-        )
+        self.collector_settings = CollectorSettings.from_config(config)
         self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
 
     # ---------------------------------------------------------------- resume
@@ -282,7 +273,9 @@ class GRPOTrainer:
         started = time.monotonic()
         self.stop_reason = f"max_steps ({t.max_steps}) reached"
         while self.step < t.max_steps:
+            t_step = time.monotonic()
             out = self.train_step()
+            self.train_seconds += time.monotonic() - t_step
             metrics = out.metrics
             out_of_time = self.step < t.max_steps and self._past_deadline(deadline)
             if out_of_time:

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import render_conversation, render_observation, task_user_message
@@ -25,6 +25,9 @@ from skyrl_tool_agent.mcp.pool import MCPPoolError
 from skyrl_tool_agent.rewards.execution import GoldQueryError
 from skyrl_tool_agent.rollout.agents import Agent, AgentTurn, TurnRequest
 from skyrl_tool_agent.rollout.trajectory import EpisodeResult, Trajectory
+
+if TYPE_CHECKING:
+    from skyrl_tool_agent.config import Config
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,25 @@ class CollectorSettings:
     # True: each generation batch waits for every running episode (lockstep turns) and is ordered
     # by episode, so sampling does not depend on tool latency (reproducible runs and resumes).
     deterministic: bool = False
+
+    @classmethod
+    def from_config(cls, config: Config, *, max_turns: int | None = None, min_turns: int = 0,
+                    concurrency: int | None = None, deterministic: bool = True) -> CollectorSettings:
+        """The one translation from config: episode limits from `grpo.*` (`max_turns` overrides,
+        at least `min_turns`), concurrency and retries from `env.collector`. deterministic =
+        lockstep generation batches ordered by episode, so sampling and greedy results do not
+        depend on tool latency (reproducible runs and resumes; costs little at these batch sizes)."""
+        g = config.grpo
+        width = max(1, concurrency or config.env.collector.concurrency)
+        return cls(
+            max_turns=max(max_turns or g.max_turns, min_turns),
+            max_new_tokens_per_turn=g.max_new_tokens_per_turn,
+            max_total_tokens=g.max_total_tokens,
+            concurrency=width,
+            max_batch=width,
+            max_episode_retries=config.env.collector.max_episode_retries,
+            deterministic=deterministic,
+        )
 
 
 class _GenerationBatcher:

@@ -53,6 +53,7 @@ def ship_embedded_model(built_dir: Path, dest: Path, runtime: EnvRuntime, check_
     record = json.loads((built_dir / MANIFEST_FILE).read_text())
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the shipped model is package data
     try:
         model = AutoModelForCausalLM.from_pretrained(built_dir, dtype=torch.float32)
         model.to(torch.bfloat16).save_pretrained(staging)

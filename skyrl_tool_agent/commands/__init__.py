@@ -1,0 +1,16 @@
+"""The project's commands, installed as one console script, `skyrl-tool-agent COMMAND [flags]`
+(`main.py`); `training/scripts/*.py` are thin aliases of the same `main` functions.
+
+| command          | module              | script alias                              |
+|------------------|---------------------|-------------------------------------------|
+| `train`          | `train`             | training/scripts/train_grpo.py            |
+| `eval`           | `evaluate`          | training/scripts/evaluate.py              |
+| `build-data`     | `build_data`        | training/scripts/build_data.py            |
+| `build-model`    | `build_model`       | training/scripts/build_default_model.py   |
+| `sft-baseline`   | `sft_baseline`      | training/scripts/sft_baseline.py          |
+| `memory-profile` | `memory_profile`    | training/scripts/memory_profile.py        |
+| `knobs`, `config`| `skyrl_tool_agent.config.__main__` | python -m skyrl_tool_agent.config |
+
+Every parser is built with `allow_abbrev=False` (`--config-d` is an error, not `--config-dir`), and
+where a command writes a directory the flag is `--output-dir` (HF's `--output_dir` also works).
+"""

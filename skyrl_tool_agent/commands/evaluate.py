@@ -1,0 +1,161 @@
+"""Evaluate a policy on text-to-SQL through the same MCP environment as training.
+
+    skyrl-tool-agent eval --policy oracle --dataset spider --split dev --limit 200 --output out.json
+    skyrl-tool-agent eval --policy model                       # the embedded default model
+    skyrl-tool-agent eval --policy model --model-path runs/grpo/final --compare base.json --output-dir runs/eval
+    skyrl-tool-agent eval --policy model --num-samples 8 --temperature 0.8   # pass@k
+
+(`python training/scripts/evaluate.py` is the same command.) Greedy by default. Writes the results
+file (--output FILE, default results.json; or --output-dir DIR: DIR/results.json) with
+execution_accuracy, exact_match, n, skipped, by_difficulty, by_db, ... and next to it
+<stem>_trajectories.jsonl (one line per question), <stem>_by_difficulty.png and
+<stem>_report.html (self-contained). With WANDB_API_KEY the run is
+also a Weave evaluation; without it Weave stays disabled and nothing touches the network.
+`--limit N` takes a deterministic subset stratified by difficulty (same N and --seed, same questions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from skyrl_tool_agent.cli import setup_logging
+from skyrl_tool_agent.commands._args import add_output_dir, new_parser
+from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args
+
+#: The results file's name inside --output-dir (and the default --output).
+RESULTS_FILE = "results.json"
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    p = new_parser(__doc__, prog)
+    p.add_argument("--policy", choices=["model", "oracle"], default="model",
+                   help="model = a model/adapter (see --model-path); oracle = the scripted gold-SQL agent")
+    p.add_argument("--model-path", help="trained adapter/model dir (e.g. <run>/final or a checkpoint), a hub "
+                   "name, or 'embedded'; default: model.name_or_path of the config")
+    p.add_argument("--dataset", choices=["builtin", "spider"], default="builtin", help="task family (default builtin)")
+    p.add_argument("--split", choices=["dev", "train"], default="dev")
+    p.add_argument("--spider-root", help="Spider directory (default: training.data.spider_root, ../shared/spider)")
+    p.add_argument("--limit", type=int, help="evaluate a stratified subset of N questions")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --limit subset and of sampling")
+    p.add_argument("--num-samples", type=int, default=1, help="episodes per question; > 1 reports pass@k")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default 0 = greedy; with "
+                   "--num-samples > 1: grpo.temperature)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-turns", type=int, help="turns per episode (default grpo.max_turns)")
+    p.add_argument("--concurrency", type=int, help="episodes in flight (default env.collector.concurrency)")
+    p.add_argument("--output", metavar="FILE", help=f"results JSON (default {RESULTS_FILE}; the other files are "
+                   "named after its stem, beside it)")
+    add_output_dir(p, f"write {RESULTS_FILE} and the files beside it into DIR; "
+                   "excludes --output")
+    p.add_argument("--trajectories", help="per-question JSONL (default <output stem>_trajectories.jsonl)")
+    p.add_argument("--report", help="HTML report (default <output stem>_report.html)")
+    p.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    p.add_argument("--compare", metavar="BASE_RESULTS.json", help="print this run against a baseline results.json")
+    p.add_argument("--name", help="evaluation name (Weave); default <dataset>-<split>")
+    add_config_args(p)
+    args = p.parse_args(argv)
+    if args.output and args.output_dir:
+        p.error("--output FILE and --output-dir DIR both name the results file; give one")
+    args.results = Path(args.output_dir) / RESULTS_FILE if args.output_dir else Path(args.output or RESULTS_FILE)
+    return args
+
+
+def _progress():  # a rich bar advanced by the collector as episodes finish
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"), refresh_per_second=4)
+
+
+def _print_summary(results: dict, paths) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{results['name']} — {results['policy']} (n={results['n']}, skipped={results['skipped']}, "
+                        f"{results['seconds']:.1f} s)")
+    for col in ("", "n", "EX", "exact", "valid SQL", "turns", "tool calls", "tool err"):
+        table.add_column(col, justify="left" if not col else "right")
+
+    def row(name: str, m: dict) -> None:
+        table.add_row(name, str(m["n"]), f"{m['execution_accuracy']:.3f}", f"{m['exact_match']:.3f}",
+                      f"{m['valid_sql_rate']:.3f}", f"{m['mean_turns']:.2f}", f"{m['mean_tool_calls']:.2f}",
+                      f"{m['tool_error_rate']:.3f}")
+
+    row("overall", results)
+    for name, m in results["by_difficulty"].items():
+        row(name, m)
+    console = Console()
+    console.print(table)
+    for k, v in (results.get("pass_at_k") or {}).items():
+        console.print(f"pass@{k}: {v:.3f}")
+    console.print(f"EX {results['execution_accuracy']:.3f} · results {paths.results} · trajectories {paths.trajectories}"
+                  + (f" · report {paths.report}" if "report" in results.get("files", {}) else ""))
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    args = parse_args(argv, prog)
+    setup_logging()
+    with cli_main_guard(also=(FileNotFoundError,)):
+        from skyrl_tool_agent.config import UserInputError
+        from skyrl_tool_agent.env.pools import EnvRuntime
+        from skyrl_tool_agent.eval.compare import load_results, print_comparison
+        from skyrl_tool_agent.eval.evaluate import ORACLE, EvalOptions, OutputPaths, collector_settings, run_evaluation, write_outputs
+        from skyrl_tool_agent.eval.selection import load_eval_tasks
+        from skyrl_tool_agent.eval.weave_setup import weave_mode
+
+        extra = [f"training.data.dataset={args.dataset}"]
+        if args.spider_root:
+            extra.append(f"training.data.spider_root={json.dumps(args.spider_root)}")
+        args.overrides = [*extra, *args.overrides]
+        config = config_from_args(args)
+        baseline = load_results(args.compare) if args.compare else None  # fail before the run, not after
+        if args.policy == ORACLE and args.model_path:
+            raise UserInputError("--model-path is for --policy model")
+        temperature = args.temperature if args.temperature is not None else (
+            config.grpo.temperature if args.num_samples > 1 else 0.0)
+        selection = load_eval_tasks(config.training.data, args.split, limit=args.limit, seed=args.seed)
+        w = config.training.wandb
+        options = EvalOptions(
+            num_samples=args.num_samples, temperature=temperature, top_p=args.top_p,
+            name=args.name or f"{args.dataset}-{args.split}", weave_project=f"{w.entity}/{w.project}" if w.entity else w.project,
+            weave_mode=weave_mode(w.mode), model_path=(args.model_path or config.model.name_or_path) if args.policy == "model" else None,
+        )
+        settings = collector_settings(config, max_turns=args.max_turns, concurrency=args.concurrency)
+        policy = ORACLE
+        if args.policy == "model":
+            import torch
+
+            from skyrl_tool_agent.eval.policies import load_eval_policy
+
+            torch.manual_seed(args.seed)  # sampled runs (--num-samples) repeat for a seed
+            policy = load_eval_policy(args.model_path, config.model)
+        paths = OutputPaths.beside(args.results, trajectories=args.trajectories and Path(args.trajectories),
+                                   report=args.report and Path(args.report))
+        metadata = {"dataset": selection.dataset, "split": selection.split, "available": selection.available,
+                    "skipped_reasons": selection.skipped_reasons, "limit": args.limit, "seed": args.seed}
+        runtime = EnvRuntime(config.env, selection.db_root)
+        try:
+            total = len(selection.tasks) * args.num_samples
+            with _progress() as bar:
+                job = bar.add_task(f"eval {options.name}", total=total, info="")
+                solved = [0, 0]
+
+                def on_episode(traj) -> None:
+                    solved[0] += traj.result.solved
+                    solved[1] += 1
+                    bar.update(job, advance=1, info=f"EX {solved[0] / solved[1]:.3f}")
+
+                run = run_evaluation(selection.tasks, runtime, policy, settings, options, skipped=selection.skipped,
+                                     metadata=metadata, on_episode=on_episode)
+        finally:
+            runtime.close()
+        write_outputs(run, paths, baseline=baseline, report=not args.no_report)
+        _print_summary(run.results, paths)
+        if baseline is not None:
+            print_comparison(baseline, run.results, base_label=Path(args.compare).stem, current_label=args.results.stem)
+
+
+if __name__ == "__main__":
+    main()

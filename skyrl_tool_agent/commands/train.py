@@ -1,0 +1,84 @@
+"""Train a tool-using SQL agent with GRPO over MCP tools.
+
+    skyrl-tool-agent train --mode lora            # the embedded default, on this CPU
+    skyrl-tool-agent train --mode lora --set model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct
+    skyrl-tool-agent train --config run.yaml      # every section from one YAML file (e.g. a run's config.yaml)
+    deepspeed --num_gpus 8 training/scripts/train_grpo.py --mode full   # ZeRO-3: docs/distributed.md
+
+(`python training/scripts/train_grpo.py` is the same command.) All knobs have defaults shipped in the
+package (the repository's configs/*.yaml are a documented copy; `skyrl-tool-agent knobs` lists them);
+`--set section.key=value` overrides any of them through the same validation. Bad input exits with
+status 2 and one `error:` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from skyrl_tool_agent.commands._args import add_output_dir, new_parser
+from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    p = new_parser(__doc__, prog)
+    p.add_argument("--mode", choices=["lora", "full"], help="training.mode (LoRA adapters or all parameters)")
+    add_config_args(p)
+    add_output_dir(p, "run directory: training.output_dir")
+    p.add_argument("--max-steps", type=int, help="training.max_steps")
+    p.add_argument("--resume", help="'auto' (latest checkpoint in the output dir, if any) or a checkpoint dir")
+    p.add_argument("--rebuild", action="store_true",
+                   help="build the embedded model anew (into model.embedded_dir, else the cache) and train from it "
+                        "instead of the shipped one (e.g. after changing its shape)")
+    p.add_argument("--push-to-hub", metavar="REPO", help="upload the final adapter/model to this Hub repo")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # set by deepspeed
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    args = parse_args(argv, prog)
+    from skyrl_tool_agent.cli import setup_logging, training_progress
+
+    setup_logging()
+    with cli_main_guard(also=(FileNotFoundError,)):
+        extra = []
+        if args.mode:
+            extra.append(f"training.mode={args.mode}")
+        if args.output_dir:
+            extra.append(f"training.output_dir={args.output_dir}")
+        if args.max_steps is not None:
+            extra.append(f"training.max_steps={args.max_steps}")
+        if args.push_to_hub:
+            extra.append(f"training.push_to_hub.repo_id={args.push_to_hub}")
+        if args.rebuild:
+            from skyrl_tool_agent.config import default_build_dir
+
+            extra.append(f"model.embedded_dir={default_build_dir()}")  # an explicit --set still wins
+        args.overrides = [*extra, *args.overrides]  # explicit --set wins over the shortcuts
+        config = config_from_args(args)
+        repo = config.training.push_to_hub.repo_id
+        if repo and not (os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")):
+            raise UserInputError(f"--push-to-hub {repo}: no Hugging Face token (set HF_TOKEN); nothing was trained")
+        from skyrl_tool_agent.reporting import print_before_after, push_to_hub
+
+        if config.training.mode == "lora" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserInputError("LoRA/QLoRA training runs in one process: start it with python, not a "
+                                 "distributed launcher (multi-GPU training is --mode full)")
+        if config.training.mode == "full" and "WORLD_SIZE" in os.environ:  # deepspeed / accelerate / torchrun
+            from skyrl_tool_agent.distributed import run_full_distributed
+
+            summary = run_full_distributed(config, resume=args.resume)  # ZeRO-3, also on 1 GPU
+            if summary is None:  # ranks other than 0
+                return
+        else:
+            from skyrl_tool_agent.pipeline import run_training
+
+            with training_progress(config.training.max_steps) as progress:
+                summary = run_training(config, resume=args.resume, rebuild=args.rebuild, progress=progress)
+        print_before_after(summary)
+        if repo:
+            push_to_hub(summary.output_dir / "final", repo, private=config.training.push_to_hub.private)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The embedded default shipped in the package: its files match their recorded hashes, it loads the
+way the main job loads it, it reproduces its recorded greedy check exactly, a damaged copy is
+refused with one line, and the recorded build command still builds a model of the same shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, EnvConfig, ModelConfig
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.policy.loading import ModelLoadError, resolve_model_path
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, directory_hashes, file_sha256, verify_manifest
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.warmstart.build import greedy_outcomes
+from tests.fixtures.config_files import REPO
+
+DB_ROOT = REPO / "data" / "processed" / "databases"
+SHAPE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "vocab_size", "tie_word_embeddings", "max_position_embeddings")
+
+
+@pytest.fixture(scope="module")
+def manifest() -> dict:
+    return json.loads((SHIPPED_EMBEDDED_DIR / MANIFEST_FILE).read_text())
+
+
+def test_shipped_files_match_their_hashes(manifest) -> None:
+    assert set(manifest["files"]) == set(directory_hashes(SHIPPED_EMBEDDED_DIR))  # nothing unlisted, nothing missing
+    for name, sha in manifest["files"].items():
+        assert file_sha256(SHIPPED_EMBEDDED_DIR / name) == sha, name
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(manifest["files"])
+    assert verify_manifest(SHIPPED_EMBEDDED_DIR)["files"] == manifest["files"]
+
+
+def test_manifest_records_how_it_was_built(manifest) -> None:
+    assert manifest["command"].startswith("python training/scripts/build_default_model.py")
+    sft = manifest["sft"]
+    assert sft["settings"]["seed"] == 0 and len(sft["loss"]) == sft["planned_steps"] >= 1000
+    curve = sft["evals"]
+    assert curve[-1]["step"] == sft["planned_steps"]  # the held-out curve runs to the last step
+    assert all(0.0 <= e["execution_accuracy"] <= 1.0 for e in curve)
+    assert manifest["heldout_tasks"] == 128 and manifest["shipped_dtype"] == "bfloat16"
+
+
+def test_main_job_default_loads_the_shipped_model() -> None:
+    config = ModelConfig()  # name_or_path embedded, embedded_dir null
+    assert config.uses_shipped_model() and resolve_model_path(config) == str(SHIPPED_EMBEDDED_DIR)
+
+
+def test_shipped_model_reproduces_its_greedy_check(manifest) -> None:
+    check = manifest["greedy_check"]
+    tasks = [Task(**t) for t in check["tasks"]]
+    settings = CollectorSettings(**check["collector"])
+    policy = QwenPolicy.from_config(ModelConfig(), mode="full")
+    runtime = EnvRuntime(EnvConfig(), DB_ROOT)
+    try:
+        solved = greedy_outcomes(policy, runtime, tasks, settings)
+    finally:
+        runtime.close()
+    assert solved == check["solved"]
+    assert sum(solved) > 0  # a start that solves nothing would leave GRPO no signal
+
+
+def test_a_damaged_copy_is_refused_with_one_line(tmp_path: Path) -> None:
+    copy = tmp_path / "embedded"
+    shutil.copytree(SHIPPED_EMBEDDED_DIR, copy)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model.safetensors does not match its recorded sha256"):
+        verify_manifest(copy)
+    weights.unlink()
+    with pytest.raises(ValueError, match=r"model.safetensors is missing"):
+        verify_manifest(copy)
+    (copy / MANIFEST_FILE).write_text("{")
+    with pytest.raises(ValueError, match="cannot read the model manifest"):
+        verify_manifest(copy)
+
+
+def test_a_damaged_shipped_model_is_a_load_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = tmp_path / "embedded"
+    shutil.copytree(SHIPPED_EMBEDDED_DIR, copy)
+    (copy / "config.json").write_text((copy / "config.json").read_text() + " ")
+    monkeypatch.setattr("skyrl_tool_agent.config.model.SHIPPED_EMBEDDED_DIR", copy)
+    with pytest.raises(ModelLoadError, match=r"shipped embedded model is unusable: .*config.json does not match") as info:
+        resolve_model_path(ModelConfig())
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_build_command_still_builds_the_same_shape(manifest, tmp_path: Path) -> None:
+    """The recorded command with a few steps instead of thousands: same tokenizer (deterministic BPE
+    on the same oracle corpus) and the same architecture."""
+    args = shlex.split(manifest["command"])[2:]  # drop 'python training/scripts/build_default_model.py'
+    for flag in ("--sft-steps", "--eval-every", "--out"):
+        if flag in args:
+            i = args.index(flag)
+            del args[i:i + 2]
+    args = [a for a in args if a != "--force"]
+    out = tmp_path / "built"
+    cmd = [sys.executable, str(REPO / "training" / "scripts" / "build_default_model.py"), *args,
+           "--sft-steps", "2", "--eval-every", "1000", "--out", str(out), "--set", "training.data.validation_tasks=4"]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    built = json.loads((out / "config.json").read_text())
+    shipped = json.loads((SHIPPED_EMBEDDED_DIR / "config.json").read_text())
+    assert {k: built.get(k) for k in SHAPE_KEYS} == {k: shipped.get(k) for k in SHAPE_KEYS}
+    built_bpe = json.loads((out / "tokenizer.json").read_text())["model"]
+    shipped_bpe = json.loads((SHIPPED_EMBEDDED_DIR / "tokenizer.json").read_text())["model"]
+    assert built_bpe["vocab"] == shipped_bpe["vocab"] and built_bpe["merges"] == shipped_bpe["merges"]
+    report = json.loads((out / MANIFEST_FILE).read_text())
+    assert len(report["sft"]["loss"]) == 2 and report["heldout_tasks"] == 4
+    assert not list(tmp_path.glob(".built-*"))  # built in a staging directory, renamed into place
+
+
+@pytest.mark.slow
+def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> None:
+    """The quick start's command with its defaults (shipped model, generated pool, LoRA on CPU),
+    cut to two small steps and a small evaluation: end to end, no timing asserted."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(REPO / "training" / "scripts" / "train_grpo.py"), "--mode", "lora", "--output-dir", str(out),
+           "--max-steps", "2", "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=4",
+           "--set", "training.eval_num_tasks=6", "--set", "training.wandb.mode=disabled"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["episode/tasks"] == 2 for r in rows[1:])
+    record = json.loads((out / "before_after.json").read_text())
+    assert record["stop_reason"] == "max_steps (2) reached"
+    assert len(record["before"]["solved"]) == 6 and record["execution_accuracy_delta"]["n"] == 6
+    assert (out / "final" / "adapter_config.json").is_file()
+    assert "training stopped: max_steps (2) reached" in res.stdout
