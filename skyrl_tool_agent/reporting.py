@@ -13,7 +13,8 @@ def print_before_after(summary: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Dev tasks, greedy (n={int(summary.before.get('n', 0))}) — {summary.steps} GRPO steps, "
+    n = int(summary.before.get("n", 0))
+    table = Table(title=f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
                         f"{summary.seconds / 60:.1f} min")
     table.add_column("metric")
     table.add_column("before GRPO", justify="right")
