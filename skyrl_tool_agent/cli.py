@@ -41,18 +41,21 @@ def log_every(seconds: float = LOG_PROGRESS_EVERY_S) -> Callable[[], bool]:
 
 
 @contextlib.contextmanager
-def training_progress(total_steps: int) -> Iterator[Any]:
+def training_progress(total_steps: int, time_budget_minutes: float | None = None) -> Iterator[Any]:
     """A rich progress bar; the yielded callback takes ('step', metrics) or (phase text, fraction).
 
+    With a time budget the bar fills by whichever ends training first, steps or minutes (the
+    metrics' `time/elapsed_s` is the budget's clock), so the ETA is the real one.
     A bar is invisible in a log file (rich draws it only on a terminal), so there the same
     information is logged instead: every GRPO step, and a build line every LOG_PROGRESS_EVERY_S."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
+    budget_s = 60.0 * time_budget_minutes if time_budget_minutes else None
     with Progress(*columns, refresh_per_second=2) as bar:
-        build = bar.add_task("build", total=1.0, info="", visible=False)
-        train = bar.add_task("GRPO", total=total_steps, info="")
+        build = bar.add_task("build", total=1.0, info="", done="", visible=False)
+        train = bar.add_task("GRPO", total=1.0, info="", done=f"0/{total_steps}")
         last = [time.monotonic()]
         started = time.monotonic()
         to_log = not bar.console.is_terminal
@@ -64,9 +67,14 @@ def training_progress(total_steps: int) -> Iterator[Any]:
                 info = f"reward {m['reward/mean']:.3f}  train EX {m['train/execution_accuracy']:.2f}"
                 if "eval/execution_accuracy" in m:
                     info += f"  dev EX {m['eval/execution_accuracy']:.3f}"
-                bar.update(train, completed=m["step"], info=info)
+                done = f"step {m['step']}/{total_steps}"
+                fraction = m["step"] / total_steps
+                if budget_s is not None and "time/elapsed_s" in m:
+                    done += f", {m['time/elapsed_s'] / 60:.1f}/{budget_s / 60:.1f} min"
+                    fraction = max(fraction, m["time/elapsed_s"] / budget_s)
+                bar.update(train, completed=min(fraction, 1.0), done=done, info=info)
                 if to_log:
-                    logger.info("GRPO step %d/%d  %s  (%.0f s)", m["step"], total_steps, info, time.monotonic() - started)
+                    logger.info("GRPO %s  %s  (%.0f s)", done, info, time.monotonic() - started)
             else:
                 now = time.monotonic()
                 if now - last[0] > 0.5 or value >= 1.0:

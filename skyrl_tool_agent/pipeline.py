@@ -224,14 +224,19 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     before_after.json, config.yaml (resolved) and training_curves.png.
     """
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
     from skyrl_tool_agent.grpo.run_logging import RunLogger
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
     from skyrl_tool_agent.policy.qwen import QwenPolicy
 
+    from skyrl_tool_agent.policy.loading import EMBEDDED, resolve_model_path
+
     t = config.training
+    if config.model.name_or_path != EMBEDDED:
+        resolve_model_path(config.model)  # a missing model directory is an error before anything is written
+    train_tasks, dev_tasks, db_root = load_task_splits(config)
     out = Path(t.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train_tasks, dev_tasks, db_root = load_task_splits(config)
     ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress, rebuild=rebuild)
     eval_tasks = run_eval_tasks(config, train_tasks, dev_tasks, db_root)
     train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
@@ -256,7 +261,11 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                             "eval/reward_mean": before["reward_mean"], "eval/format_ok_rate": before["format_ok_rate"]})
         # The time budget is GRPO's own: it starts after the first evaluation.
         deadline = time.monotonic() + 60 * t.time_budget_minutes if t.time_budget_minutes else None
-        history = trainer.train(run_logger, on_step=progress and (lambda m: progress("step", m)), deadline=deadline)
+        try:
+            history = trainer.train(run_logger, on_step=progress and (lambda m: progress("step", m)), deadline=deadline)
+        except TrainingInterrupted:  # its checkpoint is saved; W&B closes the run cleanly, the servers in `finally`
+            run_logger.finish()
+            raise
         after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
         policy.save(out / "final")
         run_logger.finish()

@@ -21,6 +21,7 @@ from tests.fixtures.tiny_policy import build_tiny_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "training" / "scripts" / "train_grpo.py"
+STEPS = 4  # enough for two interruptions that each leave a step to resume
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def _config_args(root: Path, model_dir: Path) -> list[str]:
     sets = {
         "model.name_or_path": model_dir, "model.device": "cpu", "model.lora.r": 4, "model.lora.alpha": 8,
         "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
-        "training.data.db_root": root / "dbs", "training.data.train_pool": "file", "training.max_steps": 3, "training.tasks_per_step": 2,
+        "training.data.db_root": root / "dbs", "training.data.train_pool": "file", "training.max_steps": STEPS, "training.tasks_per_step": 2,
         "training.checkpoint_every": 1, "training.eval_every": 0, "training.eval_num_tasks": 3,
         "training.learning_rate": 0.01, "training.wandb.mode": "disabled", "training.seed": 7,
         "grpo.group_size": 2, "grpo.max_turns": 4, "grpo.max_new_tokens_per_turn": 40, "grpo.max_total_tokens": 1200,
@@ -64,14 +65,39 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
-def test_train_then_kill9_and_resume_matches_uninterrupted(setup, tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tmp_path_factory):
+    """One uninterrupted run of STEPS steps: (its output dir, the finished process) for the runs that
+    are interrupted and resumed to compare with."""
     root, model_dir = setup
-    full = tmp_path / "full"
+    full = tmp_path_factory.mktemp("full")
     done = subprocess.run(_cmd(root, model_dir, full), env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    return full, done
+
+
+def _assert_same_steps(rows: list[dict], again: list[dict]) -> None:
+    assert [r["step"] for r in again] == list(range(STEPS + 1))  # every step exactly once
+    for a, b in zip(rows, again):
+        for key in ("reward/mean", "train/loss", "train/kl", "eval/execution_accuracy"):
+            assert (key in a) == (key in b), (a["step"], key)
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["step"], key)
+
+
+def _wait_for(proc: subprocess.Popen, ready, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, f"run ended before {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_train_then_kill9_and_resume_matches_uninterrupted(setup, uninterrupted, tmp_path):
+    root, model_dir = setup
+    full, done = uninterrupted
     rows = _metrics(full)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))
     for key in ("reward/mean", "reward/std", "train/loss", "train/kl", "train/entropy", "episode/turns_mean",
                 "episode/tool_errors", "tokens_per_s"):
         assert key in rows[1], key
@@ -86,29 +112,71 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, tmp_path):
     delta = record["execution_accuracy_delta"]
     assert delta["n"] == 3 and delta["low"] <= delta["delta"] <= delta["high"]
     assert delta["delta"] == pytest.approx(record["after"]["execution_accuracy"] - record["before"]["execution_accuracy"])
-    assert record["stop_reason"] == "max_steps (3) reached"
-    assert "paired-bootstrap interval" in done.stdout and "training stopped: max_steps (3) reached" in done.stdout
+    assert record["stop_reason"] == f"max_steps ({STEPS}) reached"
+    assert "paired-bootstrap interval" in done.stdout and f"training stopped: max_steps ({STEPS}) reached" in done.stdout
     # Output captured (not a terminal): the progress bar is replaced by one log line per step.
-    assert all(f"GRPO step {n}/3" in done.stdout + done.stderr for n in (1, 2, 3)), done.stdout[-2000:]
+    # With the default time budget each line also gives the budget's clock.
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "GRPO step" in line]
+    assert all(any(f"GRPO step {n}/{STEPS}, " in line and "/10.5 min" in line for line in lines)
+               for n in range(1, STEPS + 1)), lines
+    assert all(r["time/elapsed_s"] > 0 for r in rows[1:])
 
     # interrupted run: kill -9 once the step-1 checkpoint exists, then resume
     part = tmp_path / "part"
     proc = subprocess.Popen(_cmd(root, model_dir, part), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 240
-    while not (part / "checkpoints" / "step-000001" / "trainer_state.json").is_file():
-        assert proc.poll() is None and time.monotonic() < deadline, "run ended before its first checkpoint"
-        time.sleep(0.05)
+    _wait_for(proc, lambda: (part / "checkpoints" / "step-000001" / "trainer_state.json").is_file(), "its first checkpoint")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     resumed = subprocess.run(_cmd(root, model_dir, part, "--resume", "auto"), env=_env(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr + resumed.stdout
-    again = _metrics(part)
-    assert [r["step"] for r in again] == [0, 1, 2, 3]
-    for a, b in zip(rows, again):
-        for key in ("reward/mean", "train/loss", "train/kl", "eval/execution_accuracy"):
-            if key in a:
-                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["step"], key)
+    _assert_same_steps(rows, _metrics(part))
+
+
+def _steps_logged(out: Path) -> list[int]:
+    """Steps in metrics.jsonl so far (read while the run writes it: a line still being written is skipped)."""
+    path = out / "metrics.jsonl"
+    steps = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            steps.append(json.loads(line)["step"])
+        except ValueError:
+            pass
+    return steps
+
+
+@pytest.mark.slow
+def test_sigint_and_sigterm_keep_finished_steps_and_resume_exactly(setup, uninterrupted, tmp_path):
+    """No periodic checkpoints: only the signal path can save the steps done before a signal.
+    SIGINT, resume, SIGTERM, resume: every step once, the same metrics as the uninterrupted run."""
+    root, model_dir = setup
+    out = tmp_path / "sig"
+    cmd = _cmd(root, model_dir, out, "--set", "training.checkpoint_every=0")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        resumed = (out / "checkpoints").is_dir()
+        before = max(_steps_logged(out), default=0)
+        err_path = tmp_path / f"{signal.Signals(signum).name}.stderr"
+        with err_path.open("w") as err:  # a file, not a pipe: a full pipe would stall the run
+            proc = subprocess.Popen([*cmd, "--resume", "auto"] if resumed else cmd, env=_env(),
+                                    stdout=subprocess.DEVNULL, stderr=err)
+        # The first run: a signal right after the step-0 row lands in step 1. The resumed one:
+        # after its first new step, so it lands in the next one (never the last of STEPS = 4).
+        _wait_for(proc, lambda: max(_steps_logged(out), default=-1) >= (0 if not resumed else before + 1),
+                  "the signal's moment")
+        proc.send_signal(signum)
+        proc.wait(timeout=240)
+        stderr = err_path.read_text()
+        stopped_at = max(_steps_logged(out))
+        assert proc.returncode == 128 + signum, stderr[-3000:]
+        assert stopped_at < STEPS
+        name = signal.Signals(signum).name
+        assert f"interrupted by {name} after step {stopped_at}: checkpoint saved in" in stderr, stderr[-3000:]
+        assert "resume with: python " in stderr and stderr.rstrip().endswith("--resume auto"), stderr[-1000:]
+        assert (out / "checkpoints" / f"step-{stopped_at:06d}" / "trainer_state.json").is_file()
+        assert "Traceback" not in stderr, stderr[-3000:]
+    finished = subprocess.run([*cmd, "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    _assert_same_steps(_metrics(uninterrupted[0]), _metrics(out))
 
 
 def test_bad_inputs_exit_2_with_one_line(setup, tmp_path):
@@ -127,6 +195,7 @@ def test_bad_inputs_exit_2_with_one_line(setup, tmp_path):
         assert len(err) == 1 and "Traceback" not in res.stderr, (extra, res.stderr[-2000:])
         if "model.name_or_path=/nonexistent/model" in extra:
             assert "model directory '/nonexistent/model' does not exist" in err[0], err
+        assert not (tmp_path / "bad").exists(), (extra, "a rejected run wrote its output directory")
 
 
 def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_path):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 
 from skyrl_tool_agent.commands._args import add_output_dir, new_parser
 from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
@@ -33,6 +35,18 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the final adapter/model to this Hub repo")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # set by deepspeed
     return p.parse_args(argv)
+
+
+def resume_command(argv: list[str] | None, prog: str | None) -> str:
+    """This command line again with `--resume auto`, shell-quoted and ready to paste. `prog` is
+    how the dispatcher named us ("skyrl-tool-agent train"); None means a script run by python."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--resume" in args:
+        i = args.index("--resume")
+        del args[i:i + 2]
+    args = [a for a in args if not a.startswith("--resume=")]
+    head = shlex.split(prog) if prog else ["python", sys.argv[0]]
+    return shlex.join([*head, *args, "--resume", "auto"])
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -71,10 +85,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             if summary is None:  # ranks other than 0
                 return
         else:
+            from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
             from skyrl_tool_agent.pipeline import run_training
 
-            with training_progress(config.training.max_steps) as progress:
-                summary = run_training(config, resume=args.resume, rebuild=args.rebuild, progress=progress)
+            try:
+                with training_progress(config.training.max_steps, config.training.time_budget_minutes) as progress:
+                    summary = run_training(config, resume=args.resume, rebuild=args.rebuild, progress=progress)
+            except TrainingInterrupted as stop:
+                print(f"{stop}\nresume with: {resume_command(argv, prog)}", file=sys.stderr)
+                sys.exit(stop.exit_code)
         print_before_after(summary)
         if repo:
             push_to_hub(summary.output_dir / "final", repo, private=config.training.push_to_hub.private)

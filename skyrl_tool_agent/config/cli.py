@@ -11,8 +11,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
-from skyrl_tool_agent.config.loader import SECTIONS, Config, load_config
+from skyrl_tool_agent.config.model import EMBEDDED
+from skyrl_tool_agent.config.loader import PROFILES, SECTIONS, Config, load_config
+
+logger = logging.getLogger(__name__)
 
 #: Section -> the flag that replaces its file path.
 FILE_FLAGS = {name: f"--{name}-config" for name in SECTIONS}
@@ -41,6 +45,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(default: the defaults shipped in the package; the repository's configs/ is a copy to edit)",
     )
     group.add_argument(
+        "--profile",
+        choices=("auto", *PROFILES),
+        default="auto",
+        help="which defaults the packaged config takes: cpu (the embedded tiny model on a CPU) or gpu (each "
+        "knob's H100 value, e.g. lr 2e-5, 512 tokens per turn, no time budget; the data section is kept). "
+        "auto: gpu when the model is not the embedded one and CUDA is available, else cpu (printed at start)",
+    )
+    group.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -61,10 +73,28 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """`load_config` with the flags added by `add_config_args`."""
-    return load_config(
-        getattr(args, "config_dir", None),
-        args.overrides,
-        config_file=getattr(args, "config_file", None),
-        **{f"{name}_config": getattr(args, f"{name}_config") for name in SECTIONS},
-    )
+    """`load_config` with the flags added by `add_config_args` (`--profile auto` resolved here)."""
+    def load(profile: str) -> Config:
+        return load_config(
+            getattr(args, "config_dir", None),
+            args.overrides,
+            config_file=getattr(args, "config_file", None),
+            profile=profile,
+            **{f"{name}_config": getattr(args, f"{name}_config") for name in SECTIONS},
+        )
+
+    profile = getattr(args, "profile", "cpu")
+    if profile != "auto":
+        return load(profile)
+    config = load("cpu")
+    if getattr(args, "config_dir", None) is None and config.model.name_or_path != EMBEDDED and _cuda_available():
+        logger.info("profile: gpu (model %s on CUDA: each knob's H100 default); --profile cpu keeps the CPU ones",
+                    config.model.name_or_path)
+        return load("gpu")
+    return config
+
+
+def _cuda_available() -> bool:
+    import torch  # late: the config package does not import torch otherwise
+
+    return torch.cuda.is_available()

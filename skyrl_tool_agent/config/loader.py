@@ -200,6 +200,24 @@ def section_yaml(name: str, value: BaseModel, profile: str = "cpu") -> str:
     return render_section(value, header, profile)
 
 
+#: `--profile`: which column of defaults a section read from the package takes. `gpu` is the H100
+#: value of each knob (`knob(..., h100=...)`), except the data section: which tasks to train on is
+#: the user's choice, not the machine's.
+PROFILES = ("cpu", "gpu")
+
+
+def profile_defaults(name: str, profile: str) -> dict[str, Any]:
+    """The packaged defaults of core section `name` under `profile`, as a mapping to validate."""
+    schema = SECTIONS[name][0]
+    cpu = yaml.safe_load(section_yaml(name, schema(), "cpu"))
+    if profile == "cpu":
+        return cpu
+    gpu = yaml.safe_load(section_yaml(name, schema(), "h100"))
+    if name == "training":
+        gpu["data"] = cpu["data"]
+    return gpu
+
+
 def _parse_overrides(overrides: Sequence[str]) -> tuple[Override, ...]:
     if isinstance(overrides, str):  # a lone string would be iterated character by character
         overrides = [overrides]
@@ -276,6 +294,7 @@ def load_config(
     env_config: str | Path | None = None,
     accelerate_config: str | Path | None = None,
     deepspeed_config: str | Path | None = None,
+    profile: str = "cpu",
 ) -> Config:
     """Load `<config_dir>/{model,training,grpo,env}_config.yaml`, apply `overrides`
     (`["grpo.group_size=4", "model.lora.r=8"]`, values parsed as YAML) before validation, and
@@ -286,7 +305,9 @@ def load_config(
     keys model/training/grpo/env (a missing section keeps its defaults; `Config.dump_yaml()` and a
     run's config.yaml are such files); it excludes `config_dir`. `*_config=` replaces one section's
     file (the scripts' `--model-config` etc.), also next to `config_file`. The accelerate/DeepSpeed
-    paths are only read by `Config.load_*()` (default: the packaged files).
+    paths are only read by `Config.load_*()` (default: the packaged files). `profile` ("cpu" or
+    "gpu", see PROFILES) picks the values of the sections taken from the packaged defaults; files
+    the user names are read as they are.
 
     Raises `ConfigError` (one line naming the file or `--set` and the field) on any problem.
     """
@@ -300,6 +321,11 @@ def load_config(
     }
     if config_file is not None and config_dir is not None:
         raise ConfigError(f"give a config directory ({config_dir}) or a single config file ({config_file}), not both")
+    if profile not in PROFILES:
+        raise ConfigError(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    if profile != "cpu" and config_dir is not None:
+        raise ConfigError(f"--profile {profile} picks among the packaged defaults; the files in {config_dir} "
+                          "set every value themselves (drop --config-dir, or edit the files)")
     directory = Path(PACKAGED_CONFIG_DIR if config_dir is None else config_dir)
     single = _read_single_file(config_file) if config_file is not None else None
     paths: dict[str, str] = {}
@@ -314,6 +340,9 @@ def load_config(
         else:
             source = PACKAGED_CONFIG_DIR if single is not None else directory
             paths[name] = shown[name] = str(source / SECTIONS[name][1])
+            if profile != "cpu" and source == PACKAGED_CONFIG_DIR and name in CORE_SECTIONS:
+                raw[name] = profile_defaults(name, profile)
+                shown[name] = f"{paths[name]} ({profile} profile)"
     sources = ConfigSources(files=paths, overrides=_parse_overrides(overrides))
     parts = {
         name: _validate(name, raw[name] if name in raw else _read(paths[name]), shown[name], sources.overrides_for(name))

@@ -63,6 +63,7 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
     from skyrl_tool_agent.distributed.engine import build_deepspeed_policy, model_hidden_size, resolve_deepspeed_config
     from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
     from skyrl_tool_agent.grpo.run_logging import RunLogger
 
     ctx = DistContext.init()
@@ -102,7 +103,11 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
             run_logger.log({"step": 0, **{f"eval/{k}": before[k] for k in EVAL_KEYS}})
         # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides).
         deadline = time.monotonic() + 60 * t.time_budget_minutes if t.time_budget_minutes else None
-        history = trainer.train(run_logger, on_step=_log_step if ctx.is_main else None, deadline=deadline)
+        try:
+            history = trainer.train(run_logger, on_step=_log_step if ctx.is_main else None, deadline=deadline)
+        except TrainingInterrupted:  # its checkpoint is saved; W&B closes the run cleanly, the servers in `finally`
+            run_logger.finish()
+            raise
         after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
         policy.save(out / "final")
         run_logger.finish()

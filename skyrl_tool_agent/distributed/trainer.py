@@ -33,6 +33,7 @@ from skyrl_tool_agent.distributed.checkpoint import load_distributed_checkpoint,
 from skyrl_tool_agent.distributed.engine import DeepSpeedPolicy
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.grpo.batch import TrainBatch
+from skyrl_tool_agent.grpo.interrupts import StopOnSignals
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer, on_device
 from skyrl_tool_agent.policy.qwen import SamplingParams
 from skyrl_tool_agent.rollout.trajectory import Trajectory
@@ -137,6 +138,11 @@ class DistributedGRPOTrainer(GRPOTrainer):
     def _past_deadline(self, deadline: float | None) -> bool:
         # Rank 0's clock decides, so every rank stops (and checkpoints) after the same step.
         return bool(self.ctx.broadcast_object(deadline is not None and time.monotonic() > deadline))
+
+    def _signal_received(self, stop: StopOnSignals) -> str | None:
+        # A signal on any rank stops every rank after the same step (each saves its shard).
+        names = [name for name in self.ctx.all_gather_object(stop.received) if name]
+        return names[0] if names else None
 
     # ----------------------------------------------------------- checkpoints
     def save(self) -> Path:

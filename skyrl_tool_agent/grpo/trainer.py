@@ -28,6 +28,7 @@ from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import summarize
 from skyrl_tool_agent.grpo.batch import TrainBatch, collate, compute_group_advantages
+from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
@@ -265,38 +266,62 @@ class GRPOTrainer:
         """Whether the wall-clock budget is spent (the DeepSpeed trainer makes every rank agree)."""
         return deadline is not None and time.monotonic() > deadline
 
+    def _signal_received(self, stop: StopOnSignals) -> str | None:
+        """The stop signal's name, if one arrived (the DeepSpeed trainer makes every rank agree)."""
+        return stop.received
+
     def train(self, run_logger: RunLogger, *, on_step: Callable[[dict[str, Any]], None] | None = None,
               deadline: float | None = None) -> list[dict[str, Any]]:
-        """Run until `training.max_steps` (or the wall-clock `deadline`); returns the logged metrics."""
+        """Run until `training.max_steps` (or the wall-clock `deadline`); returns the logged metrics.
+
+        SIGINT/SIGTERM: the step under way finishes, a checkpoint is saved (no final evaluation)
+        and `TrainingInterrupted` is raised; see `grpo.interrupts`."""
         t = self.config.training
         history = []
         started = time.monotonic()
         self.stop_reason = f"max_steps ({t.max_steps}) reached"
-        while self.step < t.max_steps:
-            t_step = time.monotonic()
-            out = self.train_step()
-            self.train_seconds += time.monotonic() - t_step
-            metrics = out.metrics
-            out_of_time = self.step < t.max_steps and self._past_deadline(deadline)
-            if out_of_time:
-                self.stop_reason = (f"time budget reached after {self.step} of {t.max_steps} steps "
-                                    f"({(time.monotonic() - started) / 60:.1f} min)")
-            last = self.step >= t.max_steps or out_of_time
-            if (t.eval_every and self.step % t.eval_every == 0) or last:
-                t_eval = time.monotonic()
-                ev = self.last_eval = self.evaluate()
-                self.last_eval_seconds = time.monotonic() - t_eval
-                metrics["eval/execution_accuracy"] = ev["execution_accuracy"]
-                metrics["eval/reward_mean"] = ev["reward_mean"]
-                metrics["eval/format_ok_rate"] = ev["format_ok_rate"]
-            if self.step % t.log_every == 0 or last:
-                run_logger.log(metrics)
-            history.append(metrics)
-            if on_step is not None:
-                on_step(metrics)
-            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
-                self.save()
-            if last:
-                break
+        interrupted: str | None = None
+        checkpoint: Path | None = None
+        saved_at: int | None = None
+        with StopOnSignals() as stop:
+            while self.step < t.max_steps:
+                interrupted = self._signal_received(stop)
+                if interrupted:  # it came during an evaluation or a save: stop before the next step
+                    self.stop_reason = f"interrupted by {interrupted} after step {self.step}"
+                    if saved_at != self.step:
+                        checkpoint, saved_at = self.save(), self.step
+                    break
+                t_step = time.monotonic()
+                out = self.train_step()
+                self.train_seconds += time.monotonic() - t_step
+                metrics = out.metrics
+                metrics["time/elapsed_s"] = time.monotonic() - started  # the clock the time budget reads
+                # A signal during the last step changes nothing: the run is complete anyway.
+                interrupted = self._signal_received(stop) if self.step < t.max_steps else None
+                out_of_time = self.step < t.max_steps and self._past_deadline(deadline)
+                if interrupted:
+                    self.stop_reason = f"interrupted by {interrupted} after step {self.step}"
+                elif out_of_time:
+                    self.stop_reason = (f"time budget reached after {self.step} of {t.max_steps} steps "
+                                        f"({(time.monotonic() - started) / 60:.1f} min)")
+                last = self.step >= t.max_steps or out_of_time or interrupted is not None
+                if not interrupted and ((t.eval_every and self.step % t.eval_every == 0) or last):
+                    t_eval = time.monotonic()
+                    ev = self.last_eval = self.evaluate()
+                    self.last_eval_seconds = time.monotonic() - t_eval
+                    metrics["eval/execution_accuracy"] = ev["execution_accuracy"]
+                    metrics["eval/reward_mean"] = ev["reward_mean"]
+                    metrics["eval/format_ok_rate"] = ev["format_ok_rate"]
+                if self.step % t.log_every == 0 or last:
+                    run_logger.log(metrics)
+                history.append(metrics)
+                if on_step is not None:
+                    on_step(metrics)
+                if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
+                    checkpoint, saved_at = self.save(), self.step
+                if last:
+                    break
         logger.info("training stopped: %s", self.stop_reason)
+        if interrupted:
+            raise TrainingInterrupted(interrupted, self.step, checkpoint)
         return history
