@@ -248,7 +248,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         loader = build_loader(config, train_tasks)
         trainer = GRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out)
         resumed = trainer.resume(resume)
-        run_logger = RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict())
+        run_logger = RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict(), resume=resumed)
         before_path = out / "before.json"
         if resumed and before_path.is_file():
             before = json.loads(before_path.read_text())

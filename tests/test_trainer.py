@@ -187,7 +187,8 @@ def test_bad_inputs_exit_2_with_one_line(setup, tmp_path):
         ["--set", "model.name_or_path=/nonexistent/model"],
         ["--push-to-hub", "me/repo"],
     ]
-    env = {k: v for k, v in _env().items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env = {k: v for k, v in _env().items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")}
+    env["HF_HOME"] = str(tmp_path / "hf_home")  # no token cached by `hf auth login` either
     for extra in cases:
         res = subprocess.run(_cmd(root, model_dir, tmp_path / "bad", *extra), env=env, capture_output=True, text=True, timeout=120)
         assert res.returncode == 2, (extra, res.stderr[-2000:])

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         w = config.training.wandb
         options = EvalOptions(
             num_samples=args.num_samples, temperature=temperature, top_p=args.top_p,
-            name=args.name or f"{args.dataset}-{args.split}", weave_project=f"{w.entity}/{w.project}" if w.entity else w.project,
+            name=args.name or f"{args.dataset}-{args.split}", weave_project=w.weave_project(),
             weave_mode=weave_mode(w.mode), model_path=(args.model_path or config.model.name_or_path) if args.policy == "model" else None,
         )
         settings = collector_settings(config, max_turns=args.max_turns, concurrency=args.concurrency)

@@ -71,8 +71,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         args.overrides = [*extra, *args.overrides]  # explicit --set wins over the shortcuts
         config = config_from_args(args)
         repo = config.training.push_to_hub.repo_id
-        if repo and not (os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")):
-            raise UserInputError(f"--push-to-hub {repo}: no Hugging Face token (set HF_TOKEN); nothing was trained")
+        if repo:
+            from huggingface_hub import get_token  # HF_TOKEN, else the token `hf auth login` cached
+
+            if not get_token():
+                raise UserInputError(f"--push-to-hub {repo}: no Hugging Face token (set HF_TOKEN or run "
+                                     "`hf auth login`); nothing was trained")
         from skyrl_tool_agent.reporting import print_before_after, push_to_hub
 
         if config.training.mode == "lora" and int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -105,14 +105,27 @@ class DataConfig(Section):
 class WandbConfig(Section):
     """Weights & Biases logging."""
 
-    project: str = knob("skyrl-tool-agent", "W&B project.")
-    entity: str | None = knob(None, "W&B entity (team or user); null = your default entity.")
+    project: str | None = knob(None, "W&B project; null = $WANDB_PROJECT, else skyrl-tool-agent.")
+    entity: str | None = knob(None, "W&B entity (team or user); null = $WANDB_ENTITY, else your default entity.")
     mode: Literal["auto", "online", "offline", "disabled"] = knob(
         "auto",
         "Logging mode; auto = online when WANDB_API_KEY is set, else offline. Offline runs can "
         "be uploaded later with `wandb sync`; disabled = no W&B at all.",
     )
     run_name: str | None = knob(None, "Run name; null = W&B picks one.")
+
+    def resolved_project(self, environ: Mapping[str, str] | None = None) -> str:
+        env = os.environ if environ is None else environ
+        return self.project or env.get("WANDB_PROJECT") or "skyrl-tool-agent"
+
+    def resolved_entity(self, environ: Mapping[str, str] | None = None) -> str | None:
+        env = os.environ if environ is None else environ
+        return self.entity or env.get("WANDB_ENTITY") or None
+
+    def weave_project(self) -> str:
+        """Weave's `entity/project` (or `project`) for evaluations of the same W&B project."""
+        entity = self.resolved_entity()
+        return f"{entity}/{self.resolved_project()}" if entity else self.resolved_project()
 
     def resolved_mode(self, environ: Mapping[str, str] | None = None) -> Literal["online", "offline", "disabled"]:
         """`mode` with auto decided from WANDB_API_KEY in `environ` (default: os.environ)."""

@@ -88,7 +88,7 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
         loader = build_loader(config, train_tasks)
         trainer = DistributedGRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out, ds_config=ds_config)
         resumed = trainer.resume(resume)
-        run_logger: Any = (RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict())
+        run_logger: Any = (RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict(), resume=resumed)
                            if ctx.is_main else _NoLogger())
         before_path = out / "before.json"
         reuse_before = ctx.broadcast_object(resumed and before_path.is_file())

@@ -310,7 +310,7 @@ def evaluate_for_training(
     w = config.training.wandb
     settings = settings or collector_settings(config)
     options = EvalOptions(
-        name=f"{w.run_name or 'grpo'}-dev-eval", weave_project=f"{w.entity}/{w.project}" if w.entity else w.project,
+        name=f"{w.run_name or 'grpo'}-dev-eval", weave_project=w.weave_project(),
         weave_mode=weave_mode(w.mode), model_path=str(config.model.name_or_path), step=step,
     )
     run = run_evaluation(tasks, runtime, policy, settings, options)

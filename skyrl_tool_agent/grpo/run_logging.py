@@ -15,31 +15,53 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+#: The W&B run id of a run directory, so that `--resume` continues the same W&B run.
+WANDB_RUN_FILE = "wandb_run.json"
+
+
 class RunLogger:
-    def __init__(self, output_dir: Path, *, wandb_config: Any = None, run_config: dict | None = None) -> None:
+    """`resume`: this run continues the one logged in `output_dir` (same W&B run id)."""
+
+    def __init__(self, output_dir: Path, *, wandb_config: Any = None, run_config: dict | None = None,
+                 resume: bool = False) -> None:
         self.path = output_dir / "metrics.jsonl"
         output_dir.mkdir(parents=True, exist_ok=True)
         self._wandb = None
         if wandb_config is not None:
-            self._start_wandb(output_dir, wandb_config, run_config or {})
+            self._start_wandb(output_dir, wandb_config, run_config or {}, resume)
 
-    def _start_wandb(self, output_dir: Path, cfg: Any, run_config: dict) -> None:
-        mode = cfg.mode
-        if mode == "auto":
-            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    def _start_wandb(self, output_dir: Path, cfg: Any, run_config: dict, resume: bool) -> None:
+        mode = cfg.resolved_mode()
         if mode == "disabled":
             return
         if mode != "online":  # offline means offline: no error reports to sentry either
             os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+        id_file = output_dir / WANDB_RUN_FILE
+        run_id = None
+        if resume and id_file.is_file():
+            run_id = json.loads(id_file.read_text()).get("id")
         try:
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
-            self._wandb = wandb.init(
-                project=cfg.project, entity=cfg.entity, name=cfg.run_name, mode=mode,
-                dir=str(output_dir), config=run_config, reinit="finish_previous",
-                settings=wandb.Settings(init_timeout=60, console="off"),
-            )
+
+            def start(mode: str) -> Any:
+                return wandb.init(
+                    project=cfg.resolved_project(), entity=cfg.resolved_entity(), name=cfg.run_name, mode=mode,
+                    dir=str(output_dir), config=run_config, reinit="finish_previous", id=run_id,
+                    resume="allow" if run_id else None,
+                    settings=wandb.Settings(init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", 60)), console="off"),
+                )
+
+            try:
+                self._wandb = start(mode)
+            except Exception as exc:  # noqa: BLE001 - e.g. a key but no network: keep the run, offline
+                if mode != "online":
+                    raise
+                logger.warning("W&B unreachable (%s: %s); logging offline in %s (upload later with `wandb sync`)",
+                               type(exc).__name__, exc, output_dir / "wandb")
+                self._wandb = start("offline")
+            id_file.write_text(json.dumps({"id": self._wandb.id}) + "\n")
         except Exception as exc:  # noqa: BLE001 - logging must never stop training
             logger.warning("W&B disabled for this run (%s: %s); metrics.jsonl still written", type(exc).__name__, exc)
             self._wandb = None
