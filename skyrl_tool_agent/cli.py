@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +20,28 @@ def setup_logging(level: int = logging.INFO) -> None:
                         handlers=[RichHandler(show_path=False, rich_tracebacks=False)])
     for noisy in ("httpx", "mcp", "urllib3", "transformers", "peft", "wandb", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_library_noise()
+
+
+def quiet_library_noise() -> None:
+    """Silence what libraries print on every run that says nothing to the user (explained here once):
+
+    - peft asks transformers `is_gradient_checkpointing`, deprecated in transformers 5 (a FutureWarning
+      per model load, about peft's code, not the user's);
+    - transformers draws "Loading weights" / "Writing model shards" bars at every load and checkpoint;
+      in a log file (not a terminal) they are carriage-return noise, so there they are off (on a
+      terminal they stay, download bars included);
+    - DeepSpeed, imported by transformers' save path where it is installed, warns "Setting accelerator
+      to CPU" at every checkpoint on a machine without a GPU: true, and expected here.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    if not sys.stderr.isatty():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
 
 
 #: Seconds between progress lines when the output is not a terminal (a log file, CI, nohup).
