@@ -1,0 +1,66 @@
+"""The package as `pip install .` makes it, used from an empty directory: no checkout on the path.
+
+`pip install --no-deps --target DIR .` builds and installs this project's wheel into DIR (the
+dependencies come from the test's own environment: installing them again from an index is what
+scripts/setup.sh does, minutes of downloads, and CI runs that). The console script is then run
+from an empty working directory with DIR first on the path, so every file it needs (packaged
+configs, the shipped model, the built-in data built into a fresh cache) must come from the
+installed package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    target = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return target
+
+
+def _run(target: Path, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(target), SKYRL_TOOL_AGENT_CACHE=str(cwd / "cache"), WANDB_MODE="offline",
+               WEAVE_DISABLED="true", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([str(target / "bin" / "skyrl-tool-agent"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_installed_command_trains_and_evaluates_from_an_empty_directory(installed, tmp_path):
+    work = tmp_path / "empty"
+    work.mkdir()
+    version = _run(installed, work, "--version")
+    assert version.returncode == 0 and version.stdout.startswith("skyrl-tool-agent "), version.stderr
+    where = subprocess.run([sys.executable, "-c", "import skyrl_tool_agent, mcp_tools; print(skyrl_tool_agent.__file__);"
+                            "print(mcp_tools.__file__)"], cwd=work, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(installed)})
+    assert all(line.startswith(str(installed)) for line in where.stdout.split()), where.stdout  # not the checkout
+
+    train = _run(installed, work, "train", "--max-steps", "2", "--set", "training.eval_num_tasks=4",
+                 "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=2", "--output-dir", "run")
+    assert train.returncode == 0, train.stderr[-3000:] + train.stdout[-2000:]
+    rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert (work / "run" / "final" / "adapter_config.json").is_file()
+    assert (work / "cache" / "builtin").is_dir()  # the built-in data came from the package, built into the cache
+
+    evaluate = _run(installed, work, "eval", "--policy", "model", "--model-path", "run/final", "--limit", "4",
+                    "--output-dir", "ev")
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    result = json.loads((work / "ev" / "results.json").read_text())
+    assert result["n"] == 4 and 0.0 <= result["execution_accuracy"] <= 1.0
+    assert {p.name for p in (work / "ev").iterdir()} >= {"results.json", "results_report.html"}
+    assert sorted(p.name for p in work.iterdir()) == ["cache", "ev", "run"]  # nothing written elsewhere in cwd
