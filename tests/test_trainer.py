@@ -120,6 +120,14 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, uninterrupted,
     assert all(any(f"GRPO step {n}/{STEPS}, " in line and "/10.5 min" in line for line in lines)
                for n in range(1, STEPS + 1)), lines
     assert all(r["time/elapsed_s"] > 0 for r in rows[1:])
+    # Sampled episodes a person can read: 4 per step (rollouts_per_step), one per group in turn.
+    rollouts = _rollouts(full)
+    assert [r["step"] for r in rollouts] == [s for s in range(1, STEPS + 1) for _ in range(4)]
+    first = rollouts[0]
+    assert first["messages"][0]["role"] == "system" and first["gold_sql"] and "execution" in first["reward_terms"]
+    assert {r["group_member"] for r in rollouts[:4]} == {0, 1} and len({r["task_id"] for r in rollouts[:2]}) == 2
+    assert set(first["reward_terms"]) >= {"execution", "format", "syntax", "partial"}
+    assert all(isinstance(r["advantage"], float) and isinstance(r["used_in_update"], bool) for r in rollouts)
 
     # interrupted run: kill -9 once the step-1 checkpoint exists, then resume
     part = tmp_path / "part"
@@ -131,6 +139,12 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, uninterrupted,
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr + resumed.stdout
     _assert_same_steps(rows, _metrics(part))
+    assert [(r["step"], r["task_id"], r["reward"]) for r in _rollouts(part)] == \
+        [(r["step"], r["task_id"], r["reward"]) for r in rollouts]  # the killed step's episodes are not doubled
+
+
+def _rollouts(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
 
 
 def _steps_logged(out: Path) -> list[int]:

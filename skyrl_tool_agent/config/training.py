@@ -207,6 +207,10 @@ class TrainingConfig(Section):
     checkpoint_every: int = knob(10, "Save a checkpoint every N steps; 0 = only at the end.", h100=50, ge=0)
     keep_checkpoints: int = knob(2, "Most recent checkpoints kept (older ones are deleted).", h100=3, ge=1)
     log_every: int = knob(1, "Log metrics every N steps.", ge=1)
+    rollouts_every: int = knob(
+        1, "Save sampled training episodes (conversation, tool calls, reward terms, advantage, final vs gold "
+        "SQL) to rollouts.jsonl, and a W&B table when W&B is on, every N steps; 0 = never.", h100=10, ge=0)
+    rollouts_per_step: int = knob(4, "Episodes saved per saved step, one from each task's group in turn.", ge=1)
     seed: int = knob(42, "Seed for data order, sampling and initialisation.")
     output_dir: str = knob("outputs/grpo", "Run directory: checkpoints, metrics, resolved config.")
     time_budget_minutes: float | None = knob(

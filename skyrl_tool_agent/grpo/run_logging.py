@@ -25,6 +25,7 @@ class RunLogger:
     def __init__(self, output_dir: Path, *, wandb_config: Any = None, run_config: dict | None = None,
                  resume: bool = False) -> None:
         self.path = output_dir / "metrics.jsonl"
+        self.rollouts_path = output_dir / "rollouts.jsonl"
         output_dir.mkdir(parents=True, exist_ok=True)
         self._wandb = None
         if wandb_config is not None:
@@ -68,10 +69,10 @@ class RunLogger:
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop lines logged after the checkpoint's step (they will be logged again)."""
-        if not self.path.is_file():
-            return
-        kept = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        for path in (self.path, self.rollouts_path):
+            if path.is_file():
+                kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+                path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, metrics: dict[str, Any]) -> None:
         with self.path.open("a") as f:
@@ -82,6 +83,26 @@ class RunLogger:
             except Exception as exc:  # noqa: BLE001
                 logger.warning("W&B log failed (%s); continuing without W&B", exc)
                 self._wandb = None
+
+    def log_rollouts(self, records: list[dict[str, Any]]) -> None:
+        """Sampled episodes (`grpo.rollout_log.rollout_records`) to rollouts.jsonl and, with W&B on,
+        a `rollouts` table (one row per episode, the conversation as text)."""
+        if not records:
+            return
+        with self.rollouts_path.open("a") as f:
+            f.writelines(json.dumps(record) + "\n" for record in records)
+        if self._wandb is not None:
+            try:
+                import wandb
+
+                columns = ["step", "task_id", "question", "gold_sql", "final_sql", "solved", "reward", "advantage",
+                           "conversation"]
+                rows = [[r["step"], r["task_id"], r["question"], r["gold_sql"], r["final_sql"], r["solved"], r["reward"],
+                         r["advantage"], "\n\n".join(f"[{m['role']}] {m['content']}" for m in r["messages"])]
+                        for r in records]
+                self._wandb.log({"rollouts": wandb.Table(columns=columns, data=rows)}, step=int(records[0]["step"]))
+            except Exception as exc:  # noqa: BLE001 - logging must never stop training
+                logger.warning("W&B rollout table failed (%s); rollouts.jsonl still written", exc)
 
     def finish(self) -> None:
         if self._wandb is not None:

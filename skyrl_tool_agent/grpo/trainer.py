@@ -29,6 +29,7 @@ from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import summarize
 from skyrl_tool_agent.grpo.batch import TrainBatch, collate, compute_group_advantages
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
+from skyrl_tool_agent.grpo.rollout_log import rollout_records
 from skyrl_tool_agent.grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
@@ -44,6 +45,9 @@ logger = logging.getLogger(__name__)
 class StepOutput:
     metrics: dict[str, Any]
     trajectories: list[Trajectory]
+    tasks: list[Task] = dataclasses.field(default_factory=list)
+    advantages: list[float] = dataclasses.field(default_factory=list)
+    kept: list[bool] = dataclasses.field(default_factory=list)
 
 
 def on_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
@@ -259,7 +263,8 @@ class GRPOTrainer:
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
         }
-        return StepOutput(metrics, trajectories)
+        return StepOutput(metrics, trajectories, list(tasks), [float(a) for a in adv.values],
+                          [bool(k) for k in adv.keep])
 
     # ----------------------------------------------------------------- loop
     def _past_deadline(self, deadline: float | None) -> bool:
@@ -314,6 +319,9 @@ class GRPOTrainer:
                     metrics["eval/format_ok_rate"] = ev["format_ok_rate"]
                 if self.step % t.log_every == 0 or last:
                     run_logger.log(metrics)
+                if t.rollouts_every and self.step % t.rollouts_every == 0:
+                    run_logger.log_rollouts(rollout_records(self.step, out.tasks, out.trajectories, out.advantages,
+                                                            out.kept, t.rollouts_per_step))
                 history.append(metrics)
                 if on_step is not None:
                     on_step(metrics)
