@@ -36,6 +36,9 @@ class _NoLogger:
     def log(self, metrics: dict[str, Any]) -> None:
         pass
 
+    def log_rollouts(self, records: list[dict[str, Any]]) -> None:
+        pass
+
     def truncate_after(self, step: int) -> None:
         pass
 
