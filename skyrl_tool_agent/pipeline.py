@@ -199,11 +199,13 @@ class RunSummary:
 
 
 def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
-               seconds: float, history: list[dict[str, Any]], training_seconds: float) -> RunSummary:
+               seconds: float, history: list[dict[str, Any]], training_seconds: float, config: Config) -> RunSummary:
     """Write before_after.json (with the paired-bootstrap interval of the EX change when both
-    evaluations carry per-task outcomes) and training_curves.png; one copy for both run drivers."""
+    evaluations carry per-task outcomes), training_curves.png and the model card in final/; one
+    copy for both run drivers."""
     from skyrl_tool_agent.eval.plots import plot_training_curves
     from skyrl_tool_agent.eval.stats import paired_bootstrap
+    from skyrl_tool_agent.reporting import write_model_card
 
     delta = None
     if before.get("solved") and len(before["solved"]) == len(after.get("solved") or []):
@@ -212,6 +214,8 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
               "training_minutes": training_seconds / 60, "execution_accuracy_delta": delta}
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
     plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
+    if (out / "final").is_dir():
+        write_model_card(out / "final", config, record)
     return RunSummary(before, after, steps, seconds, out, history, stop_reason, delta)
 
 
@@ -272,7 +276,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     finally:
         runtime.close()
     return finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
-                      seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds)
+                      seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds,
+                      config=config)
 
 
 def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tuple[float, ...] = (),

@@ -1,4 +1,4 @@
-"""End-of-run output: the before/after table and the optional Hub upload."""
+"""End-of-run output: the before/after table, the model card and the optional Hub upload."""
 
 from __future__ import annotations
 
@@ -45,3 +45,56 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = True) -> str:
     info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message="skyrl-tool-agent GRPO")
     logger.info("pushed %s to %s", folder, repo_id)
     return str(info)
+
+
+def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
+    """`folder/README.md`: a model card for a trained policy (replacing peft's empty template) with
+    the base model, the data, the reward, the training settings and the before/after evaluation of
+    `record` (before_after.json). Written with huggingface_hub's ModelCard, so the Hub reads it."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from skyrl_tool_agent.config import EMBEDDED
+
+    m, t, g, reward = config.model, config.training, config.grpo, config.env.reward
+    embedded = m.name_or_path == EMBEDDED
+    base = "the embedded 3.5M-parameter Qwen2 shipped with skyrl-tool-agent (warm-started)" if embedded else m.name_or_path
+    data = ModelCardData(
+        base_model=None if embedded or Path(m.name_or_path).exists() else m.name_or_path,
+        library_name="peft" if t.mode == "lora" else "transformers",
+        pipeline_tag="text-generation",
+        tags=["skyrl-tool-agent", "grpo", "reinforcement-learning", "text-to-sql", "mcp", "tool-use",
+              *(["lora"] if t.mode == "lora" else [])],
+    )
+    before, after, delta = record["before"], record["after"], record.get("execution_accuracy_delta")
+    rows = "\n".join(f"| {key} | {before[key]:.3f} | {after[key]:.3f} |"
+                     for key in ("execution_accuracy", "reward_mean", "format_ok_rate") if key in before and key in after)
+    change = (f"\nExecution accuracy change: {100 * delta['delta']:+.1f} points, 95% paired-bootstrap interval "
+              f"[{100 * delta['low']:+.1f}, {100 * delta['high']:+.1f}] over {delta['n']} tasks.\n") if delta else ""
+    body = f"""
+# Text-to-SQL agent trained with GRPO over MCP tools
+
+A multi-turn tool-using policy trained with skyrl-tool-agent's GRPO: it calls
+SQLite tools served over the Model Context Protocol and ends with `<answer>SQL</answer>`.
+
+- **Base model:** {base}
+- **Training:** {t.mode}{f" (LoRA r={m.lora.r}, alpha={m.lora.alpha})" if t.mode == "lora" else ""}, {record["steps"]} GRPO steps
+  ({record["training_minutes"]:.1f} min; {record["stop_reason"]}), {t.tasks_per_step} tasks x {g.group_size} episodes
+  per step at temperature {g.temperature}, learning rate {t.learning_rate:g}, KL coefficient {g.kl_coef:g},
+  advantage `{g.advantage_estimator}`, loss aggregation `{g.loss_aggregation}`, seed {t.seed}
+- **Data:** `{t.data.dataset}` tasks (training pool: `{t.data.resolved_train_pool()}`), tool-call format
+  `{config.env.tool_call_format}`, at most {g.max_turns} turns
+- **Reward:** {reward.execution_weight:g} x execution match with the gold query + {reward.format_weight:g} x format
+  + {reward.syntax_weight:g} x valid SQL + {reward.partial_weight:g} x partial credit (only when execution fails)
+
+## Evaluation (greedy, `{t.eval_split}` split, {before.get("n", "?"):.0f} tasks)
+
+| metric | before GRPO | after GRPO |
+|---|---|---|
+{rows}
+{change}
+The full record (per-task outcomes, training curves) is in the run directory: `before_after.json`,
+`metrics.jsonl`, `training_curves.png`, `rollouts.jsonl`.
+"""
+    path = folder / "README.md"
+    ModelCard(f"---\n{data.to_yaml()}\n---\n{body}").save(path)
+    return path

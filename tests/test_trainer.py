@@ -104,6 +104,9 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, uninterrupted,
     assert "eval/execution_accuracy" in rows[0] and "eval/execution_accuracy" in rows[-1]
     assert rows[1]["train/entropy"] > 0 and rows[1]["tokens_per_s"] > 0
     assert (full / "final" / "adapter_config.json").is_file()
+    card = (full / "final" / "README.md").read_text()  # a real model card, not peft's empty template
+    assert card.startswith("---\n") and "library_name: peft" in card and "Model Card for Model ID" not in card
+    assert f"{STEPS} GRPO steps" in card and "| execution_accuracy |" in card and "paired-bootstrap interval" in card
     assert (full / "training_curves.png").stat().st_size > 10_000
     assert "before GRPO" in done.stdout
     # Before/after on the same tasks, with the paired interval of the change and why training stopped.

@@ -120,7 +120,8 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
         ctx.close()  # waits for rank 0's outputs
         return None
     summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
-                         seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds)
+                         seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds,
+                         config=config)
     ctx.close()
     return summary
 
