@@ -320,24 +320,24 @@ def test_printf_bomb_is_refused_at_once(db: Path) -> None:
     assert execution_match(fine, fine, db)
 
 
-def test_a_stall_inside_sqlite_is_bounded_by_the_wall_clock(db: Path) -> None:
+def test_a_stall_inside_sqlite_is_bounded_by_the_wall_clock(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever one instruction does, the caller gets a timeout at timeout_s + the grace period."""
     import time
 
-    from mcp_tools.sandbox import SandboxError
+    from mcp_tools.sandbox import SandboxError, open_readonly
     from skyrl_tool_agent.rewards import limits
 
-    def stalling_connection():
-        conn = limits.open_for_scoring(db)
-        conn.create_function("stall", 0, lambda: time.sleep(4) or 1)  # one instruction, no progress callbacks
+    def stalling_connection(path: Path):  # a real sandboxed connection plus one 4 s instruction
+        conn = open_readonly(path)
+        conn.create_function("stall", 0, lambda: time.sleep(4) or 1)
         return conn
 
-    abandoned = limits.abandoned_queries
+    monkeypatch.setattr(limits, "open_readonly", stalling_connection)
     start = time.monotonic()
     with pytest.raises(SandboxError, match="timeout") as caught:
-        limits.run_bounded(db, "SELECT stall()", timeout_s=0.2, max_rows=None, open_conn=stalling_connection)
+        limits.run_bounded(db, "SELECT stall()", timeout_s=0.2, max_rows=None)
     assert time.monotonic() - start < 0.2 + limits.WALL_CLOCK_GRACE_S + 1.5
-    assert caught.value.kind == "timeout" and limits.abandoned_queries == abandoned + 1
+    assert caught.value.kind == "timeout"
 
 
 def test_predictions_cannot_lift_the_limits(db: Path) -> None:
@@ -348,7 +348,7 @@ def test_predictions_cannot_lift_the_limits(db: Path) -> None:
     from skyrl_tool_agent.rewards import limits
 
     heap = sqlite3.connect(":memory:").execute("PRAGMA hard_heap_limit").fetchone()[0]
-    assert 0 < heap <= limits.SCORING_HEAP_LIMIT_BYTES
+    assert 0 < heap <= limits.MEMORY_LIMIT_MB << 20
 
 
 def test_memory_balloon_in_scoring_stays_under_the_heap_cap(db: Path, repo_root: Path) -> None:

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_tools.sandbox import QueryResult, SandboxError
-from skyrl_tool_agent.rewards.limits import database_fault, database_identity, database_is_empty, run_bounded
+from skyrl_tool_agent.rewards.limits import database_fault, database_identity, run_bounded
 from skyrl_tool_agent.rewards.sqlnorm import has_top_level_order_by, remove_distinct_tokens
 
 logger = logging.getLogger(__name__)
@@ -371,18 +371,9 @@ def compare_execution(
 
 
 def _raise_if_database_fault(db_path: str | Path, exc: SandboxError, *, probe: bool, timeout_s: float) -> None:
-    """Raise DatabaseUnavailableError if `exc` is the database's fault, not the query's.
-
-    With `probe` (the gold failed: it ran on this file before, or the dataset is broken) a file
-    without any schema -- truncated to 0 bytes opens as a new, empty database -- counts too.
-    """
-    fault = database_fault(exc)
-    if fault is None and probe and exc.kind != "timeout":
-        try:
-            if database_is_empty(db_path, timeout_s):
-                fault = "the file holds no tables (empty or truncated)"
-        except SandboxError as probe_exc:
-            fault = database_fault(probe_exc)
+    """Raise DatabaseUnavailableError if `exc` is the database's fault (`limits.database_fault`;
+    `probe` when the gold failed: it ran on this file before, or the dataset is broken)."""
+    fault = database_fault(exc, db_path if probe else None, timeout_s)
     if fault is not None:
         raise DatabaseUnavailableError(f"database {db_path} cannot be read ({exc.kind}): {fault}") from exc
 
