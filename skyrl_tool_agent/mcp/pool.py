@@ -84,25 +84,6 @@ def _check_arguments(arguments: Any) -> str | None:
     return None
 
 
-class _RotationGroup(SlotGroup):
-    """A `SlotGroup` that skips sessions taken out of rotation (a call on them timed out) until a
-    ping says they are healthy or their server is replaced."""
-
-    def __init__(self, spec: ServerSpec) -> None:
-        super().__init__(spec)
-        self.benched: set[ClientSession] = set()
-
-    def pick(self) -> ServerSlot | None:
-        """Next ready slot whose session is in rotation (round-robin), or None."""
-        for _ in range(len(self.slots)):
-            slot = super().pick()
-            if slot is None:
-                return None
-            if slot.session not in self.benched:
-                return slot
-        return None
-
-
 class MCPClientPool:
     """Pooled, self-healing MCP stdio sessions; see the module docstring. asyncio only.
 
@@ -133,9 +114,8 @@ class MCPClientPool:
         self.startup_timeout_s = startup_timeout_s
         self.ping_timeout_s = ping_timeout_s
         self.server_stderr = server_stderr
-        self._groups: dict[str, _RotationGroup] = {}
-        self._probes: set[asyncio.Task[None]] = set()  # health checks of benched sessions
-        self._routes: dict[str, tuple[_RotationGroup, str]] = {}  # pool tool name -> (group, server's name)
+        self._groups: dict[str, SlotGroup] = {}
+        self._routes: dict[str, tuple[SlotGroup, str]] = {}  # pool tool name -> (group, server's name)
         self._tools: list[ToolSpec] = []
         self._started = False
         self._closed = False
@@ -152,7 +132,7 @@ class MCPClientPool:
             return
         self._started = True
         for spec in self.servers:
-            group = _RotationGroup(spec)
+            group = SlotGroup(spec)
             for i in range(self.sessions_per_server):
                 group.slots.append(
                     ServerSlot(
@@ -206,8 +186,6 @@ class MCPClientPool:
         if self._closed:
             return
         self._closed = True
-        for probe in list(self._probes):
-            probe.cancel()
         slots = [slot for group in self._groups.values() for slot in group.slots]
         await asyncio.gather(*(slot.close() for slot in slots), return_exceptions=True)
 
@@ -258,7 +236,7 @@ class MCPClientPool:
                 raise MCPServerUnavailable(
                     f"MCP server {group.spec.name!r} is restarting and did not come back within {timeout:g} s"
                 ) from None
-            self._bench(group, slot, session)
+            slot.suspect(session)
             raise MCPServerUnavailable(
                 f"MCP server {group.spec.name!r}: {name} got no answer within {timeout:g} s"
             ) from None
@@ -279,34 +257,6 @@ class MCPClientPool:
         return ToolResult(
             text=_result_text(result), is_error=bool(result.is_error), structured=result.structured_content
         )
-
-    def _bench(self, group: _RotationGroup, slot: ServerSlot, session: ClientSession) -> None:
-        """Take `session` out of rotation after a timeout and ping it in the background.
-
-        At the first timeout, not after the ping fails: until then (ping_timeout_s) round-robin
-        would keep sending retries to a hung server, each failing only at its own call timeout.
-        """
-        if session is not slot.session or session in group.benched or self._closed:
-            return
-        group.benched.add(session)
-        logger.warning("MCP server %s[%d] out of rotation: a call timed out; pinging it", slot.spec.name, slot.index)
-        probe = asyncio.get_running_loop().create_task(self._probe(group, slot, session))
-        self._probes.add(probe)
-        probe.add_done_callback(self._probes.discard)
-
-    async def _probe(self, group: _RotationGroup, slot: ServerSlot, session: ClientSession) -> None:
-        """Back in rotation if `session` answers a ping in time; else kill and replace its server."""
-        try:
-            with anyio.fail_after(self.ping_timeout_s):
-                await session.send_ping()
-        except Exception as exc:  # noqa: BLE001 - any failure means the session is unusable
-            reason = f"no answer to ping within {self.ping_timeout_s:g} s ({type(exc).__name__})"
-            slot.mark_broken(reason, session=session, kill=True)
-        else:
-            logger.info("MCP server %s[%d] answered a ping: back in rotation", slot.spec.name, slot.index)
-        finally:
-            group.benched.discard(session)
-            group.changed()  # wake calls waiting for a slot
 
 
 class BackgroundMCPPool:
