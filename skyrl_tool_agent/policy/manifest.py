@@ -1,8 +1,9 @@
 """The file manifest of a model directory: sha256 of every file, checked before the files are used.
 
 The embedded default ships in the package (`skyrl_tool_agent/assets/embedded`) with its
-`warmstart.json` recording each file's sha256. A truncated clone, a Git LFS pointer in place of
-the weights or a hand-edited file then fails at load with one line naming the file, instead of
+`warmstart.json` recording each file's sha256, and so does every build of it (into a cache or
+`model.embedded_dir`). A truncated clone, a Git LFS pointer in place of the weights, a hand-edited
+file or a partly written build then fails at load with one line naming the file, instead of
 training from wrong weights. Checkpoints, which nest directories, use `tree_hashes` and
 `tree_problems` the same way (`skyrl_tool_agent.grpo.checkpoint`).
 """
@@ -23,11 +24,6 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def directory_hashes(directory: Path) -> dict[str, str]:
-    """sha256 of every regular file in `directory` except the manifest itself, by file name."""
-    return {p.name: file_sha256(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST_FILE}
 
 
 def verify_manifest(directory: Path) -> dict:
