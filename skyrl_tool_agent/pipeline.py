@@ -230,6 +230,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     before_after.json, config.yaml (resolved) and training_curves.png.
     """
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.grpo.checkpoint import seed_everything
     from skyrl_tool_agent.grpo.run_logging import RunLogger
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
     from skyrl_tool_agent.policy.qwen import QwenPolicy
@@ -245,6 +246,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     start = time.monotonic()
     runtime = EnvRuntime(config.env, db_root)
     try:
+        seed_everything(t.seed)  # a resumed run then restores the checkpoint's RNG states
         policy = QwenPolicy.from_config(config.model, mode=t.mode)
         loader = build_loader(config, train_tasks)
         trainer = GRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out)

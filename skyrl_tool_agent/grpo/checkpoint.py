@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from skyrl_tool_agent.config import UserInputError
+from skyrl_tool_agent.data.loader import rng_state_from_json, rng_state_to_json
 from skyrl_tool_agent.policy.manifest import tree_hashes, tree_problems
 
 logger = logging.getLogger(__name__)
@@ -46,12 +47,19 @@ class CheckpointError(UserInputError):
     """A checkpoint that is missing, incomplete or corrupt (one line naming it and why)."""
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (CUDA included) global RNGs from `seed`; called before the
+    policy is built, so what a run draws before its first step (LoRA initialisation) repeats too."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict[str, Any]:
     """The process's RNG states as plain JSON data (no pickles: `rng.json` must be safe to load)."""
-    version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     return {
-        "python": [version, list(internal), gauss],
+        "python": rng_state_to_json(random.getstate()),
         "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state().tolist(),
     }
@@ -59,8 +67,7 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore `rng_state()` output."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
+    random.setstate(rng_state_from_json(state["python"]))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
