@@ -6,9 +6,11 @@ was most of the server's ~550 us of CPU per call. This transport uses asyncio's 
 transports instead (no threads). Like the SDK it moves the wire off fds 0/1 first (fd 0 -> null
 device, fd 1 -> stderr), so a stray print in a tool cannot corrupt the protocol stream.
 
-It also survives input the SDK transport would die on: an over-long line is skipped (the session
-sees a parse error), and a response that cannot be encoded (e.g. a lone surrogate echoed back)
-becomes a JSON-RPC error for that request instead of killing the writer task. When stdin ends,
+It also survives input the SDK transport would die on, and answers every request it can read: an
+over-long line is skipped (the session sees a parse error); a request with a lone-surrogate escape
+("\ud800", which pydantic's JSON parser rejects but JSON allows) is parsed by Python's json and
+served (a request that is still not valid JSON-RPC gets a JSON-RPC error for its id); a response
+that cannot be encoded (a lone surrogate echoed back) is sent with U+FFFD in its place. When stdin ends,
 requests already read are still answered (for up to `DRAIN_ON_EOF_S`) before the server stops, so
 `cat requests.jsonl | python -m mcp_tools.sqlite_server ...` gets every answer.
 
@@ -18,8 +20,10 @@ Falls back to the SDK transport when stdin/stdout are not pipes (e.g. a regular 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import re
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -83,21 +87,73 @@ async def _read_line(reader: asyncio.StreamReader) -> bytes | None:
                 await reader.readexactly(more.consumed)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub(value: Any) -> Any:
+    """`value` (JSON data) with every lone surrogate replaced by U+FFFD, so it encodes as UTF-8."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
 def _encode(message: types.JSONRPCMessage) -> bytes:
-    """The message as one JSON line; an unencodable response becomes an error for its request."""
+    """The message as one JSON line; lone surrogates (echoed input) become U+FFFD."""
     try:
         return message.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8") + b"\n"
     except Exception as exc:  # noqa: BLE001 - e.g. PydanticSerializationError on a lone surrogate
-        request_id: Any = getattr(message, "id", None)
+        logger.info("outgoing message is not valid UTF-8 (%s); replacing lone surrogates", exc)
+    try:
+        data = _scrub(message.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    except Exception as exc:  # noqa: BLE001 - last resort: an error for the request, if it is one
         logger.warning("could not encode an outgoing message: %s", exc)
-        if request_id is None:
-            return b""
-        error = types.JSONRPCError(
-            jsonrpc="2.0",
-            id=request_id,
-            error=types.ErrorData(code=types.INTERNAL_ERROR, message="response could not be encoded as UTF-8 JSON"),
+    request_id: Any = getattr(message, "id", None)
+    if request_id is None:
+        return b""
+    error = types.JSONRPCError(
+        jsonrpc="2.0",
+        id=_scrub(request_id),
+        error=types.ErrorData(code=types.INTERNAL_ERROR, message="response could not be encoded as UTF-8 JSON"),
+    )
+    return error.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8") + b"\n"
+
+
+def _parse(line: bytes) -> SessionMessage | types.JSONRPCError | Exception:
+    """A request line as a message for the session, an error to send back, or the parse failure.
+
+    pydantic's JSON parser rejects lone-surrogate escapes that JSON allows ("\ud800"); such a
+    request used to be dropped, and its client waited for its own timeout. Python's json reads
+    them; the tools then refuse the text with a clear message.
+    """
+    text = line.decode("utf-8", errors="replace")  # as the SDK transport does
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(text, by_name=False))
+    except Exception as exc:  # noqa: BLE001 - tried again below
+        failure: Exception = exc
+    try:
+        data = json.loads(text)
+    except Exception:  # noqa: BLE001 - not JSON at all (RecursionError for "[[[[...", too)
+        # No request id to answer; JSON-RPC's answer to unparsable input has a null id.
+        return types.JSONRPCError(
+            jsonrpc="2.0", id=None, error=types.ErrorData(code=types.PARSE_ERROR, message="parse error: invalid JSON")
         )
-        return error.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8") + b"\n"
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(data, by_name=False))
+    except Exception as exc:  # noqa: BLE001 - valid JSON, not a valid message: answer it if it is a request
+        logger.info("invalid JSON-RPC message: %.200s", exc)
+    request_id = data.get("id") if isinstance(data, dict) and "method" in data else None
+    if isinstance(request_id, int | str) and not isinstance(request_id, bool):
+        return types.JSONRPCError(
+            jsonrpc="2.0",
+            id=_scrub(request_id),
+            error=types.ErrorData(code=types.INVALID_REQUEST, message="invalid JSON-RPC request"),
+        )
+    return failure
 
 
 @asynccontextmanager
@@ -142,14 +198,17 @@ async def fast_stdio_server() -> AsyncIterator[tuple[Any, Any]]:
                 continue
             if not line.strip():
                 continue
-            try:
-                text = line.decode("utf-8", errors="replace")  # as the SDK transport does
-                message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
-            except Exception as exc:  # noqa: BLE001 - reported to the session, like the SDK
-                await read_send.send(exc)
-                continue
-            open_requests.opened(message)
-            await read_send.send(SessionMessage(message))
+            parsed = _parse(line)
+            if isinstance(parsed, types.JSONRPCError):
+                try:
+                    await write_send.send(SessionMessage(parsed))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return  # shutting down
+            elif isinstance(parsed, Exception):
+                await read_send.send(parsed)  # reported to the session, like the SDK transport
+            else:
+                open_requests.opened(parsed.message)
+                await read_send.send(parsed)
 
     writer_done = anyio.Event()
 

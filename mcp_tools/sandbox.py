@@ -10,15 +10,21 @@ Layers (defence in depth: 1, 2 and 3 each block every write on their own):
 1. the file is opened through a `file:...?mode=ro` URI, so SQLite itself refuses to write it or to
    create `-journal`/`-wal` files next to it;
 2. `PRAGMA query_only=ON`;
-3. an authorizer (`set_authorizer`) built as an allow-list: only SELECT, column reads, function
+3. an authorizer (`sandbox_authorizer`) built as an allow-list: only SELECT, column reads, function
    calls (minus `load_extension` and friends), recursive CTEs and a few read-only schema PRAGMAs
    pass; writes, DDL (temp objects included), ATTACH/DETACH, transactions, VACUUM, ANALYZE, and
-   every other PRAGMA are denied at prepare time, before anything runs;
+   every other PRAGMA are denied at prepare time, before anything runs. So are the virtual tables
+   that show the connection's internals (`sqlite_stmt`: other callers' SQL on a shared
+   connection; `dbstat`: page layout);
 4. limits (`setlimit`): no attached databases at all, 32 kB per value/row (so `randomblob(1e9)`
    fails fast instead of allocating), 100 k characters of SQL, short LIKE/GLOB patterns.
 
 Resource limits: a wall-clock deadline checked from `set_progress_handler` (no signals, so it works
-in worker threads), and caps on returned rows and characters with a `truncated` flag.
+in worker threads); caps on returned rows, columns and characters with a `truncated` flag; the
+cost of a single VM instruction bounded (length limits, plus a checked printf/format, see
+`sandbox_limits`); temp tables and sorters kept in memory (`temp_store=MEMORY`), so they count
+against the SQLite heap cap a server sets (`sandbox_limits.apply_server_limits`) and never write
+temp files.
 """
 
 from __future__ import annotations
@@ -26,13 +32,20 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
+import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from mcp_tools.result_rows import fetch_capped
+from mcp_tools.sandbox_authorizer import (  # noqa: F401 - the lists are re-exported
+    ALLOWED_PRAGMAS,
+    DENIED_FUNCTIONS,
+    DENIED_TABLES,
+    make_authorizer,
+)
+from mcp_tools.sandbox_limits import clip_echo, install_function_guards, memory_error_message
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +60,13 @@ MAX_SQL_CHARS = 100_000
 MAX_LIKE_PATTERN = 1_000
 #: Largest prepared program (opcodes); guards against enormous generated statements.
 MAX_VDBE_OPS = 250_000
-#: VM instructions between two deadline checks (~0.1 ms of work; the check costs well under 1 us).
-PROGRESS_EVERY_N_OPS = 10_000
+#: VM instructions between two deadline checks: ~10 us of work for most instructions, and at most
+#: ~30 ms past the deadline when each one works on a 32 kB value (~30 us). The check (a Python
+#: call, ~1 us) costs a few % of a tight loop; real queries are over long before it matters.
+PROGRESS_EVERY_N_OPS = 1_000
 
-#: PRAGMAs that only read the schema; every other PRAGMA is denied.
-ALLOWED_PRAGMAS = frozenset(
-    {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
-)
-#: Functions that reach outside the database (or take raw pointers); denied even if compiled in.
-DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"})
+#: Retries of a query that ran out of memory while other queries ran (they may have held the heap).
+NOMEM_RETRIES = 2
 
 
 class SandboxError(Exception):
@@ -76,86 +87,24 @@ class SandboxError(Exception):
 
 @dataclass(frozen=True)
 class QueryResult:
-    """Rows of one query, capped; `truncated` says whether rows (or characters) were cut."""
+    """Rows of one query, capped; `truncated` says whether rows, columns or characters were cut.
+
+    `omitted_columns` counts result columns dropped by the `max_columns` cap (they are absent from
+    `columns` and `rows`).
+    """
 
     columns: list[str]
     rows: list[tuple]
     truncated: bool
     row_count: int
+    omitted_columns: int = 0
 
 
 class SandboxConnection(sqlite3.Connection):
-    """A connection made by `open_readonly`; remembers why the authorizer last said no."""
+    """A connection made by `open_readonly`; remembers why the authorizer or a guard last said no."""
 
     last_denial: str | None = None
-
-
-_ACTION_NAMES: dict[int, str] = {
-    getattr(sqlite3, name): name.removeprefix("SQLITE_").replace("_", " ")
-    for name in dir(sqlite3)
-    if name.startswith(("SQLITE_CREATE_", "SQLITE_DROP_"))
-    or name
-    in {
-        "SQLITE_INSERT",
-        "SQLITE_UPDATE",
-        "SQLITE_DELETE",
-        "SQLITE_ALTER_TABLE",
-        "SQLITE_REINDEX",
-        "SQLITE_ANALYZE",
-        "SQLITE_ATTACH",
-        "SQLITE_DETACH",
-        "SQLITE_TRANSACTION",
-        "SQLITE_SAVEPOINT",
-    }
-}
-_WRITE_ACTIONS = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
-
-
-def _denial_message(action: int, arg1: str | None, arg2: str | None) -> str:
-    """Short reason for a denied action, for the model."""
-    name = _ACTION_NAMES.get(action, f"action {action}")
-    if action in _WRITE_ACTIONS:
-        return f"write operations are not allowed ({name})"
-    if action == sqlite3.SQLITE_PRAGMA:
-        return f"PRAGMA {arg1} is not allowed (read-only PRAGMAs: {', '.join(sorted(ALLOWED_PRAGMAS))})"
-    if action == sqlite3.SQLITE_FUNCTION:
-        return f"function {arg2}() is not allowed"
-    if action == sqlite3.SQLITE_ATTACH:
-        return "ATTACH is not allowed"
-    if action == sqlite3.SQLITE_DETACH:
-        return "DETACH is not allowed"
-    if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
-        return "transactions are not allowed"
-    if "TEMP" in name:
-        return f"temporary objects are not allowed ({name})"
-    if action in _ACTION_NAMES:
-        return f"schema changes are not allowed ({name})"
-    return "only read-only SELECT queries are allowed"
-
-
-def _make_authorizer(conn: SandboxConnection) -> Callable[[int, str | None, str | None, str | None, str | None], int]:
-    """Allow-list authorizer: anything not explicitly read-only is denied (and the reason kept)."""
-    ok, deny = sqlite3.SQLITE_OK, sqlite3.SQLITE_DENY
-    always_ok = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
-
-    def authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None) -> int:
-        if action in always_ok:
-            return ok
-        if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() not in DENIED_FUNCTIONS:
-            return ok
-        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in ALLOWED_PRAGMAS:
-            return ok
-        # The first use of an eponymous virtual table (json_each, pragma_table_info, ...) on a
-        # connection is authorized as an UPDATE of sqlite_master's columns, though nothing is
-        # written. A real `UPDATE sqlite_master` never reaches the authorizer: SQLite refuses it
-        # earlier ("may not be modified") unless writable_schema is on, and that PRAGMA is denied.
-        if action == sqlite3.SQLITE_UPDATE and arg1 in ("sqlite_master", "sqlite_schema"):
-            return ok
-        if conn.last_denial is None:  # keep the first reason: later ones are consequences of it
-            conn.last_denial = _denial_message(action, arg1, arg2)
-        return deny
-
-    return authorizer
+    last_function_error: str | None = None
 
 
 def _decode_text(raw: bytes) -> str:
@@ -177,10 +126,13 @@ def open_readonly(db_path: str | Path) -> SandboxConnection:
         conn = sqlite3.connect(
             uri, uri=True, factory=SandboxConnection, check_same_thread=False, isolation_level=None
         )
-    except sqlite3.Error as exc:
-        raise SandboxError(f"cannot open database {path.name}: {exc}", kind="error") from exc
+    except (sqlite3.Error, MemoryError) as exc:
+        raise SandboxError(f"cannot open database {path.name}: {exc or type(exc).__name__}", kind="error") from exc
     assert isinstance(conn, SandboxConnection)
     try:
+        # Sorters and temp b-trees stay in memory, under the heap cap, instead of temp files (a
+        # fan-out recursive CTE wrote 1.9 GB of them per query). Before query_only and the authorizer.
+        conn.execute("PRAGMA temp_store=MEMORY")
         conn.execute("PRAGMA query_only=ON")
         if hasattr(conn, "enable_load_extension"):  # absent when Python is built without it
             conn.enable_load_extension(False)
@@ -191,7 +143,11 @@ def open_readonly(db_path: str | Path) -> SandboxConnection:
         conn.setlimit(sqlite3.SQLITE_LIMIT_VDBE_OP, MAX_VDBE_OPS)
         conn.setlimit(sqlite3.SQLITE_LIMIT_WORKER_THREADS, 0)
         conn.text_factory = _decode_text
-        conn.set_authorizer(_make_authorizer(conn))
+        install_function_guards(conn, MAX_VALUE_BYTES, lambda reason: setattr(conn, "last_function_error", reason))
+        conn.set_authorizer(make_authorizer(conn))
+    except (sqlite3.Error, MemoryError) as exc:  # e.g. the heap cap reached while other queries run
+        conn.close()
+        raise SandboxError(f"cannot open database {path.name}: {exc or type(exc).__name__}", kind="error") from exc
     except BaseException:
         conn.close()
         raise
@@ -269,9 +225,16 @@ def _first_statement_if_rest_empty(sql: str) -> str:
 
 def _classify(exc: BaseException, conn: SandboxConnection, timeout_s: float, timed_out: bool) -> SandboxError:
     """Turn whatever SQLite/Python raised into a SandboxError with a model-readable message."""
-    msg = str(exc)
+    # SQLite quotes the offending token ("no such table: <name>"); that may be most of the query.
+    msg = clip_echo(str(exc))
     low = msg.lower()
     code = getattr(exc, "sqlite_errorname", "") or ""
+    if isinstance(exc, MemoryError) or code == "SQLITE_NOMEM":
+        return SandboxError(f"too large: {memory_error_message()}", kind="too_large")
+    if conn.last_function_error is not None and "user-defined function raised exception" in low:
+        reason = conn.last_function_error
+        kind: ErrorKind = "too_large" if any(s in reason for s in ("too large", "too big", "above")) else "error"
+        return SandboxError(f"{'too large' if kind == 'too_large' else 'SQL error'}: {reason}", kind=kind)
     if isinstance(exc, sqlite3.Error | sqlite3.Warning) and "one statement at a time" in low:
         return SandboxError(_MULTI, kind="multiple_statements")
     if code == "SQLITE_INTERRUPT" or low == "interrupted":
@@ -287,14 +250,43 @@ def _classify(exc: BaseException, conn: SandboxConnection, timeout_s: float, tim
     if "too many attached databases" in low:
         return SandboxError("denied: ATTACH is not allowed", kind="denied")
     if (
-        isinstance(exc, MemoryError | OverflowError)
-        or code in ("SQLITE_TOOBIG", "SQLITE_NOMEM")
+        isinstance(exc, OverflowError)
+        or code == "SQLITE_TOOBIG"
         or any(s in low for s in ("too big", "too large", "too complex", "too many", "too long", "stack overflow"))
     ):
         return SandboxError(f"too large: {msg or type(exc).__name__}", kind="too_large")
     if any(s in low for s in ("syntax error", "incomplete input", "unrecognized token")):
         return SandboxError(f"SQL error: {msg}", kind="syntax")
     return SandboxError(f"SQL error: {msg or type(exc).__name__}", kind="error")
+
+
+class _Activity:
+    """Queries running in this process: the SQLite heap cap is process-wide, so a query that ran
+    out of memory while another one ran may have lost to that one and deserves another try."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.running = 0
+        self.started = 0
+
+    def enter(self) -> tuple[bool, int]:
+        """(whether others are running, start counter) for a query that starts now."""
+        with self._lock:
+            self.running += 1
+            self.started += 1
+            return self.running > 1, self.started
+
+    def leave(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+    def overlapped(self, others_at_start: bool, started: int) -> bool:
+        """Whether another query ran at some point since `enter` returned (others_at_start, started)."""
+        with self._lock:
+            return others_at_start or self.running > 1 or self.started != started
+
+
+_activity = _Activity()
 
 
 def run_query(
@@ -304,20 +296,23 @@ def run_query(
     timeout_s: float = 5.0,
     max_rows: int | None = 200,
     max_chars: int | None = None,
+    max_columns: int | None = None,
 ) -> QueryResult:
     """Run exactly one read-only statement and return its (capped) rows.
 
     `conn_or_path` is a connection from `open_readonly` (reused; not thread-safe, one query at a
     time) or a database path (opened and closed around this call). A trailing semicolon, whitespace
     or comments are fine; a second statement raises SandboxError("multiple_statements").
-    `max_rows=None` / `max_chars=None` lift the caps (rewards compare full results); with
-    `max_chars`, rows stop once their rendered size would pass it (a single oversized first row is
-    kept with its long values clipped). Never raises anything but SandboxError.
+    `max_rows=None` / `max_chars=None` / `max_columns=None` lift the caps (rewards compare full
+    results); with `max_chars`, rows stop once their rendered size would pass it (an oversized
+    first row is kept with its values clipped to fit). Never raises anything but SandboxError.
     """
     if isinstance(conn_or_path, str | Path):
         conn = open_readonly(conn_or_path)
         try:
-            return run_query(conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars)
+            return run_query(
+                conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars, max_columns=max_columns
+            )
         finally:
             conn.close()
     if not isinstance(conn_or_path, SandboxConnection):
@@ -327,9 +322,45 @@ def run_query(
     _refuse_by_keyword(sql)
 
     deadline = time.monotonic() + timeout_s
-    conn.last_denial = None
+    others_at_start, started = _activity.enter()
     # The handler returns True to abort; checked every N VM ops, so it also bounds fetching.
     conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_EVERY_N_OPS)
+    try:
+        for attempt in range(NOMEM_RETRIES + 1):
+            try:
+                return _execute(conn, sql, max_rows, max_chars, max_columns)
+            except SandboxError:
+                raise
+            except Exception as exc:  # the contract: nothing but SandboxError escapes
+                out_of_memory = isinstance(exc, MemoryError) or getattr(exc, "sqlite_errorname", "") == "SQLITE_NOMEM"
+                pause = 0.02 * (attempt + 1)
+                if (
+                    out_of_memory
+                    and attempt < NOMEM_RETRIES
+                    and deadline - time.monotonic() > 2 * pause
+                    and _activity.overlapped(others_at_start, started)
+                ):
+                    logger.info("query ran out of memory beside other queries; retrying")
+                    time.sleep(pause)  # the other query fails or finishes and frees the heap
+                    continue
+                err = _classify(exc, conn, timeout_s, timed_out=time.monotonic() > deadline)
+                logger.debug("query refused (%s): %s", err.kind, err)
+                raise err from exc
+        raise AssertionError("unreachable")  # the loop returns or raises
+    finally:
+        _activity.leave()
+        try:
+            conn.set_progress_handler(None, 0)
+        except sqlite3.Error:
+            pass
+
+
+def _execute(
+    conn: SandboxConnection, sql: str, max_rows: int | None, max_chars: int | None, max_columns: int | None
+) -> QueryResult:
+    """One attempt of `run_query` (the progress handler is already set)."""
+    conn.last_denial = None
+    conn.last_function_error = None
     cur: sqlite3.Cursor | None = None
     try:
         try:
@@ -339,21 +370,18 @@ def run_query(
                 raise
             cur = conn.execute(_first_statement_if_rest_empty(sql))
         columns = [d[0] for d in cur.description] if cur.description else []
-        rows, truncated = fetch_capped(cur, max_rows, max_chars)
-        return QueryResult(columns=columns, rows=rows, truncated=truncated, row_count=len(rows))
-    except SandboxError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the contract: nothing but SandboxError escapes
-        err = _classify(exc, conn, timeout_s, timed_out=time.monotonic() > deadline)
-        logger.debug("query refused (%s): %s", err.kind, err)
-        raise err from exc
+        keep = len(columns) if max_columns is None else min(len(columns), max_columns)
+        rows, truncated = fetch_capped(cur, max_rows, max_chars, keep if keep < len(columns) else None)
+        return QueryResult(
+            columns=columns[:keep],
+            rows=rows,
+            truncated=truncated or keep < len(columns),
+            row_count=len(rows),
+            omitted_columns=len(columns) - keep,
+        )
     finally:
         if cur is not None:
             try:
                 cur.close()
             except sqlite3.Error:
                 pass
-        try:
-            conn.set_progress_handler(None, 0)
-        except sqlite3.Error:
-            pass

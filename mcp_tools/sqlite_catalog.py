@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcp_tools.sandbox import SandboxConnection, SandboxError, open_readonly, run_query
+from mcp_tools.sandbox_limits import MAX_ECHO_CHARS, clip_echo
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +83,10 @@ class _OpenDb:
 
 
 def names_hint(kind: str, wanted: str, valid: list[str]) -> str:
-    """'unknown <kind> 'x'; did you mean ...? Valid (N): a, b, ...' (long lists are cut)."""
-    msg = f"unknown {kind} {wanted!r}."
+    """'unknown <kind> 'x'; did you mean ...? Valid (N): a, b, ...' (long lists and names are cut)."""
+    # The name is the caller's input (a 1 MB table name made a 1 MB error): quote a clipped repr.
+    msg = f"unknown {kind} {clip_echo(repr(wanted))}."
+    wanted = wanted[: 2 * MAX_ECHO_CHARS]  # no valid name is that long; keeps difflib cheap
     close = difflib.get_close_matches(wanted, valid, n=3, cutoff=0.6)
     lower = [v for v in valid if v.lower() == wanted.lower()]
     if lower or close:

@@ -5,19 +5,23 @@ Run over stdio:
     python -m mcp_tools.sqlite_server --db-root DIR   # Spider layout DIR/<db_id>/<db_id>.sqlite
     python -m mcp_tools.sqlite_server --db PATH       # one database; db_id is optional and ignored
 
-Options: --timeout-s (5), --max-rows (200), --max-chars (8000), --max-open-dbs (32), --log-level.
+Options: --timeout-s (5), --max-rows (200), --max-chars (8000), --max-open-dbs (32),
+--memory-limit-mb (256), --log-level.
 
 One process serves both the schema tools and the query tool: schema lookups and queries hit the
 same databases, so one process per DB root keeps one warm cache of open connections and parsed
 schemas instead of two, and halves the number of processes per rollout worker. Nothing needs the
 split (both are read-only and sandboxed alike).
 
-Every query goes through `mcp_tools.sandbox` (the security boundary). Queries start on the event
-loop and move to a worker thread if they overrun a short budget; there a watchdog a little past
-the query timeout answers even if SQLite is stuck inside one operation. Every refused or failed
-call is an MCP error result (`is_error=True`) whose text tells the model what went wrong; the
-server itself never crashes on input. Text output is compact (a small model reads it): tables as
-`col | col` lines. The stdio transport is `mcp_tools.fast_stdio` (the SDK's, minus thread hops).
+Every query goes through `mcp_tools.sandbox` (the security boundary) on a worker thread, never on
+the event loop: one slow query must not hold up the calls beside it. A watchdog a little past the
+query timeout answers even if SQLite is stuck inside one operation. Started as a program, the
+server caps its own memory (`sandbox_limits.apply_server_limits`: SQLite heap, address space).
+Every refused or failed call is an MCP error result (`is_error=True`) whose text tells the model
+what went wrong and quotes at most a clipped piece of the input; the server itself never crashes
+on input. Text output is compact (a small model reads it): tables as `col | col` lines, at most
+`MAX_RESULT_COLUMNS` columns. The stdio transport is `mcp_tools.fast_stdio` (the SDK's, minus
+thread hops).
 """
 
 # No `from __future__ import annotations`: the SDK reads the tools' Annotated parameter types.
@@ -32,12 +36,20 @@ from typing import Annotated, Any
 import anyio
 import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from mcp_tools.fast_stdio import fast_stdio_server
 from mcp_tools.result_rows import jsonable_cell
 from mcp_tools.sandbox import QueryResult, SandboxError, run_query
+from mcp_tools.sandbox_limits import (
+    MAX_ECHO_CHARS,
+    MEMORY_LIMIT_MB,
+    apply_server_limits,
+    clip_echo,
+    memory_error_message,
+)
 from mcp_tools.sqlite_catalog import Catalog, CatalogError, ColumnInfo, TableInfo, find_table, quote_ident
 
 logger = logging.getLogger(__name__)
@@ -45,10 +57,16 @@ logger = logging.getLogger(__name__)
 MAX_SAMPLE_ROWS = 20
 #: Longest cell shown in text output (structured content keeps the value).
 MAX_CELL_CHARS = 200
-#: Seconds past the query timeout after which the watchdog answers "timeout" itself.
-WATCHDOG_GRACE_S = 0.25
-#: Time a query may run on the event loop before it is moved to a worker thread.
-INLINE_BUDGET_S = 0.02
+#: Seconds past the query timeout after which the watchdog answers "timeout" itself. The query's
+#: own deadline check normally answers first; on a starved machine the worker thread may not run
+#: for a while, and the rest of the 0.5 s the answer may take is left for delivering it.
+WATCHDOG_GRACE_S = 0.05
+#: Result columns returned (the rest are dropped and the truncation note says how many).
+MAX_RESULT_COLUMNS = 100
+#: Worker threads running queries at once; a query the watchdog gave up on frees its slot.
+MAX_QUERY_THREADS = 32
+#: Longest error text of a tool call (the SDK's own messages quote the tool name and arguments).
+MAX_ERROR_CHARS = 4 * MAX_ECHO_CHARS
 
 DbId = Annotated[str, Field(description="Database id.")]
 TableName = Annotated[str, Field(description="Table name.")]
@@ -74,33 +92,57 @@ def _cell_text(value: Any) -> str:
     return text if len(text) <= MAX_CELL_CHARS else text[:MAX_CELL_CHARS] + "…"
 
 
+def _fit(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit, 0)] + "…"
+
+
 def render_table(result: QueryResult, max_chars: int) -> str:
-    """`a | b` header, one line per row, `(no rows)` if empty, `... truncated` when cut."""
-    lines = [" | ".join(result.columns) if result.columns else "(no columns)"]
+    """`a | b` header, one line per row, `(no rows)` if empty, `... truncated` when cut.
+
+    At most about `max_chars` characters plus the note: the header gets half, and a first row
+    that does not fit is clipped rather than dropped.
+    """
+    header = " | ".join(_cell_text(c) for c in result.columns) if result.columns else "(no columns)"
+    lines = [_fit(header, max_chars // 2)]
     size = len(lines[0])
     truncated = result.truncated
+    clipped = False
     for row in result.rows:
         line = " | ".join(_cell_text(v) for v in row)
-        if size + len(line) + 1 > max_chars and len(lines) > 1:
+        if size + len(line) + 1 > max_chars:
             truncated = True
-            break
+            if len(lines) > 1:
+                break
+            clipped = True
+            line = _fit(line, max_chars - size - 1)
         lines.append(line)
         size += len(line) + 1
+        if clipped:
+            break
     if len(lines) == 1 and not result.rows:
         lines.append("(no rows)")
     if truncated:
-        lines.append(f"... truncated ({len(lines) - 1} rows shown)")
+        notes = [f"{len(lines) - 1} rows shown"]
+        if result.omitted_columns:
+            shown = len(result.columns)
+            notes.append(f"first {shown} of {shown + result.omitted_columns} columns")
+        if clipped:
+            notes.append("long values clipped")
+        lines.append(f"... truncated ({'; '.join(notes)})")
     return "\n".join(lines)
 
 
 def query_tool_result(result: QueryResult, max_chars: int) -> CallToolResult:
     """Text table for the model plus structured {columns, rows, row_count, truncated}."""
-    structured = {
-        "columns": result.columns,
+    structured: dict[str, Any] = {
+        # Names can be expression text as long as the query itself.
+        "columns": [_fit(c, MAX_CELL_CHARS) for c in result.columns],
         "rows": [[jsonable_cell(v) for v in row] for row in result.rows],
         "row_count": result.row_count,
         "truncated": result.truncated,
     }
+    if result.omitted_columns:
+        structured["omitted_columns"] = result.omitted_columns
     text = render_table(result, max_chars)
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
@@ -152,10 +194,11 @@ def text_result(text: str, *, is_error: bool = False) -> CallToolResult:
 class SqliteTools:
     """The tool bodies, bound to one Catalog and the output limits.
 
-    Queries first run on the event loop with a short budget (`INLINE_BUDGET_S`): nearly all finish
-    in well under a millisecond, and skipping the worker-thread hop cut the server's CPU per call
-    by about a third on 2 cores. A query that overruns the budget is re-run on a worker thread with
-    the full timeout (read-only, so re-running is harmless), under a watchdog a little past it.
+    Every query runs on a worker thread (SQLite releases the GIL while it works), under a watchdog
+    a little past the timeout. Running cheap queries inline on the event loop saved about a third
+    of the server's CPU per call, but one query that spent its whole budget inside a single SQLite
+    operation (which no deadline check can split) then froze every other call for as long: a
+    38 s printf made a concurrent `SELECT 1` wait 38 s.
 
     Anticipated failures come back as `CallToolResult(is_error=True)` built here rather than as a
     raised ToolError: the SDK would prefix every message with "Error executing tool <name>: ",
@@ -167,27 +210,35 @@ class SqliteTools:
         self.timeout_s = timeout_s
         self.max_rows = max_rows
         self.max_chars = max_chars
+        self._limiter: anyio.CapacityLimiter | None = None  # made on the event loop, at first use
 
-    async def _run(self, work: Callable[[float], CallToolResult], what: str, *, inline: bool = True) -> CallToolResult:
-        """`work(timeout_s)` inline within the budget, else on a worker thread (see the class doc)."""
-        inline_s = min(self.timeout_s, INLINE_BUDGET_S)
-        if inline:
-            try:
-                return work(inline_s)
-            except (SandboxError, CatalogError) as exc:
-                if not (isinstance(exc, SandboxError) and exc.kind == "timeout" and inline_s < self.timeout_s):
-                    return text_result(str(exc), is_error=True)
+    async def _run(self, work: Callable[[float], CallToolResult], what: str) -> CallToolResult:
+        """`work(timeout_s)` on a worker thread; the watchdog answers if it overruns (class doc)."""
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(MAX_QUERY_THREADS)
         with anyio.move_on_after(self.timeout_s + WATCHDOG_GRACE_S):
             try:
-                return await anyio.to_thread.run_sync(work, self.timeout_s, abandon_on_cancel=True)
+                return await anyio.to_thread.run_sync(
+                    work, self.timeout_s, abandon_on_cancel=True, limiter=self._limiter
+                )
             except (SandboxError, CatalogError) as exc:
                 return text_result(str(exc), is_error=True)
-        # Only reached when SQLite is stuck inside one operation; the thread finishes on its own.
+            except MemoryError:  # Python's side hit the address-space cap (apply_server_limits)
+                return text_result(f"too large: {memory_error_message()}", is_error=True)
+        # Only reached when SQLite is stuck inside one operation (or the machine is starved); the
+        # thread finishes on its own, and the operation's cost is bounded (sandbox_limits).
         return text_result(f"timeout: {what} ran longer than {self.timeout_s:g} s and was interrupted", is_error=True)
 
     def _query(self, db_id: str, sql: str, max_rows: int, timeout_s: float) -> CallToolResult:
         with self.catalog.connection(db_id) as conn:
-            result = run_query(conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=self.max_chars)
+            result = run_query(
+                conn,
+                sql,
+                timeout_s=timeout_s,
+                max_rows=max_rows,
+                max_chars=self.max_chars,
+                max_columns=MAX_RESULT_COLUMNS,
+            )
         return query_tool_result(result, self.max_chars)
 
     async def _schema(self, db_id: str, render: Callable[[list[TableInfo]], str]) -> CallToolResult:
@@ -201,9 +252,7 @@ class SqliteTools:
                 return text_result(render(tables))
             except CatalogError as exc:
                 return text_result(str(exc), is_error=True)
-        return await self._run(
-            lambda _t: text_result(render(self.catalog.tables(db_id))), "reading the schema", inline=False
-        )
+        return await self._run(lambda _t: text_result(render(self.catalog.tables(db_id))), "reading the schema")
 
     async def list_tables(self, db_id: DbId) -> CallToolResult:
         """List the tables in a database."""
@@ -253,6 +302,21 @@ def _db_id_optional(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class _SqliteMCPServer(MCPServer):
+    """MCPServer whose tool-call error texts are clipped to `MAX_ERROR_CHARS`."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            # The SDK's own errors quote the caller's input ("Unknown tool: <name>"; a 1 MB name
+            # made a 1 MB answer). Same exception, shorter text, so the SDK reports it as before.
+            text = str(exc)
+            if len(text) > MAX_ERROR_CHARS:
+                exc.args = (clip_echo(text, MAX_ERROR_CHARS),)
+            raise
+
+
 def build_server(
     catalog: Catalog,
     *,
@@ -263,7 +327,7 @@ def build_server(
 ) -> MCPServer:
     """An MCPServer exposing the five SQLite tools over `catalog`."""
     tools = SqliteTools(catalog, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars)
-    server = MCPServer(
+    server = _SqliteMCPServer(
         "sqlite",
         instructions="Read-only SQLite tools. Explore the schema, then query with execute_sql.",
         log_level=log_level,  # type: ignore[arg-type]
@@ -289,6 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-rows", type=int, default=200, help="rows returned per query")
     parser.add_argument("--max-chars", type=int, default=8000, help="characters of text per result")
     parser.add_argument("--max-open-dbs", type=int, default=32, help="databases kept open (LRU)")
+    parser.add_argument(
+        "--memory-limit-mb", type=int, default=MEMORY_LIMIT_MB, help="SQLite heap cap of this process (0: none)"
+    )
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     try:
@@ -300,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
     server = build_server(
         catalog, timeout_s=args.timeout_s, max_rows=args.max_rows, max_chars=args.max_chars, log_level=args.log_level
     )
+    # Process-wide caps, so only here (a program of its own), not in build_server (tests, benchmarks);
+    # after the imports and setup, whose address space the limit builds on.
+    apply_server_limits(args.memory_limit_mb)
     try:
         anyio.run(serve_stdio, server)
     finally:

@@ -116,20 +116,26 @@ def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task
                    eval_every: int | None = None, progress: Any = None,
                    provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     """Build the embedded default model into `out` (default: `model.embedded_dir`, else the
-    project cache; never the shipped copy); returns the build report.
+    project cache; never the shipped copy); returns the build report. A build already there is
+    kept unless `force`, if its files match its manifest; a partial or damaged one is replaced.
 
     Held-out figures during the warm start use `validation_tasks` (never dev), so where the warm
     start is stopped is not chosen on the reported yardstick.
     """
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.policy.loading import resolve_device
+    from skyrl_tool_agent.policy.manifest import verify_manifest
     from skyrl_tool_agent.warmstart.build import build_embedded_model
     from skyrl_tool_agent.warmstart.sft import SFTSettings
 
     if out is None:
         out = default_build_dir() if config.model.uses_shipped_model() else config.model.resolved_embedded_dir()
-    if (out / "config.json").is_file() and not force:
-        return json.loads((out / "warmstart.json").read_text()) if (out / "warmstart.json").is_file() else {}
+    if not force:
+        try:
+            return verify_manifest(out)  # built before, every file intact
+        except ValueError as exc:
+            if out.exists():  # e.g. only config.json left by a copy or an older version: built anew
+                logger.warning("the embedded model at %s is incomplete or damaged (%s); building it anew", out, exc)
     sft = SFTSettings()
     if sft_steps is not None:  # an explicit step count is run in full, however long it takes
         sft.steps, sft.time_budget_minutes = sft_steps, None
@@ -228,6 +234,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     before_after.json, config.yaml (resolved) and training_curves.png.
     """
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.grpo.checkpoint import seed_everything
     from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
     from skyrl_tool_agent.grpo.run_logging import RunLogger
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
@@ -248,6 +255,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     start = time.monotonic()
     runtime = EnvRuntime(config.env, db_root)
     try:
+        seed_everything(t.seed)  # a resumed run then restores the checkpoint's RNG states
         policy = QwenPolicy.from_config(config.model, mode=t.mode)
         loader = build_loader(config, train_tasks)
         trainer = GRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out)

@@ -2,7 +2,8 @@
 
 `make_hostile_db(dir)` builds the target database (plus a second file to ATTACH); `hostile_corpus()`
 returns (category, sql) pairs: writes, DDL, ATTACH, PRAGMA writes, transactions, VACUUM (INTO),
-load_extension, runaway queries, size bombs, encoding garbage, multiple statements. Base statements
+load_extension, internal virtual tables (sqlite_stmt shows other callers' SQL), runaway queries,
+size bombs (printf/trim single-operation bombs too), encoding garbage, multiple statements. Base statements
 are multiplied by meaning-preserving mutations (case, comments, whitespace, trailing semicolons),
 so each one must still be refused for the reason it was written for.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 TABLES = ("singer", "concert", "singer_in_concert")
 
 #: Categories whose every input must be refused as "denied" (not merely fail to parse).
-DENIED = frozenset({"write", "ddl", "attach", "pragma", "transaction", "vacuum"})
+DENIED = frozenset({"write", "ddl", "attach", "pragma", "transaction", "vacuum", "internal"})
 #: Categories whose every input must be refused (SandboxError of any kind).
 MUST_FAIL = DENIED | {"extension", "escape", "multi", "size", "encoding", "redos"}
 #: Categories that may run (a capped result) or be refused, but must respect the deadline.
@@ -199,6 +200,15 @@ def _base(directory: Path) -> list[tuple[str, str]]:
         add(("extension", f"SELECT load_extension('{lib}')"))
         add(("extension", f"SELECT load_extension('{lib}', 'sqlite3_extension_init')"))
         add(("extension", f"SELECT name FROM singer WHERE load_extension('{lib}') IS NULL"))
+    for stmt in (
+        "SELECT * FROM sqlite_stmt",
+        "SELECT sql FROM main.sqlite_stmt WHERE busy",
+        "SELECT count(*) FROM sqlite_stmt",
+        "SELECT name FROM singer WHERE EXISTS (SELECT 1 FROM sqlite_stmt)",
+        "SELECT * FROM dbstat",
+        "SELECT sum(pgsize) FROM dbstat('main')",
+    ):
+        add(("internal", stmt))
     add(("extension", "SELECT fts3_tokenizer('simple')"))
     add(("extension", "SELECT writefile('/tmp/pwned', 'x')"))  # not compiled in: an error either way
     add(("extension", "SELECT readfile('/etc/passwd')"))
@@ -235,6 +245,10 @@ def _base(directory: Path) -> list[tuple[str, str]]:
         add(("size", f"SELECT length(zeroblob({n}))"))
         add(("size", f"SELECT hex(randomblob({n} / 2))"))
     add(("size", "SELECT replace(hex(zeroblob(40000)), '0', 'aa')"))
+    # One VM operation of 2**31 steps in SQLite 3.40 (13 s), whatever the length limit.
+    for fmt in ("'%.*c', 2147483647", "'%.2147483647c'", "'%!.*c', 2147483647", "'%*.*c', 1, 6442450943"):
+        add(("size", f"SELECT length(printf({fmt}, 'x'))"))
+        add(("size", f"SELECT length(format({fmt}, name)) FROM singer LIMIT 3"))
     add(("size", "SELECT group_concat(hex(randomblob(10000))) FROM singer a, singer b"))
     add(("size", "SELECT 'x' || '" + "A" * 1_000_000 + "'"))  # a 1 MB literal
     add(("size", "SELECT 1 WHERE 1 IN (" + ",".join(["1"] * 60_000) + ")"))

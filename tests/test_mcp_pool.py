@@ -234,3 +234,50 @@ def test_background_pool_from_threads_and_other_loops(dbs: tuple[Path, Path]) ->
     with pytest.raises(MCPPoolClosed):
         pool.call_tool_sync("list_tables", {})
     assert issubclass(MCPServerUnavailable, MCPPoolError) and issubclass(MCPPoolClosed, MCPPoolError)
+
+
+@pytest.mark.anyio
+async def test_hung_server_leaves_rotation_at_its_first_timeout(dbs: tuple[Path, Path]) -> None:
+    """Issue 17 #9: after one timeout, retries go to the healthy server, not to the hung one that
+    still looks ready while its ping is pending (a 25 s SIGSTOP lost episodes that way)."""
+    before = children()
+    # The ping window (ping_timeout_s) must outlast the calls made inside it; generous call timeouts
+    # for the healthy server (a loaded 2-core machine can be slow), a short one for the stopped one.
+    async with MCPClientPool([spec(dbs[0])], sessions_per_server=2, call_timeout_s=30, ping_timeout_s=60,
+                             startup_timeout_s=300) as pool:
+        hung, healthy = pool.server_pids()["sqlite"]
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            with pytest.raises(MCPServerUnavailable, match="no answer"):  # round-robin starts at slot 0
+                await pool.call_tool("list_tables", {}, timeout_s=0.5)
+            started = time.monotonic()
+            for _ in range(10):  # inside the ping window: none may go to the stopped server
+                assert (await pool.call_tool("list_tables", {}, timeout_s=30)).text == "item"
+            assert time.monotonic() - started < 60, "calls outlasted the ping window; the test proves nothing"
+            assert pool.server_pids()["sqlite"] == [hung, healthy]
+        finally:
+            os.kill(hung, signal.SIGCONT)
+        results = await asyncio.gather(*(pool.call_tool("list_tables", {}, timeout_s=60) for _ in range(4)))
+        assert [r.text for r in results] == ["item"] * 4
+    assert_no_new_children(before)
+
+
+@pytest.mark.anyio
+async def test_server_that_recovers_returns_to_rotation(dbs: tuple[Path, Path]) -> None:
+    """Out of rotation until healthy: a call made meanwhile waits (it is not sent to the stopped
+    server), and a server that answers the ping again is kept, not replaced."""
+    before = children()
+    async with MCPClientPool([spec(dbs[0])], call_timeout_s=30, ping_timeout_s=60, startup_timeout_s=300) as pool:
+        (pid,) = pool.server_pids()["sqlite"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(MCPServerUnavailable, match="no answer"):
+                await pool.call_tool("list_tables", {}, timeout_s=0.5)
+            waiting = asyncio.create_task(pool.call_tool("execute_sql", {"sql": "SELECT count(*) FROM item"}, timeout_s=90))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert (await waiting).text.endswith("\n5")
+        assert pool.server_pids()["sqlite"] == [pid]
+    assert_no_new_children(before)

@@ -290,3 +290,86 @@ def test_cache_is_thread_safe() -> None:
     assert values == [i % 40 for i in range(4000)]
     assert cache.hits + cache.misses == 4000 and cache.misses == len(runs)
     assert len(cache) <= 16
+
+
+# ------------------------------------------------------------------ limits of local scoring (issue 17 #7)
+
+PRINTF_BOMB = "SELECT length(printf('%.*c', 2147483647, 'x'))"
+# json_group_array grows one buffer (SQLite 3.40 checks the length limit only at the end); 40,000
+# rows of 30 kB would take an uncapped process to 1.2 GB.
+JSON_BALLOON = (
+    "SELECT length(json_group_array(x)) FROM (WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r "
+    "LIMIT 40000) SELECT hex(zeroblob(15000)) AS x FROM r)"
+)
+
+
+def test_printf_bomb_is_refused_at_once(db: Path) -> None:
+    """One VM instruction of 2**31 appends (10-90 s): the progress handler never runs during it."""
+    import time
+
+    start = time.monotonic()
+    breakdown = score_answer(PRINTF_BOMB, GOLD, db, format_ok=True, timeout_s=1.0)
+    assert time.monotonic() - start < 5.0
+    assert breakdown.execution == 0.0 and "too large" in (breakdown.pred_error or "")
+    # printf still answers like SQLite's own within the limits (the guard delegates to it).
+    fine = "SELECT printf('%5.2f|%-4d|%c|%.3s|%*d|%q', 3.14159, 42, 'xyz', 'abcdef', 6, 7, 'it''s')"
+    from skyrl_tool_agent.rewards import limits
+
+    expected = sqlite3.connect(":memory:").execute(fine).fetchall()
+    assert limits.run_bounded(db, fine, timeout_s=5.0, max_rows=None).rows == expected
+    assert execution_match(fine, fine, db)
+
+
+def test_a_stall_inside_sqlite_is_bounded_by_the_wall_clock(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever one instruction does, the caller gets a timeout at timeout_s + the grace period."""
+    import time
+
+    from mcp_tools.sandbox import SandboxError, open_readonly
+    from skyrl_tool_agent.rewards import limits
+
+    def stalling_connection(path: Path):  # a real sandboxed connection plus one 4 s instruction
+        conn = open_readonly(path)
+        conn.create_function("stall", 0, lambda: time.sleep(4) or 1)
+        return conn
+
+    monkeypatch.setattr(limits, "open_readonly", stalling_connection)
+    start = time.monotonic()
+    with pytest.raises(SandboxError, match="timeout") as caught:
+        limits.run_bounded(db, "SELECT stall()", timeout_s=0.2, max_rows=None)
+    assert time.monotonic() - start < 0.2 + limits.WALL_CLOCK_GRACE_S + 1.5
+    assert caught.value.kind == "timeout"
+
+
+def test_predictions_cannot_lift_the_limits(db: Path) -> None:
+    for pred in ("PRAGMA hard_heap_limit=0", "PRAGMA temp_store=FILE", "PRAGMA query_only=OFF",
+                 "ATTACH ':memory:' AS x", "SELECT load_extension('x')"):
+        breakdown = score_answer(pred, GOLD, db, format_ok=True)
+        assert breakdown.execution == 0.0 and breakdown.pred_error, pred
+    from skyrl_tool_agent.rewards import limits
+
+    heap = sqlite3.connect(":memory:").execute("PRAGMA hard_heap_limit").fetchone()[0]
+    assert 0 < heap <= limits.MEMORY_LIMIT_MB << 20
+
+
+def test_memory_balloon_in_scoring_stays_under_the_heap_cap(db: Path, repo_root: Path) -> None:
+    """In a child process (the cap is process-wide; its peak RSS is the measure): the trainer's
+    process must not grow past the SQLite heap cap (256 MiB) plus its own objects."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, resource, sys, time\n"
+        "from skyrl_tool_agent.rewards import score_answer\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "start = time.monotonic()\n"
+        "r = score_answer(sys.argv[2], 'SELECT 1', sys.argv[1], format_ok=True, timeout_s=120)\n"
+        "grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024\n"
+        "print(json.dumps({'grew_mb': grew, 'error': r.pred_error, 's': time.monotonic() - start}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(db), JSON_BALLOON], check=False, capture_output=True,
+                          text=True, cwd=repo_root, timeout=500)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["grew_mb"] < 400, report
+    assert "too large" in (report["error"] or ""), report

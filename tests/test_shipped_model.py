@@ -18,7 +18,7 @@ from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, EnvConfig, ModelConfig
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.policy.loading import ModelLoadError, resolve_model_path
-from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, directory_hashes, file_sha256, verify_manifest
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, file_sha256, tree_hashes, verify_manifest
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.warmstart.build import greedy_outcomes
@@ -35,7 +35,7 @@ def manifest() -> dict:
 
 
 def test_shipped_files_match_their_hashes(manifest) -> None:
-    assert set(manifest["files"]) == set(directory_hashes(SHIPPED_EMBEDDED_DIR))  # nothing unlisted, nothing missing
+    assert set(manifest["files"]) == set(tree_hashes(SHIPPED_EMBEDDED_DIR, exclude=(MANIFEST_FILE,)))  # nothing unlisted, nothing missing
     for name, sha in manifest["files"].items():
         assert file_sha256(SHIPPED_EMBEDDED_DIR / name) == sha, name
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(manifest["files"])

@@ -232,3 +232,33 @@ def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_pat
         assert result[side]["n"] == 3 and 0.0 <= result[side]["execution_accuracy"] <= 1.0
     assert "continued warm start:" in res.stdout
     assert time.monotonic() - started < 240  # the deadline stops it (the step cap is 10**6)
+
+
+#: Metrics that measure time, not what was learned: the only ones two identical runs may differ in.
+TIMING_KEYS = ("tokens_per_s", "time/rollout_s", "time/update_s", "time/elapsed_s")
+
+
+def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
+    """Issue 17 #13: the same training.seed, two runs from scratch, the same metrics.jsonl. In one
+    process, one run after the other: whatever the first run left in the global RNGs (Python, NumPy,
+    torch) must not reach the second one's LoRA initialisation."""
+    import torch
+    from safetensors.torch import load_file
+
+    from skyrl_tool_agent.config import load_config
+    from skyrl_tool_agent.pipeline import run_training
+
+    root, model_dir = setup
+    sets = [a for a in _config_args(root, model_dir) if a != "--set"]
+    sets += ["training.mode=lora", "training.max_steps=2", "training.checkpoint_every=0", "training.eval_num_tasks=2"]
+    runs = []
+    for name in ("a", "b"):
+        run_training(load_config(overrides=[*sets, f"training.output_dir={tmp_path / name}"]))
+        runs.append([{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(tmp_path / name)])
+    assert [r["step"] for r in runs[0]] == [0, 1, 2]
+    assert runs[0] == runs[1]
+    # The adapters too (LoRA's A matrices are random at initialisation; B starts at zero, so a step
+    # whose groups all tie would not show a different A in the metrics).
+    adapters = [load_file(tmp_path / name / "final" / "adapter_model.safetensors") for name in ("a", "b")]
+    assert adapters[0].keys() == adapters[1].keys()
+    assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])

@@ -3,12 +3,16 @@
     step-000010/
       deepspeed/state/   engine.save_checkpoint: each rank's parameter + optimizer shards
       weights/           consolidated 16-bit save_pretrained export + tokenizer (loads with from_pretrained)
-      optim.pt           LR schedule (rank 0)
-      rng_rank{r}.pt     each rank's RNG states
+      optim.pt           LR schedule (rank 0; loaded with torch.load(weights_only=True))
+      rng_rank{r}.json   each rank's RNG states, as plain JSON data
       trainer_state.json step, data-loader state, world size
+      manifest.json      sha256 of every file above (rank 0, once all ranks have written)
 
-Every rank writes into `step-XXXXXX.tmp`; rank 0 renames it once all have finished, so
-`--resume auto` never picks up a half-written checkpoint. The ranks' shard files must land on
+Every rank writes into `step-XXXXXX.tmp`; rank 0 writes the manifest and renames it once all have
+finished, so `--resume auto` never picks up a half-written checkpoint, and resuming picks the
+newest checkpoint whose files all match their manifest (see `grpo.checkpoint`). DeepSpeed loads its
+own shard files (with its own torch.load); the manifest at least guarantees they are the bytes
+this run wrote. The ranks' shard files must land on
 one filesystem (one node, or a shared filesystem across nodes). Resuming needs the same world
 size (the optimizer shards are per rank); `weights/` can seed a fresh run of any size.
 """
@@ -24,7 +28,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from skyrl_tool_agent.config import UserInputError
-from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, latest_checkpoint, rng_state, set_rng_state
+from skyrl_tool_agent.grpo.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    latest_checkpoint,
+    rng_state,
+    set_rng_state,
+    verify_checkpoint,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
@@ -47,13 +59,14 @@ def save_distributed_checkpoint(trainer: DistributedGRPOTrainer) -> Path:
     ctx.barrier()
     trainer.engine.save_checkpoint(str(tmp / ENGINE_DIR), tag=ENGINE_TAG, save_latest=False)
     trainer.policy.save(tmp / "weights")
-    torch.save(rng_state(), tmp / f"rng_rank{ctx.rank}.pt")
+    (tmp / f"rng_rank{ctx.rank}.json").write_text(json.dumps(rng_state()) + "\n")
     if ctx.is_main:
         torch.save({"scheduler": trainer.scheduler.state_dict()}, tmp / "optim.pt")
         state = {"step": trainer.step, "loader": trainer.loader.state_dict(), "world_size": ctx.world_size}
         (tmp / STATE_FILE).write_text(json.dumps(state) + "\n")
     ctx.barrier()
     if ctx.is_main:
+        write_manifest(tmp)  # every rank has written its files (barrier above)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         keep = trainer.config.training.keep_checkpoints
@@ -68,12 +81,18 @@ def load_distributed_checkpoint(trainer: DistributedGRPOTrainer, path: str) -> b
     """Restore engine (weights + optimizer shards), LR schedule, RNG, loader and step from `path`
     ('auto' = the latest complete checkpoint, if any). Collective; False when there is none."""
     ctx = trainer.ctx
-    if ctx.is_main:
-        found = latest_checkpoint(trainer.checkpoint_dir) if path == "auto" else Path(path)
-        chosen = str(found) if found is not None else None
-    else:
-        chosen = None
-    chosen = ctx.broadcast_object(chosen)  # one decision, even if a rank sees the directory late
+    decision: tuple[str | None, str | None] = (None, None)  # (checkpoint, or why none can be used)
+    if ctx.is_main:  # verifies the manifests; a failure is broadcast so no rank waits forever
+        try:
+            found = latest_checkpoint(trainer.checkpoint_dir) if path == "auto" else Path(path)
+            if found is not None:
+                verify_checkpoint(found)
+            decision = (str(found) if found is not None else None, None)
+        except CheckpointError as exc:
+            decision = (None, str(exc))
+    chosen, problem = ctx.broadcast_object(decision)  # one decision, even if a rank sees the directory late
+    if problem is not None:
+        raise CheckpointError(problem)
     if chosen is None:
         logger.info("no checkpoint under %s: starting fresh", trainer.checkpoint_dir)
         return False
@@ -92,10 +111,15 @@ def load_distributed_checkpoint(trainer: DistributedGRPOTrainer, path: str) -> b
     )
     if load_path is None:
         raise UserInputError(f"DeepSpeed could not load the engine state under {ckpt / ENGINE_DIR}")
-    trainer.scheduler.load_state_dict(torch.load(ckpt / "optim.pt", weights_only=False)["scheduler"])
-    rng_file = ckpt / f"rng_rank{ctx.rank}.pt"
-    if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+    try:  # plain tensors and containers only: a crafted optim.pt cannot run code
+        scheduler_state = torch.load(ckpt / "optim.pt", weights_only=True)["scheduler"]
+        rng_file = ckpt / f"rng_rank{ctx.rank}.json"
+        rng = json.loads(rng_file.read_text()) if rng_file.is_file() else None
+    except Exception as exc:  # noqa: BLE001 - whatever a bad file raises, the user gets one line
+        raise CheckpointError(f"cannot load {ckpt}: {type(exc).__name__}: {exc}") from exc
+    trainer.scheduler.load_state_dict(scheduler_state)
+    if rng is not None:
+        set_rng_state(rng)
     trainer.loader.load_state_dict(state["loader"])
     trainer.step = int(state["step"])
     logger.info("resumed from %s at step %d", ckpt, trainer.step)

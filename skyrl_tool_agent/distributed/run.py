@@ -66,6 +66,7 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
     from skyrl_tool_agent.distributed.engine import build_deepspeed_policy, model_hidden_size, resolve_deepspeed_config
     from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.grpo.checkpoint import seed_everything
     from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
     from skyrl_tool_agent.grpo.run_logging import RunLogger
 
@@ -87,6 +88,7 @@ def run_full_distributed(config: Config, *, resume: str | None = None) -> RunSum
     start = time.monotonic()
     runtime = EnvRuntime(config.env, db_root)
     try:
+        seed_everything(t.seed)  # the same on every rank: DeepSpeed partitions one initialisation
         policy = build_deepspeed_policy(config, ctx, ds_config)
         loader = build_loader(config, train_tasks)
         trainer = DistributedGRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out, ds_config=ds_config)

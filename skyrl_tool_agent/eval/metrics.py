@@ -14,21 +14,37 @@ from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Execution accuracy, reward, format/validity rates, turns and tool use over episodes."""
-    results = [t.result for t in trajectories]
-    if not results:
+    """Execution accuracy, reward, format/validity rates, turns and tool use over episodes.
+
+    Episodes that failed on infrastructure (`done_reason == "error"`: a server or database that
+    failed even after retries, a broken gold query) were never scored, so they are left out of
+    every per-episode rate and mean (all 0.0 when nothing was scored) and counted instead:
+    `n` is all episodes, `scored` the ones the rates are over, `infra_errors` / `infra_error_rate`
+    the rest.
+    """
+    everything = [t.result for t in trajectories]
+    if not everything:
         return {"n": 0.0}
+    results = [r for r in everything if r.done_reason != "error"]
+    infra = len(everything) - len(results)
+
+    def rate(values: Iterable[float]) -> float:
+        values = list(values)
+        return mean(values) if values else 0.0
+
     return {
-        "n": float(len(results)),
-        "execution_accuracy": mean(float(r.solved) for r in results),
-        "reward_mean": mean(r.reward for r in results),
-        "format_ok_rate": mean(float(r.format_errors == 0 and r.final_sql is not None) for r in results),
-        "valid_sql_rate": mean(float(r.components.get("syntax", 0.0) >= 1.0) for r in results),
-        "answered_rate": mean(float(r.final_sql is not None) for r in results),
-        "mean_turns": mean(r.turns for r in results),
-        "mean_tool_calls": mean(r.tool_calls for r in results),
+        "n": float(len(everything)),
+        "scored": float(len(results)),
+        "execution_accuracy": rate(float(r.solved) for r in results),
+        "reward_mean": rate(r.reward for r in results),
+        "format_ok_rate": rate(float(r.format_errors == 0 and r.final_sql is not None) for r in results),
+        "valid_sql_rate": rate(float(r.components.get("syntax", 0.0) >= 1.0) for r in results),
+        "answered_rate": rate(float(r.final_sql is not None) for r in results),
+        "mean_turns": rate(r.turns for r in results),
+        "mean_tool_calls": rate(r.tool_calls for r in results),
         "tool_error_rate": sum(r.tool_errors for r in results) / max(1, sum(r.tool_calls for r in results)),
-        "infra_error_rate": mean(float(r.done_reason == "error") for r in results),
+        "infra_errors": float(infra),
+        "infra_error_rate": infra / len(everything),
     }
 
 

@@ -1,7 +1,22 @@
 """Checkpoints: weights (adapter or model), optimizer, scheduler, RNG states, data-loader state, step.
 
-A checkpoint is written to `step-XXXXXX.tmp` and renamed when complete, so `--resume auto` never
-picks up a half-written one (e.g. after `kill -9` mid-save).
+`step-XXXXXX/` holds
+
+    weights/             save_pretrained (LoRA adapter or full model; safetensors)
+    optim.pt             optimizer and scheduler state dicts: tensors and plain containers only
+    rng.json             Python, NumPy and torch RNG states as plain lists and ints
+    trainer_state.json   step and data-loader state (JSON)
+    manifest.json        sha256 of every other file, written last
+
+It is written to `step-XXXXXX.tmp` and renamed when complete, so `--resume auto` never picks up a
+half-written one (e.g. after `kill -9` mid-save).
+
+Resuming trusts nothing it reads (issue 17 #11, #12): `optim.pt` is loaded with
+`torch.load(weights_only=True)`, so a crafted file cannot run code, and every file must match the
+manifest before anything is restored, so a bit-flipped adapter or a truncated file is caught.
+`latest_checkpoint` returns the newest intact checkpoint and warns about each newer one it skips;
+when checkpoints exist but none is intact it raises `CheckpointError`, a `UserInputError` (one
+`error:` line, exit 2), rather than silently training from scratch over them.
 """
 
 from __future__ import annotations
@@ -16,19 +31,94 @@ from typing import Any
 import numpy as np
 import torch
 
+from skyrl_tool_agent.config import UserInputError
+from skyrl_tool_agent.data.loader import rng_state_from_json, rng_state_to_json
+from skyrl_tool_agent.policy.manifest import tree_hashes, tree_problems
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng.json"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+class CheckpointError(UserInputError):
+    """A checkpoint that is missing, incomplete or corrupt (one line naming it and why)."""
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (CUDA included) global RNGs from `seed`; called before the
+    policy is built, so what a run draws before its first step (LoRA initialisation) repeats too."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The process's RNG states as plain JSON data (no pickles: `rng.json` must be safe to load)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return {
+        "python": rng_state_to_json(random.getstate()),
+        "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state().tolist(),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    """Restore `rng_state()` output."""
+    random.setstate(rng_state_from_json(state["python"]))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+def write_manifest(directory: Path) -> None:
+    """Record the sha256 of every file in `directory` (call it last, after every file is written)."""
+    manifest = {"format": MANIFEST_FORMAT, "files": tree_hashes(directory, exclude=(MANIFEST,))}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def checkpoint_problems(path: Path) -> list[str]:
+    """Why `path` is not an intact checkpoint (empty list: every file matches its manifest)."""
+    if not path.is_dir():
+        return [f"{path} is not a directory"]
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict) or not files:
+            raise ValueError("it lists no files")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"no readable {MANIFEST} ({type(exc).__name__}: {exc}); written by an older version, or not at all"]
+    return tree_problems(path, files, exclude=(MANIFEST,))
+
+
+def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
+    return tuple((p.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns)
+                 for p in sorted(path.rglob("*")) if p.is_file() for st in (p.stat(),))
+
+
+# Checkpoints verified in this process, by path -> file names, sizes and mtimes then: `--resume auto`
+# verifies while choosing and again while loading; hashing a full model twice would double the wait.
+_verified: dict[Path, tuple[tuple[str, int, int], ...]] = {}
+
+
+def _problems(path: Path) -> list[str]:
+    """`checkpoint_problems`, skipped for a checkpoint verified before whose files look unchanged."""
+    if path.is_dir() and _verified.get(path.resolve()) == _signature(path):
+        return []
+    problems = checkpoint_problems(path)
+    if not problems:
+        _verified[path.resolve()] = _signature(path)
+    return problems
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise CheckpointError unless every file of `path` matches its manifest."""
+    problems = _problems(path)
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise CheckpointError(f"checkpoint {path} is corrupt or incomplete: {shown}")
 
 
 def save_checkpoint(
@@ -46,11 +136,10 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     policy.model.save_pretrained(tmp / "weights")
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-        tmp / "optim.pt",
-    )
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    (tmp / RNG_FILE).write_text(json.dumps(rng_state()) + "\n")
     (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}) + "\n")
+    write_manifest(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(p for p in root.glob("step-*") if not p.name.endswith(".tmp"))[:-keep]:
@@ -60,25 +149,62 @@ def save_checkpoint(
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    done = sorted(p for p in root.glob("step-*") if not p.name.endswith(".tmp") and (p / STATE_FILE).is_file())
-    return done[-1] if done else None
+    """The newest intact checkpoint under `root`, None if there is no checkpoint at all.
+
+    Newer ones that fail verification are skipped with a warning each; if every one fails,
+    CheckpointError says why for each (resuming from none would overwrite them from step 0).
+    """
+    candidates = sorted((p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp")), reverse=True)
+    skipped = []
+    for path in candidates:
+        problems = _problems(path)
+        if not problems:
+            if skipped:
+                logger.warning("resuming from %s, the newest intact checkpoint (skipped %s)", path.name,
+                               ", ".join(skipped))
+            return path
+        logger.warning("checkpoint %s is corrupt or incomplete, skipping it: %s", path, "; ".join(problems[:3]))
+        skipped.append(f"{path.name}: {problems[0]}")
+    if skipped:
+        raise CheckpointError(f"no intact checkpoint under {root} ({'; '.join(skipped)}); "
+                              "resume from a checkpoint directory you trust, or move them away to start fresh")
+    return None
 
 
 def load_checkpoint(path: Path, *, policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
-    """Restore weights, optimizer, scheduler and RNG in place; returns the trainer state dict."""
+    """Restore weights, optimizer, scheduler and RNG in place; returns the trainer state dict.
+
+    Verifies the manifest first and reads every file before changing anything, so a bad
+    checkpoint raises CheckpointError and leaves the policy and optimizer as they were.
+    """
+    verify_checkpoint(path)
     weights = path / "weights"
-    if policy.mode == "lora":
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
+    try:
+        if policy.mode == "lora":
+            from safetensors.torch import load_file
 
-        set_peft_model_state_dict(policy.model, load_file(str(weights / "adapter_model.safetensors")))
-    else:
-        from transformers import AutoModelForCausalLM
+            loaded: Any = load_file(str(weights / "adapter_model.safetensors"))
+        else:
+            from transformers import AutoModelForCausalLM
 
-        loaded = AutoModelForCausalLM.from_pretrained(weights, dtype=next(policy.model.parameters()).dtype)
-        policy.model.load_state_dict(loaded.state_dict())
-    blob = torch.load(path / "optim.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
-    scheduler.load_state_dict(blob["scheduler"])
-    set_rng_state(blob["rng"])
-    return json.loads((path / STATE_FILE).read_text())
+            loaded = AutoModelForCausalLM.from_pretrained(weights, dtype=next(policy.model.parameters()).dtype)
+        # Tensors and plain containers only: unpickling anything else (code included) is refused.
+        blob = torch.load(path / "optim.pt", weights_only=True)
+        rng = json.loads((path / RNG_FILE).read_text())
+        state = json.loads((path / STATE_FILE).read_text())
+        optimizer_state, scheduler_state = blob["optimizer"], blob["scheduler"]
+    except Exception as exc:  # noqa: BLE001 - whatever a bad file raises, the user gets one line
+        raise CheckpointError(f"cannot load checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+    try:
+        if policy.mode == "lora":
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(policy.model, loaded)
+        else:
+            policy.model.load_state_dict(loaded.state_dict())
+        optimizer.load_state_dict(optimizer_state)
+        scheduler.load_state_dict(scheduler_state)
+        set_rng_state(rng)
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # e.g. written for another model
+        raise CheckpointError(f"checkpoint {path} does not fit this run: {type(exc).__name__}: {exc}") from exc
+    return state

@@ -68,11 +68,16 @@ class RunLogger:
             self._wandb = None
 
     def truncate_after(self, step: int) -> None:
-        """On resume, drop lines logged after the checkpoint's step (they will be logged again)."""
+        """On resume, drop lines of metrics.jsonl and rollouts.jsonl logged after the checkpoint's
+        step (they will be logged again).
+
+        A run killed mid-write leaves a partial last line; it is dropped (with a warning) like any
+        line that is not a JSON object with an integer step, and the file is rewritten clean.
+        """
         for path in (self.path, self.rollouts_path):
             if path.is_file():
-                kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-                path.write_text("".join(line + "\n" for line in kept))
+                kept = [row for row in read_metrics(path) if row["step"] <= step]
+                path.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
     def log(self, metrics: dict[str, Any]) -> None:
         with self.path.open("a") as f:
@@ -113,4 +118,22 @@ class RunLogger:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of a metrics.jsonl, skipping (with a warning) lines that are not a JSON object with
+    an integer "step": a partial last line left by a kill mid-write, or a damaged one."""
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        else:
+            bad.append(number)
+    if bad:
+        logger.warning("%s: ignoring %d unreadable line(s) (line %s; a run killed mid-write leaves a partial "
+                       "last line)", path, len(bad), ", ".join(map(str, bad[:5])))
+    return rows

@@ -99,8 +99,10 @@ class GRPOTrainer:
         self.last_eval: dict[str, Any] | None = None  # the latest `evaluate()` made by `train`
         self.last_eval_seconds = 0.0  # how long it took (benchmarks keep evaluation off the clock)
         self.stop_reason = ""  # why `train` returned, in words (logged)
-        self.train_seconds = 0.0
+        self.train_seconds = 0.0  # time in training steps (rollouts + updates) in this process, evaluations excluded
         g = config.grpo
+        # Lockstep turns (deterministic): generation batches (hence sampling RNG use) do not depend on
+        # tool latency, so a resumed run samples exactly what an uninterrupted one would.
         self.collector_settings = CollectorSettings.from_config(config)
         self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
 
@@ -223,11 +225,16 @@ class GRPOTrainer:
             rewards, g.group_size, estimator=g.advantage_estimator, scale_batch=g.scale_advantages_by_batch,
             filter_uniform=g.filter_uniform_groups,
         )
+        # Infrastructure failures (done_reason "error") were never scored: they are no attempts for the
+        # curriculum, and their placeholder reward 0 skews their group's advantages, so such groups get no update.
+        groups = [trajectories[i * g.group_size:(i + 1) * g.group_size] for i in range(len(tasks))]
+        infra_groups = {i for i, group in enumerate(groups) if any(tr.result.done_reason == "error" for tr in group)}
         self.loader.record_results({
-            task.task_id: (sum(tr.result.solved for tr in trajectories[i * g.group_size:(i + 1) * g.group_size]), g.group_size)
+            task.task_id: (sum(tr.result.solved for tr in groups[i]), sum(tr.result.done_reason != "error" for tr in groups[i]))
             for i, task in enumerate(tasks)
         })
-        kept = [(tr, a) for tr, a, k in zip(trajectories, adv.values, adv.keep) if k and tr.token_ids]
+        kept = [(tr, a) for j, (tr, a, k) in enumerate(zip(trajectories, adv.values, adv.keep))
+                if k and tr.token_ids and j // g.group_size not in infra_groups]
         update_stats: dict[str, float] = {}
         t1 = time.monotonic()
         if kept:
@@ -254,6 +261,7 @@ class GRPOTrainer:
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/groups_dropped": adv.dropped_groups,
             "train/trajectories_used": len(kept),
+            "train/infra_errors": summary["infra_errors"],
             "episode/turns_mean": summary["mean_turns"],
             "episode/tool_errors": sum(tr.result.tool_errors for tr in trajectories),
             "episode/format_ok_rate": summary["format_ok_rate"],

@@ -9,8 +9,10 @@ Failure model:
 - tool-level errors (the server answered `is_error`) are results, `ToolResult(is_error=True)`;
 - a server that dies fails its in-flight calls at once, one that hangs fails them at their
   timeout; both raise `MCPServerUnavailable` (retryable). The pool restarts the server in the
-  background (a hang is confirmed with a ping first); calls made meanwhile wait for it within
-  their own timeout;
+  background; calls made meanwhile wait for it within their own timeout;
+- a session whose call timed out leaves the rotation at once and is pinged: it comes back when the
+  ping answers, and is killed and replaced when it does not. Retries therefore go to healthy
+  servers (or wait for one), never to a hung one still marked ready;
 - an unknown tool name raises `MCPToolNotFound`.
 
 `BackgroundMCPPool` owns one `MCPClientPool` on a dedicated event-loop thread, so the synchronous

@@ -97,6 +97,7 @@ class ServerSlot:
         self._stop = anyio.CancelScope()  # entered by the supervisor; close() cancels it
         self._task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._suspected: ClientSession | None = None  # out of rotation until its ping answers
 
     @property
     def ready(self) -> bool:
@@ -110,6 +111,8 @@ class ServerSlot:
         """Stop the server for good. An anyio cancellation (not task.cancel()), so the SDK's
         shielded transport shutdown still reaps the process, even mid-startup or mid-backoff."""
         self._stop.cancel()
+        if self._health_task is not None:
+            self._health_task.cancel()
         if self._task is not None:
             await asyncio.shield(self._task)
 
@@ -135,10 +138,22 @@ class ServerSlot:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
+    @property
+    def in_rotation(self) -> bool:
+        """Serving, and not out of rotation after a timeout (see `suspect`)."""
+        return self.session is not None and self.session is not self._suspected
+
     def suspect(self, session: ClientSession) -> None:
-        """A call on `session` timed out: ping it in the background; restart the server if that fails."""
-        if session is not self.session or (self._health_task is not None and not self._health_task.done()):
+        """A call on `session` timed out: take it out of rotation at once and ping it in the
+        background; it comes back if the ping answers, else its server is killed and restarted.
+
+        At the first timeout, not after the ping fails: until then (`ping_timeout_s`) round-robin
+        would keep sending retries to a hung server, each failing only at its own call timeout.
+        """
+        if session is not self.session or self._suspected is session:
             return
+        self._suspected = session
+        logger.warning("MCP server %s[%d] out of rotation: a call timed out; pinging it", self.spec.name, self.index)
         self._health_task = asyncio.get_running_loop().create_task(self._health_check(session))
 
     async def _health_check(self, session: ClientSession) -> None:
@@ -148,6 +163,12 @@ class ServerSlot:
         except Exception as exc:  # noqa: BLE001 - any failure means the session is unusable
             reason = f"no answer to ping within {self.ping_timeout_s:g} s ({type(exc).__name__})"
             self.mark_broken(reason, session=session, kill=True)
+        else:
+            logger.info("MCP server %s[%d] answered a ping: back in rotation", self.spec.name, self.index)
+        finally:
+            if self._suspected is session:
+                self._suspected = None
+            self.group.changed()  # wake calls waiting for a slot
 
     def pid(self) -> int | None:
         """Process id of the current server (found via its environment tag), or None."""
@@ -227,11 +248,11 @@ class SlotGroup:
         self._changed = asyncio.Event()
 
     def pick(self) -> ServerSlot | None:
-        """Next ready slot (round-robin), or None if all are restarting."""
+        """Next slot in rotation (round-robin), or None if all are restarting or suspected."""
         n = len(self.slots)
         for k in range(n):
             slot = self.slots[(self._next + k) % n]
-            if slot.session is not None:
+            if slot.in_rotation:
                 self._next = (self._next + k + 1) % n
                 return slot
         return None

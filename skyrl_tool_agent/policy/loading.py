@@ -46,7 +46,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_model_path(config: ModelConfig) -> str:
-    """The path or hub name to load; builds the embedded default when it is asked for and missing."""
+    """The path or hub name to load; an embedded model's files are checked against its manifest."""
     if config.name_or_path != EMBEDDED:
         name = config.name_or_path
         # A hub id is `name` or `org/name`; anything that looks like a path must exist (else the hub
@@ -55,16 +55,15 @@ def resolve_model_path(config: ModelConfig) -> str:
             raise ModelLoadError(f"model directory {name!r} does not exist")
         return name
     path = config.resolved_embedded_dir()
-    if config.uses_shipped_model():
-        try:
-            verify_manifest(path)
-        except ValueError as exc:
+    try:
+        verify_manifest(path)
+    except ValueError as exc:
+        if config.uses_shipped_model():
             raise ModelLoadError(f"the shipped embedded model is unusable: {exc}") from exc
-    elif not (path / "config.json").is_file():
         raise ModelLoadError(
-            f"embedded model not built at {path}: run `python training/scripts/build_default_model.py "
-            f"--out {path}` (train_grpo.py does this automatically)"
-        )
+            f"embedded model not built (or only partly) at {path}: {exc}; run `python "
+            f"training/scripts/build_default_model.py --out {path}` (train_grpo.py does this automatically)"
+        ) from exc
     return str(path)
 
 

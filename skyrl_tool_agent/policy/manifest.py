@@ -1,15 +1,18 @@
 """The file manifest of a model directory: sha256 of every file, checked before the files are used.
 
 The embedded default ships in the package (`skyrl_tool_agent/assets/embedded`) with its
-`warmstart.json` recording each file's sha256. A truncated clone, a Git LFS pointer in place of
-the weights or a hand-edited file then fails at load with one line naming the file, instead of
-training from wrong weights.
+`warmstart.json` recording each file's sha256, and so does every build of it (into a cache or
+`model.embedded_dir`). A truncated clone, a Git LFS pointer in place of the weights, a hand-edited
+file or a partly written build then fails at load with one line naming the file, instead of
+training from wrong weights. Checkpoints, which nest directories, use `tree_hashes` and
+`tree_problems` the same way (`skyrl_tool_agent.grpo.checkpoint`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 MANIFEST_FILE = "warmstart.json"
@@ -21,11 +24,6 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def directory_hashes(directory: Path) -> dict[str, str]:
-    """sha256 of every regular file in `directory` except the manifest itself, by file name."""
-    return {p.name: file_sha256(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST_FILE}
 
 
 def verify_manifest(directory: Path) -> dict:
@@ -48,3 +46,29 @@ def verify_manifest(directory: Path) -> dict:
             raise ValueError(f"{file} does not match its recorded sha256 ({actual[:12]} != {sha[:12]}): "
                              "a partial checkout or a Git LFS pointer? reinstall, or rebuild with --rebuild")
     return manifest
+
+
+def tree_hashes(directory: Path, *, exclude: Collection[str] = ()) -> dict[str, str]:
+    """sha256 of every regular file under `directory`, recursively, keyed by its POSIX path
+    relative to `directory` (paths in `exclude` are left out); for checkpoints, which nest."""
+    hashes = {}
+    for path in sorted(directory.rglob("*")):
+        name = path.relative_to(directory).as_posix()
+        if path.is_file() and name not in exclude:
+            hashes[name] = file_sha256(path)
+    return hashes
+
+
+def tree_problems(directory: Path, recorded: Mapping[str, str], *, exclude: Collection[str] = ()) -> list[str]:
+    """What differs between `directory` and the hashes `recorded` by `tree_hashes`: missing,
+    changed (a bit flip, a truncation) or unexpected files; empty when it is intact."""
+    problems = []
+    present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - set(exclude)
+    for name, sha in recorded.items():
+        file = directory / name
+        if name not in present:
+            problems.append(f"{name} is missing")
+        elif file_sha256(file) != sha:
+            problems.append(f"{name} does not match its recorded sha256 ({file.stat().st_size} bytes now)")
+    problems.extend(f"{name} is not in the manifest" for name in sorted(present - set(recorded)))
+    return problems

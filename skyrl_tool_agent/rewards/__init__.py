@@ -6,6 +6,7 @@ and `sql_components` are database-free structural measures (see `partial`).
 """
 
 from skyrl_tool_agent.rewards.execution import (
+    DatabaseUnavailableError,
     ExecutionComparison,
     GoldQueryError,
     GoldResultCache,
@@ -18,6 +19,7 @@ from skyrl_tool_agent.rewards.partial import exact_match, partial_credit, sql_co
 from skyrl_tool_agent.rewards.scoring import RewardBreakdown, RewardWeights, score_answer
 
 __all__ = [
+    "DatabaseUnavailableError",
     "ExecutionComparison",
     "GoldQueryError",
     "GoldResultCache",

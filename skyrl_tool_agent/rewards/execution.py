@@ -4,7 +4,8 @@ Semantics follow the official Spider test-suite evaluator (taoyds/test-suite-sql
 ``exec_eval.py``: ``eval_exec_match`` + ``result_eq``), which accepts a prediction when some
 permutation of its columns makes its rows equal to the gold rows -- as a list when the gold query
 orders its result, as a multiset (bag) otherwise. Both queries run through
-``mcp_tools.sandbox.run_query`` (read-only, same timeouts as the ``execute_sql`` tool).
+``limits.run_bounded`` (``mcp_tools.sandbox.run_query`` on a read-only connection with the tool
+server's limits and timeouts, see ``limits``).
 
 How ``results_match`` decides, and where it deliberately differs from the official code:
 
@@ -31,6 +32,13 @@ How ``results_match`` decides, and where it deliberately differs from the offici
   tie may legitimately return another row than gold and then does not match (official: same).
 * A prediction that fails (syntax error, write attempt, timeout, ...) does not match. A gold query
   that fails raises ``GoldQueryError``: that is a dataset bug, not the policy's fault.
+* A database that cannot be opened or read (missing, not a database, corrupt, emptied, or
+  rewritten between the gold and the predicted query) raises ``DatabaseUnavailableError`` (a
+  ``GoldQueryError``): an infrastructure fault, never a score of 0 for the prediction.
+
+Both queries run under ``limits`` (the tool server's limits, a process-wide heap cap and a
+wall-clock bound), since they run inside the trainer's own process. Cached gold results are keyed
+by the database file's identity (device, inode, size, mtime), so a replaced file is re-queried.
 """
 
 from __future__ import annotations
@@ -46,12 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mcp_tools.sandbox import QueryResult, SandboxError, run_query
+from mcp_tools.sandbox import QueryResult, SandboxError
+from skyrl_tool_agent.rewards.limits import database_fault, database_identity, run_bounded
 from skyrl_tool_agent.rewards.sqlnorm import has_top_level_order_by, remove_distinct_tokens
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DatabaseUnavailableError",
     "ExecutionComparison",
     "GoldQueryError",
     "GoldResultCache",
@@ -71,7 +81,15 @@ Rows = Sequence[Sequence[Any]]
 
 
 class GoldQueryError(RuntimeError):
-    """The gold SQL failed on its own database: a dataset bug, reported loudly."""
+    """The gold side of a comparison failed: the episode cannot be scored (not the policy's fault).
+
+    Raised as is when the gold SQL fails on a readable database (a dataset bug, reported loudly).
+    """
+
+
+class DatabaseUnavailableError(GoldQueryError):
+    """The database cannot be opened or read, or changed while being scored: an infrastructure
+    fault. Callers retry the episode or exclude it and count it; it is never scored 0."""
 
 
 class _NaN:
@@ -202,18 +220,21 @@ class GoldResultCache:
         if maxsize < 1:
             raise ValueError(f"maxsize must be >= 1, got {maxsize}")
         self.maxsize = maxsize
-        self._data: OrderedDict[tuple[str, str], QueryResult] = OrderedDict()
+        self._data: OrderedDict[tuple[str, str, Any], QueryResult] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     @staticmethod
-    def _key(db_path: str | Path, sql: str) -> tuple[str, str]:
-        return (str(Path(db_path).resolve()), sql)
+    def _key(db_path: str | Path, sql: str, identity: Any = None) -> tuple[str, str, Any]:
+        # The file's identity is part of the key: a database replaced or rewritten mid-run must
+        # not be compared against results of the old file.
+        return (str(Path(db_path).resolve()), sql, identity if identity is not None else database_identity(db_path))
 
-    def get(self, db_path: str | Path, sql: str) -> QueryResult | None:
-        """The cached result (counted as a hit) or None (counted as a miss)."""
-        key = self._key(db_path, sql)
+    def get(self, db_path: str | Path, sql: str, *, identity: Any = None) -> QueryResult | None:
+        """The cached result (counted as a hit) or None (counted as a miss). `identity`: the
+        database file's `limits.database_identity` if the caller already has it (else stat'ed)."""
+        key = self._key(db_path, sql, identity)
         with self._lock:
             result = self._data.get(key)
             if result is None:
@@ -223,21 +244,23 @@ class GoldResultCache:
             self.hits += 1
             return result
 
-    def put(self, db_path: str | Path, sql: str, result: QueryResult) -> None:
+    def put(self, db_path: str | Path, sql: str, result: QueryResult, *, identity: Any = None) -> None:
         """Store a result, evicting the least recently used entry beyond ``maxsize``."""
-        key = self._key(db_path, sql)
+        key = self._key(db_path, sql, identity)
         with self._lock:
             self._data[key] = result
             self._data.move_to_end(key)
             while len(self._data) > self.maxsize:
                 self._data.popitem(last=False)
 
-    def get_or_run(self, db_path: str | Path, sql: str, run: Callable[[], QueryResult]) -> QueryResult:
+    def get_or_run(
+        self, db_path: str | Path, sql: str, run: Callable[[], QueryResult], *, identity: Any = None
+    ) -> QueryResult:
         """Cached result, else ``run()`` (outside the lock: two threads may both run it) and store."""
-        result = self.get(db_path, sql)
+        result = self.get(db_path, sql, identity=identity)
         if result is None:
             result = run()
-            self.put(db_path, sql, result)
+            self.put(db_path, sql, result, identity=identity)
         return result
 
     @property
@@ -296,8 +319,9 @@ def compare_execution(
 ) -> ExecutionComparison:
     """Run both queries in the sandbox and compare their results (module docstring).
 
-    Raises GoldQueryError if the gold query fails; a failing prediction is a non-match whose
-    error is reported in the returned object.
+    Raises GoldQueryError if the gold query fails, DatabaseUnavailableError if the database
+    cannot be read (or changes meanwhile); a failing prediction is a non-match whose error is
+    reported in the returned object.
     """
     if spider_official:
         pred_sql, gold_sql = _official_postprocess(pred_sql), _official_postprocess(gold_sql)
@@ -310,25 +334,48 @@ def compare_execution(
             return ExecutionComparison(False, "prediction does not tokenize", "unparseable")
         pred_sql = pred_stripped
 
+    identity = database_identity(db_path)
+
     def run_gold() -> QueryResult:
         try:
-            return run_query(db_path, gold_sql, timeout_s=timeout_s, max_rows=None)
+            return run_bounded(db_path, gold_sql, timeout_s=timeout_s, max_rows=None)
         except SandboxError as exc:
+            _raise_if_database_fault(db_path, exc, probe=True, timeout_s=timeout_s)
             raise GoldQueryError(
                 f"gold SQL failed on {db_path} ({exc.kind}: {exc}); fix the dataset: {gold_sql!r}"
             ) from exc
 
-    gold = cache.get_or_run(db_path, gold_sql, run_gold) if cache is not None else run_gold()
+    if cache is not None:
+        gold = cache.get_or_run(db_path, gold_sql, run_gold, identity=identity)
+    else:
+        gold = run_gold()
+    pred: QueryResult | None = None
+    failure: SandboxError | None = None
     try:
         # One row more than gold is enough to know they differ; no need to fetch a huge result.
-        pred = run_query(db_path, pred_sql, timeout_s=timeout_s, max_rows=gold.row_count + 1)
+        pred = run_bounded(db_path, pred_sql, timeout_s=timeout_s, max_rows=gold.row_count + 1)
     except SandboxError as exc:
-        return ExecutionComparison(False, str(exc), exc.kind)
+        _raise_if_database_fault(db_path, exc, probe=False, timeout_s=timeout_s)
+        failure = exc
+    if identity is None or database_identity(db_path) != identity:
+        # Gold and prediction may have read different files: neither verdict can be trusted.
+        raise DatabaseUnavailableError(f"database {db_path} was replaced or rewritten while being scored")
+    if failure is not None:
+        return ExecutionComparison(False, str(failure), failure.kind)
+    assert pred is not None
     if pred.truncated:
         return ExecutionComparison(False, None, None)
     order_matters = gold_order_matters(gold_sql, spider_official=spider_official)
     match = results_match(pred, gold, order_matters, float_tolerant=not spider_official)
     return ExecutionComparison(match)
+
+
+def _raise_if_database_fault(db_path: str | Path, exc: SandboxError, *, probe: bool, timeout_s: float) -> None:
+    """Raise DatabaseUnavailableError if `exc` is the database's fault (`limits.database_fault`;
+    `probe` when the gold failed: it ran on this file before, or the dataset is broken)."""
+    fault = database_fault(exc, db_path if probe else None, timeout_s)
+    if fault is not None:
+        raise DatabaseUnavailableError(f"database {db_path} cannot be read ({exc.kind}): {fault}") from exc
 
 
 def execution_match(

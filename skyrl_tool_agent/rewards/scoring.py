@@ -93,7 +93,10 @@ def score_answer(
     """Score an episode's final answer against the gold query on ``db_path``.
 
     ``answer_sql`` None (or blank) means the episode ended without an answer: every component is
-    0. Raises ``execution.GoldQueryError`` if the gold query itself fails.
+    0. Raises ``execution.GoldQueryError`` if the gold query itself fails, and its subclass
+    ``execution.DatabaseUnavailableError`` if the database cannot be read: infrastructure faults
+    are never scored. Both queries run under ``limits`` (the tool server's limits, a process-wide
+    SQLite heap cap and a wall-clock bound): this runs in the trainer's own process.
     """
     weights = weights or RewardWeights()
     if answer_sql is None or not answer_sql.strip():

@@ -22,7 +22,7 @@ from skyrl_tool_agent.env.chat_format import render_conversation, render_observa
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime, EpisodeSetupError
 from skyrl_tool_agent.mcp.pool import MCPPoolError
-from skyrl_tool_agent.rewards.execution import GoldQueryError
+from skyrl_tool_agent.rewards.execution import DatabaseUnavailableError, GoldQueryError
 from skyrl_tool_agent.rollout.agents import Agent, AgentTurn, TurnRequest
 from skyrl_tool_agent.rollout.trajectory import EpisodeResult, Trajectory
 
@@ -179,13 +179,23 @@ class TrajectoryCollector:
         return trajectories
 
     async def _episode_with_retries(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
-        """A crashed MCP server fails only the episodes it was serving; they are retried here."""
+        """A crashed MCP server or an unreadable database fails only the episodes it was serving;
+        they are retried here (DatabaseUnavailableError before its base class GoldQueryError)."""
         attempt = 0
         while True:
             try:
                 traj = await self._episode(task, index, batcher, seq)
                 traj.result.retries = attempt
                 return traj
+            except (MCPPoolError, DatabaseUnavailableError) as exc:
+                # Infrastructure (a server that died or hung, a database that cannot be read): the
+                # episode is retried, then reported with done_reason "error" -- never scored 0.
+                attempt += 1
+                if attempt > self.settings.max_episode_retries:
+                    logger.warning("episode %s/%d failed after %d retries: %s", task.task_id, index, attempt - 1, exc)
+                    result = EpisodeResult(task.task_id, task.db_id, done_reason="error", error=str(exc), retries=attempt - 1)
+                    return Trajectory(task.task_id, index, [], result)
+                logger.info("retrying episode %s/%d after an infrastructure failure: %s", task.task_id, index, exc)
             except GoldQueryError as exc:  # a dataset bug: report the episode, keep collecting
                 logger.warning("episode %s/%d not scored: %s", task.task_id, index, exc)
                 result = EpisodeResult(task.task_id, task.db_id, done_reason="error", error=f"gold SQL failed: {exc}")
@@ -194,13 +204,6 @@ class TrajectoryCollector:
                 logger.warning("episode %s/%d not started: %s", task.task_id, index, exc)
                 result = EpisodeResult(task.task_id, task.db_id, done_reason="error", error=str(exc))
                 return Trajectory(task.task_id, index, [], result)
-            except MCPPoolError as exc:
-                attempt += 1
-                if attempt > self.settings.max_episode_retries:
-                    logger.warning("episode %s/%d failed after %d retries: %s", task.task_id, index, attempt - 1, exc)
-                    result = EpisodeResult(task.task_id, task.db_id, done_reason="error", error=str(exc), retries=attempt - 1)
-                    return Trajectory(task.task_id, index, [], result)
-                logger.info("retrying episode %s/%d after MCP failure: %s", task.task_id, index, exc)
 
     async def _episode(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
         s = self.settings

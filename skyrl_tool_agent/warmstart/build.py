@@ -22,6 +22,7 @@ from skyrl_tool_agent.env.chat_format import render_conversation
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import summarize
 from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
 from skyrl_tool_agent.rollout.agents import OracleAgent, PolicyAgent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
@@ -77,7 +78,7 @@ def build_embedded_model(
     at each eval step on `heldout_tasks`, timings). `device`: where the warm start runs
     (`resolve_device(config.model.device)` in the pipeline). The files are written into a
     temporary sibling directory and renamed into place, so an interrupted build leaves no
-    half-written model behind."""
+    half-written model behind; `warmstart.json` records their sha256 (`policy.manifest`)."""
     t0 = time.monotonic()
     report: dict = {**(provenance or {}), "train_tasks": len(train_tasks), "heldout_tasks": len(heldout_tasks)}
     if progress:
@@ -117,7 +118,8 @@ def build_embedded_model(
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        (staging / "warmstart.json").write_text(json.dumps(report, indent=1) + "\n")
+        report["files"] = tree_hashes(staging)  # what `verify_manifest` checks before the build is used
+        (staging / MANIFEST_FILE).write_text(json.dumps(report, indent=1) + "\n")
         shutil.rmtree(out_dir, ignore_errors=True)
         staging.rename(out_dir)
     finally:

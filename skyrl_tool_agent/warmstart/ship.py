@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, directory_hashes
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.warmstart.build import greedy_outcomes
@@ -60,7 +60,7 @@ def ship_embedded_model(built_dir: Path, dest: Path, runtime: EnvRuntime, check_
         AutoTokenizer.from_pretrained(built_dir).save_pretrained(staging)
         record["shipped_dtype"] = "bfloat16"
         record["greedy_check"] = greedy_check(staging, runtime, check_tasks, settings)
-        record["files"] = directory_hashes(staging)
+        record["files"] = tree_hashes(staging, exclude=(MANIFEST_FILE,))
         (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         staging.rename(dest)

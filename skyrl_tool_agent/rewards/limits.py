@@ -1,0 +1,127 @@
+"""Limits under which rewards run SQL inside the trainer's own process.
+
+The MCP server runs model SQL in a child process the pool can kill; the reward runs the same
+predicted SQL (and the gold) locally, where a runaway query would stall or balloon the trainer
+itself (issue 17 #7: `printf('%.*c', 2147483647, 'x')` stalled `score_answer` for 10 s, and a
+`json_group_array` over an endless recursive CTE took the trainer to 2.07 GB). So every scoring
+query runs as the server runs it:
+
+* on a connection from `mcp_tools.sandbox.open_readonly`: the same layers (read-only URI,
+  `query_only`, the allow-list authorizer) and per-operation limits (value length, checked
+  printf/trim, `temp_store=MEMORY`) as the `execute_sql` tool;
+* under the server's SQLite heap cap (`sandbox_limits.set_heap_limit`, `MEMORY_LIMIT_MB`), set in
+  this process on first use. Only the heap cap: an address-space limit would bound the trainer's
+  own tensors too;
+* with `run_query`'s deadline plus a wall-clock bound like the server's watchdog (`run_bounded`):
+  the query runs on a worker thread and the caller gets a timeout at `timeout_s +
+  WALL_CLOCK_GRACE_S` whatever happens inside SQLite; the worker is interrupted and left to finish
+  and close its connection on its own.
+
+`database_fault` tells failures of the database itself (missing, unreadable, corrupt) from
+failures of the query, so the caller reports an infrastructure error instead of scoring 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from mcp_tools.sandbox import QueryResult, SandboxConnection, SandboxError, open_readonly, run_query
+from mcp_tools.sandbox_limits import MEMORY_LIMIT_MB, heap_limit_bytes, set_heap_limit
+
+logger = logging.getLogger(__name__)
+
+#: How long past its own deadline the caller waits for a query before giving up on it.
+WALL_CLOCK_GRACE_S = 1.0
+#: Primary SQLite result codes that mean the database file, not the query, is the problem.
+_DATABASE_FAULT_CODES = frozenset({
+    sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_NOTADB,
+    sqlite3.SQLITE_NOLFS, sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
+    sqlite3.SQLITE_PERM, sqlite3.SQLITE_FULL,
+})
+
+_heap_lock = threading.Lock()
+
+
+def ensure_heap_limit() -> int:
+    """Cap SQLite's heap in this process at the server's cap, once (a lower cap already set stays)."""
+    with _heap_lock:
+        cap = heap_limit_bytes()
+        if cap is None:
+            cap = set_heap_limit(MEMORY_LIMIT_MB << 20)
+            logger.info("SQLite heap of this process capped at %d MiB for scoring", cap >> 20)
+        return cap
+
+
+def database_identity(db_path: str | Path) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime) of the file, None if it cannot be stat'ed: changes when the
+    database is replaced or rewritten, so cached gold results of the old file are not reused."""
+    try:
+        st = os.stat(db_path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def database_fault(error: BaseException, probe: str | Path | None = None, timeout_s: float = 5.0) -> str | None:
+    """Why `error` (from `run_bounded`) is the database's fault, not the query's; else None.
+
+    Decided by SQLite's result code, never by the message: a query can put any text in an error
+    message (`SELECT * FROM "file is not a database"`), and must not pass its own failure off as ours.
+    `probe`: the database file to look at when the code does not tell (a gold query that ran before
+    failed): a file without any schema (truncated to 0 bytes, it opens as a new empty database) counts.
+    """
+    if isinstance(error, SandboxError) and error.kind == "not_found":
+        return str(error)
+    cause = error.__cause__ if isinstance(error, SandboxError) else error
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(cause, sqlite3.Error) and isinstance(code, int) and code & 0xFF in _DATABASE_FAULT_CODES:
+        return f"{getattr(cause, 'sqlite_errorname', code)}: {cause}"
+    if probe is None or (isinstance(error, SandboxError) and error.kind == "timeout"):
+        return None
+    try:
+        schema = run_bounded(probe, "SELECT count(*) FROM sqlite_schema", timeout_s=timeout_s, max_rows=1)
+    except SandboxError as probe_error:
+        return database_fault(probe_error)
+    return "the file holds no tables (empty or truncated)" if schema.rows[0][0] == 0 else None
+
+
+def run_bounded(db_path: str | Path, sql: str, *, timeout_s: float, max_rows: int | None) -> QueryResult:
+    """`run_query` on a fresh sandboxed connection to `db_path`, under the limits above.
+
+    Returns or raises SandboxError within about `timeout_s + WALL_CLOCK_GRACE_S`.
+    """
+    ensure_heap_limit()
+    outcome: list[Any] = []
+    conns: list[SandboxConnection] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            conn = open_readonly(db_path)
+            conns.append(conn)
+            try:
+                outcome.append(run_query(conn, sql, timeout_s=timeout_s, max_rows=max_rows))
+            finally:
+                conn.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="sql-scoring", daemon=True).start()
+    if not done.wait(timeout_s + WALL_CLOCK_GRACE_S):
+        if conns:
+            try:
+                conns[0].interrupt()  # takes effect at the next VM instruction
+            except sqlite3.Error:
+                pass
+        logger.warning("scoring query abandoned after %.1f s: %.200s", timeout_s + WALL_CLOCK_GRACE_S, sql)
+        raise SandboxError(f"timeout: query ran longer than {timeout_s:g} s and was abandoned", kind="timeout")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
