@@ -286,6 +286,8 @@ def test_difficulty_mix_validation(mix: dict[str, float], ok: bool) -> None:
         ("training.gradient_accumulation=9", "gradient_accumulation: 9 is more than the 8 micro-batches a step has"),
         ("env.mcp_servers.0.args=[--db, '${dbroot}']", "unknown placeholder '${dbroot}' (known: ${db_root}, ${sql_timeout_s})"),
         ("env.reward.format_weight=-1", "reward.format_weight: Input should be greater than or equal to 0"),
+        # removed: nothing ever read it (no value head, no per-turn advantages); a stale YAML must say so
+        ("grpo.turn_level_credit.enabled=true", "unknown key 'turn_level_credit'"),
         ("model.dtype=fp16", "dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16' (got 'fp16')"),
     ],
 )
