@@ -163,7 +163,8 @@ class GRPOTrainer:
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         g, t = self.config.grpo, self.config.training
-        norm = loss_normalizer(batch.loss_mask, g.loss_aggregation, g.fixed_length_normalizer)
+        fixed_length = g.resolved_fixed_length()  # null in YAML means max_total_tokens
+        norm = loss_normalizer(batch.loss_mask, g.loss_aggregation, fixed_length)
         micro_batches = self._micro_batches(batch, max(1, t.micro_batch_size))
         use_ref = g.kl_coef > 0
         sums: dict[str, float] = {}  # token-weighted stat sums over micro-batches, "num_tokens", "loss"
@@ -184,7 +185,7 @@ class GRPOTrainer:
                     logp, mb.old_logp, mb.advantages, mb.loss_mask, ref_logp=ref_logp, kl_coef=g.kl_coef,
                     kl_estimator=g.kl_estimator, entropy=entropy, entropy_coef=g.entropy_coef,
                     eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, aggregation=g.loss_aggregation,
-                    fixed_length=g.fixed_length_normalizer, normalizer=norm,
+                    fixed_length=fixed_length, normalizer=norm,
                 )
                 self._backward(loss, last=i == len(micro_batches) - 1)
                 sums["loss"] += float(loss.detach())
