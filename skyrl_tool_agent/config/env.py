@@ -14,6 +14,7 @@ Server commands may use placeholders, filled when the servers are started (`reso
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -94,6 +95,24 @@ def _default_servers() -> list[MCPServerConfig]:
     ]
 
 
+def check_reward_weights(execution: float, format: float, syntax: float, partial: float) -> None:
+    """Raise ValueError unless the weights make a usable reward: finite and >= 0, a perfect episode
+    worth something (execution + format + syntax > 0, the divisor), and partial <= execution.
+
+    The one statement of the rule: `RewardConfig` applies it when a config loads (a one-line
+    `error:`), `rewards.scoring.RewardWeights` when weights are built in code."""
+    named = {"execution": execution, "format": format, "syntax": syntax, "partial": partial}
+    for name, value in named.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name}_weight must be a finite number >= 0, got {value!r}")
+    if execution + format + syntax <= 0:
+        raise ValueError("execution_weight + format_weight + syntax_weight must be > 0 (a perfect episode would "
+                         "score 0/0)")
+    if partial > execution:
+        raise ValueError(f"partial_weight ({partial:g}) must not exceed execution_weight ({execution:g}): a near "
+                         "miss would then outscore a correct answer")
+
+
 class RewardConfig(Section):
     """Final-reward weights: total = (execution_weight * execution + format_weight * format +
     syntax_weight * syntax + partial_weight * partial * (1 - execution)) / (execution_weight +
@@ -116,6 +135,11 @@ class RewardConfig(Section):
         ge=0,
     )
     gold_cache_size: int = knob(4096, "Gold-query results cached (LRU entries).", ge=0)
+
+    @model_validator(mode="after")
+    def _usable(self) -> RewardConfig:
+        check_reward_weights(self.execution_weight, self.format_weight, self.syntax_weight, self.partial_weight)
+        return self
 
 
 class CollectorConfig(Section):

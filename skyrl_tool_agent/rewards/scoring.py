@@ -26,10 +26,10 @@ wrong one at equal format.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from skyrl_tool_agent.config.env import check_reward_weights
 from skyrl_tool_agent.rewards.execution import GoldResultCache, compare_execution
 from skyrl_tool_agent.rewards.partial import partial_credit, sql_is_valid
 
@@ -46,17 +46,7 @@ class RewardWeights:
     partial: float = 0.2
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"reward weight {f.name} must be a finite number >= 0, got {value!r}")
-        if self.normaliser <= 0:
-            raise ValueError("execution + format + syntax weights must be > 0")
-        if self.partial > self.execution:
-            raise ValueError(
-                f"partial weight ({self.partial}) must not exceed execution weight ({self.execution}): "
-                "a near miss would then outscore a correct answer"
-            )
+        check_reward_weights(self.execution, self.format, self.syntax, self.partial)
 
     @property
     def normaliser(self) -> float:
