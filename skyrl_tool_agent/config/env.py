@@ -52,6 +52,13 @@ class MCPServerConfig(Section):
         default_factory=dict, description="Extra environment variables for the server process."
     )
     cwd: str | None = knob(None, "Working directory of the server; null = the trainer's.")
+    tool_prefix: str = knob(
+        "",
+        "Prefix added to this server's tool names (e.g. 'b_' makes execute_sql b_execute_sql). Two "
+        "servers listing the same tool name are refused unless one has a prefix. The policy, "
+        "offered_tools and tool calls use the prefixed name; the server still sees its own.",
+        pattern=r"^[A-Za-z0-9_.-]*$",
+    )
 
     @field_validator("command", "cwd")
     @classmethod
@@ -76,13 +83,13 @@ class MCPServerConfig(Section):
         """A copy with placeholders filled and `python` pinned to `sys.executable`."""
         values = {"db_root": str(Path(db_root).expanduser().resolve()), "sql_timeout_s": f"{sql_timeout_s:g}"}
         command = sys.executable if self.command == "python" else substitute(self.command, values)
-        return MCPServerConfig(
-            name=self.name,
-            command=command,
-            args=[substitute(a, values) for a in self.args],
-            env={k: substitute(v, values) for k, v in self.env.items()},
-            cwd=None if self.cwd is None else substitute(self.cwd, values),
-        )
+        # a copy, not a new instance field by field: a knob added later cannot be dropped here
+        return self.model_copy(update={
+            "command": command,
+            "args": [substitute(a, values) for a in self.args],
+            "env": {k: substitute(v, values) for k, v in self.env.items()},
+            "cwd": None if self.cwd is None else substitute(self.cwd, values),
+        })
 
 
 def _default_servers() -> list[MCPServerConfig]:
