@@ -57,7 +57,7 @@ def _on_policy_batch(policy: QwenPolicy) -> TrainBatch:
     with torch.no_grad():
         old, _ = policy.token_logprobs(ids, attention)
     adv = torch.tensor(ADVANTAGES).unsqueeze(1) * loss_mask
-    return TrainBatch(ids, attention, loss_mask, old * loss_mask, adv, torch.where(loss_mask, 0, -1))
+    return TrainBatch(ids, attention, loss_mask, old * loss_mask, adv)
 
 
 def _expected_loss(mode: str, fixed_length: int) -> float:

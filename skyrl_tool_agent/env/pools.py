@@ -178,11 +178,3 @@ def resolve_runtime(env_config: Any, extras: Mapping[str, Any]) -> EnvRuntime:
             runtime = EnvRuntime(config, db_root)
             _RUNTIMES[key] = runtime
         return runtime
-
-
-def close_shared_runtimes() -> None:
-    """Close every cached runtime (their pools also close at interpreter exit)."""
-    with _LOCK:
-        for runtime in _RUNTIMES.values():
-            runtime.close()
-        _RUNTIMES.clear()

@@ -67,7 +67,3 @@ class RunLogger:
                 self._wandb.finish()
             except Exception:  # noqa: BLE001
                 pass
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

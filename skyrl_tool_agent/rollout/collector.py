@@ -214,7 +214,7 @@ class TrajectoryCollector:
         if record:
             prompt_ids = self._encode(render_conversation(messages))
             traj.token_ids, traj.loss_mask = list(prompt_ids), [0] * len(prompt_ids)
-            traj.sampling_logprobs, traj.turn_index = [0.0] * len(prompt_ids), [-1] * len(prompt_ids)
+            traj.sampling_logprobs = [0.0] * len(prompt_ids)
             traj.prompt_length = len(prompt_ids)
         metadata: dict[str, Any] = {}
         done_reason = None
@@ -233,7 +233,6 @@ class TrajectoryCollector:
                 traj.token_ids += ids
                 traj.loss_mask += [1] * len(ids)
                 traj.sampling_logprobs += list(logps)
-                traj.turn_index += [turn] * len(ids)
             out = await env.astep(reply.text)
             traj.messages = list(env.chat_history)
             traj.turn_rewards.append(float(out["reward"]))
@@ -245,7 +244,6 @@ class TrajectoryCollector:
                 traj.token_ids += obs_ids
                 traj.loss_mask += [0] * len(obs_ids)
                 traj.sampling_logprobs += [0.0] * len(obs_ids)
-                traj.turn_index += [-1] * len(obs_ids)
         if not env.done:  # ended by the token budget: score what we have (no answer)
             env.reward = await asyncio.to_thread(env._score)
             done_reason = done_reason or "max_tokens"
@@ -274,8 +272,3 @@ class TrajectoryCollector:
             done_reason=metadata.get("done_reason", "max_turns"),
             final_sql=env.final_sql,
         )
-
-
-def collect_sync(collector: TrajectoryCollector, tasks: Sequence[Task], group_size: int = 1) -> list[Trajectory]:
-    """Blocking wrapper for scripts and the trainer loop."""
-    return asyncio.run(collector.collect(tasks, group_size))
