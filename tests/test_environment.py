@@ -228,3 +228,49 @@ def test_tool_prefix_runs_two_servers_that_list_the_same_tools(cfg_dir, shop_roo
         assert out["observations"][0]["content"].strip() == "<tool_response>\ncount(*)\n4\n</tool_response>"
     finally:
         rt.close()
+
+
+class FixedAnswerAgent:
+    """Answers every episode with one SQL query at once (an agent, not a stand-in: the collector,
+    env, MCP pool and scoring all run for real)."""
+
+    def __init__(self, sql: str) -> None:
+        self.sql = sql
+
+    async def act(self, requests):
+        from skyrl_tool_agent.env.chat_format import format_answer
+        from skyrl_tool_agent.rollout.agents import AgentTurn
+
+        return [AgentTurn(format_answer(self.sql)) for _ in requests]
+
+
+@pytest.mark.parametrize("reward_keep", [True, False])
+def test_distinct_semantics_of_training_reward_and_evaluation_reports(shop_root, reward_keep):
+    """Gold has DISTINCT, the answer not (Paris twice): right only when DISTINCT is stripped. The
+    training reward follows env.reward.keep_distinct; evaluation settings follow eval_keep_distinct
+    (default: stripped, the official Spider behaviour), whatever the runtime's reward says."""
+    import asyncio
+
+    from skyrl_tool_agent.config import load_config
+    from skyrl_tool_agent.data.tasks import Task
+    from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+    from tests.fixtures.config_files import CONFIGS
+
+    config = load_config(CONFIGS, [f"env.reward.keep_distinct={str(reward_keep).lower()}"])
+    assert config.env.reward.eval_keep_distinct is False
+    task = Task(task_id="d", db_id="shop", question="Which cities have customers?", difficulty="easy",
+                gold_sql="SELECT DISTINCT city FROM customer WHERE city = 'Paris'")
+    agent = FixedAnswerAgent("SELECT city FROM customer WHERE city = 'Paris'")
+    rt = EnvRuntime(config.env, shop_root)
+    try:
+        def solved(settings: CollectorSettings) -> bool:
+            (episode,) = asyncio.run(TrajectoryCollector(rt, agent, settings=settings).collect([task], 1))
+            return episode.result.solved
+
+        assert solved(CollectorSettings.from_config(config)) is (not reward_keep)
+        assert solved(CollectorSettings.from_config(config, evaluation=True)) is True
+        strict = config.model_copy(update={"env": config.env.model_copy(
+            update={"reward": config.env.reward.model_copy(update={"eval_keep_distinct": True})})})
+        assert solved(CollectorSettings.from_config(strict, evaluation=True)) is False
+    finally:
+        rt.close()

@@ -141,6 +141,19 @@ class RewardConfig(Section):
         "tables, columns, aggregates and conditions with the gold query.",
         ge=0,
     )
+    keep_distinct: bool = knob(
+        True,
+        "Training reward's execution match: compare the queries with DISTINCT as written, so a "
+        "missing DISTINCT that changes the rows is wrong. False = the official Spider test-suite "
+        "default (its --keep_distinct off): every DISTINCT, COUNT(DISTINCT x) included, is deleted "
+        "from both queries before they run.",
+    )
+    eval_keep_distinct: bool = knob(
+        False,
+        "The same choice for evaluation reports (eval steps, the final dev evaluation, the evaluate "
+        "command). The default is the official test-suite behaviour, so reported accuracy compares "
+        "with published Spider numbers.",
+    )
     gold_cache_size: int = knob(4096, "Gold-query results cached (LRU entries).", ge=0)
 
     @model_validator(mode="after")

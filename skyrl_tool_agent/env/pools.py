@@ -34,6 +34,7 @@ class EnvSettings:
     call_timeout_s: float
     reward_weights: RewardWeights
     shaping_penalty: float  # 0 = no per-turn shaping
+    keep_distinct: bool = True  # the training reward's DISTINCT semantics (env.reward.keep_distinct)
 
 
 def server_specs(config: EnvConfig, db_root: Path) -> list[ServerSpec]:
@@ -88,6 +89,7 @@ class EnvRuntime:
                 syntax=config.reward.syntax_weight,
                 partial=config.reward.partial_weight,
             ),
+            keep_distinct=config.reward.keep_distinct,
         )
         self.gold_cache = GoldResultCache(maxsize=config.reward.gold_cache_size)
         self._owns_pool = pool is None

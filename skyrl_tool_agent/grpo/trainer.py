@@ -97,6 +97,7 @@ class GRPOTrainer:
         self.train_seconds = 0.0
         g = config.grpo
         self.collector_settings = CollectorSettings.from_config(config)
+        self.eval_settings = CollectorSettings.from_config(config, evaluation=True)  # report semantics
         self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
 
     # ---------------------------------------------------------------- resume
@@ -121,16 +122,18 @@ class GRPOTrainer:
         )
 
     # ------------------------------------------------------------- rollouts
-    def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams) -> list[Trajectory]:
+    def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
+                settings: CollectorSettings | None = None) -> list[Trajectory]:
+        """Episodes through the env (`settings`: the training ones unless given)."""
         collector = TrajectoryCollector(self.runtime, PolicyAgent(self.policy, params), tokenizer=self.policy.tokenizer,
-                                        settings=self.collector_settings)
+                                        settings=settings or self.collector_settings)
         return asyncio.run(collector.collect(tasks, group_size))
 
     def evaluate(self) -> dict[str, Any]:
         """Greedy execution accuracy etc. on the fixed dev subset, with `solved`: 1/0 per eval task
         in `eval_tasks` order (for paired confidence intervals between two evaluations)."""
         params = SamplingParams(temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
-        trajectories = self.collect(self.eval_tasks, 1, params)
+        trajectories = self.collect(self.eval_tasks, 1, params, self.eval_settings)
         return {**summarize(trajectories), "solved": [int(tr.result.solved) for tr in trajectories]}
 
     # --------------------------------------------------------------- update

@@ -79,16 +79,20 @@ def score_answer(
     weights: RewardWeights | None = None,
     cache: GoldResultCache | None = None,
     timeout_s: float = 5.0,
+    keep_distinct: bool = True,
 ) -> RewardBreakdown:
     """Score an episode's final answer against the gold query on ``db_path``.
 
     ``answer_sql`` None (or blank) means the episode ended without an answer: every component is
-    0. Raises ``execution.GoldQueryError`` if the gold query itself fails.
+    0. ``keep_distinct`` False deletes DISTINCT from both queries before comparing (the official
+    Spider default; ``execution.compare_execution``). Raises ``execution.GoldQueryError`` if the
+    gold query itself fails.
     """
     weights = weights or RewardWeights()
     if answer_sql is None or not answer_sql.strip():
         return RewardBreakdown(0.0, 0.0, 0.0, 0.0, 0.0)
-    outcome = compare_execution(answer_sql, gold_sql, db_path, timeout_s=timeout_s, cache=cache)
+    outcome = compare_execution(answer_sql, gold_sql, db_path, timeout_s=timeout_s, cache=cache,
+                                keep_distinct=keep_distinct)
     execution = 1.0 if outcome.match else 0.0
     form = 1.0 if format_ok else 0.0
     ran = outcome.pred_error_kind is None

@@ -46,14 +46,19 @@ class CollectorSettings:
     # True: each generation batch waits for every running episode (lockstep turns) and is ordered
     # by episode, so sampling does not depend on tool latency (reproducible runs and resumes).
     deterministic: bool = False
+    # DISTINCT semantics of the execution match for these episodes; None = the runtime's reward
+    # setting. Evaluations set it from env.reward.eval_keep_distinct.
+    keep_distinct: bool | None = None
 
     @classmethod
     def from_config(cls, config: Config, *, max_turns: int | None = None, min_turns: int = 0,
-                    concurrency: int | None = None, deterministic: bool = True) -> CollectorSettings:
+                    concurrency: int | None = None, deterministic: bool = True,
+                    evaluation: bool = False) -> CollectorSettings:
         """The one translation from config: episode limits from `grpo.*` (`max_turns` overrides,
         at least `min_turns`), concurrency and retries from `env.collector`. deterministic =
         lockstep generation batches ordered by episode, so sampling and greedy results do not
-        depend on tool latency (reproducible runs and resumes; costs little at these batch sizes)."""
+        depend on tool latency (reproducible runs and resumes; costs little at these batch sizes).
+        `evaluation`: episodes of an evaluation report, scored with env.reward.eval_keep_distinct."""
         g = config.grpo
         width = max(1, concurrency or config.env.collector.concurrency)
         return cls(
@@ -64,6 +69,7 @@ class CollectorSettings:
             max_batch=width,
             max_episode_retries=config.env.collector.max_episode_retries,
             deterministic=deterministic,
+            keep_distinct=config.env.reward.eval_keep_distinct if evaluation else None,
         )
 
 
@@ -205,7 +211,8 @@ class TrajectoryCollector:
     async def _episode(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
         s = self.settings
         env = MCPToolEnvironment(
-            extras={"reward_spec": {"ground_truth": task.gold_sql}, "db_id": task.db_id, "max_turns": s.max_turns},
+            extras={"reward_spec": {"ground_truth": task.gold_sql, "keep_distinct": s.keep_distinct},
+                    "db_id": task.db_id, "max_turns": s.max_turns},
             runtime=self.runtime,
         )
         messages, env_info = env.init([task_user_message(task.db_id, task.question)])
