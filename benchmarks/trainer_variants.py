@@ -136,7 +136,7 @@ def make_ours(w: Workload, tmp: Path) -> Callable[[], float]:
     trainer = GRPOTrainer(config, policy, runtime=None, loader=None, eval_tasks=[], output_dir=tmp)  # type: ignore[arg-type]
     trajectories = [
         Trajectory("t", i, [], EpisodeResult("t", "db"), token_ids=ids, loss_mask=mask,
-                   sampling_logprobs=[0.0] * len(ids), turn_index=[0] * len(ids), prompt_length=p)
+                   sampling_logprobs=[0.0] * len(ids), prompt_length=p)
         for i, (ids, mask, p) in enumerate(zip(w.token_ids, w.loss_mask, w.prompt_length))
     ]
     batch = collate(trajectories, w.advantages, policy.tokenizer.pad_token_id)

@@ -1,7 +1,8 @@
 """Read-only SQLite sandbox: the security boundary between model-written SQL and the databases.
 
 Used by the MCP SQLite server (every query a policy sends) and by `skyrl_tool_agent.rewards`
-(gold and predicted queries). Contract: /work/briefs/sandbox_api.md.
+(gold and predicted queries). Its contract is pinned by tests/test_sandbox.py (hostile inputs in
+tests/hostile_sql.py).
 
 Layers (defence in depth: 1, 2 and 3 each block every write on their own):
 

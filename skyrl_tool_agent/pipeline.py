@@ -170,7 +170,8 @@ def ship_embedded(config: Config, built_dir: Path, dest: Path | None = None) -> 
     runtime = EnvRuntime(config.env, db_root)
     try:
         # The greedy check evaluates exactly as the main job does (GRPOTrainer.evaluate's settings).
-        return ship_embedded_model(built_dir, dest or SHIPPED_EMBEDDED_DIR, runtime, check, CollectorSettings.from_config(config))
+        return ship_embedded_model(built_dir, dest or SHIPPED_EMBEDDED_DIR, runtime, check,
+                                   CollectorSettings.from_config(config, evaluation=True))
     finally:
         runtime.close()
 
@@ -314,7 +315,8 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
             eval_tasks = run_eval_tasks(config, file_tasks, dev_tasks, db_root)
 
         def evaluate(_step: int = 0) -> dict[str, Any]:  # exactly as GRPOTrainer.evaluate runs it
-            trajectories = greedy_trajectories(policy, runtime, eval_tasks, CollectorSettings.from_config(config))
+            trajectories = greedy_trajectories(policy, runtime, eval_tasks,
+                                               CollectorSettings.from_config(config, evaluation=True))
             return {**summarize(trajectories), "solved": [int(tr.result.solved) for tr in trajectories]}
 
         before = evaluate()

@@ -286,12 +286,33 @@ def test_difficulty_mix_validation(mix: dict[str, float], ok: bool) -> None:
         ("training.gradient_accumulation=9", "gradient_accumulation: 9 is more than the 8 micro-batches a step has"),
         ("env.mcp_servers.0.args=[--db, '${dbroot}']", "unknown placeholder '${dbroot}' (known: ${db_root}, ${sql_timeout_s})"),
         ("env.reward.format_weight=-1", "reward.format_weight: Input should be greater than or equal to 0"),
+        ("env.reward.syntax_weight=.nan", "reward.syntax_weight: Input should be greater than or equal to 0"),
+        (
+            "env.reward.partial_weight=2",
+            "reward: partial_weight (2) must not exceed execution_weight (1): a near miss would then outscore",
+        ),
+        # removed: nothing ever read it (no value head, no per-turn advantages); a stale YAML must say so
+        ("grpo.turn_level_credit.enabled=true", "unknown key 'turn_level_credit'"),
         ("model.dtype=fp16", "dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16' (got 'fp16')"),
     ],
 )
 def test_validators(override: str, fragment: str) -> None:
     message = config_error(CONFIGS, [override])
     assert message.startswith(f"--set {override}: ") and fragment in message
+
+
+def test_all_zero_reward_weights_are_refused_at_load(cfg_dir: Path) -> None:
+    """In the file: the file is named. By several --set: all of them are (no single one is to blame)."""
+    text = (cfg_dir / "env_config.yaml").read_text()
+    for key in ("execution_weight: 1.0", "format_weight: 0.1", "syntax_weight: 0.05", "partial_weight: 0.2"):
+        text = text.replace(key, key.split(":")[0] + ": 0.0", 1)
+    (cfg_dir / "env_config.yaml").write_text(text)
+    rule = "reward: execution_weight + format_weight + syntax_weight must be > 0"
+    assert config_error(cfg_dir).startswith(f"{cfg_dir}/env_config.yaml: {rule}")
+
+    zeros = [f"env.reward.{k}_weight=0" for k in ("execution", "format", "syntax", "partial")]
+    labels = ", ".join(f"--set {z}" for z in zeros)
+    assert config_error(CONFIGS, zeros).startswith(f"{CONFIGS}/env_config.yaml (with {labels}): {rule}")
 
 
 def test_duplicate_server_names() -> None:

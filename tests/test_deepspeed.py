@@ -80,8 +80,7 @@ def _synthetic_batch(policy, seed: int = 0):
         logp, _ = policy.token_logprobs(ids, attention)
     old = (logp + 0.05 * torch.randn(logp.shape, generator=gen)) * loss_mask
     adv = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3]).unsqueeze(1) * loss_mask
-    turns = torch.where(loss_mask, 0, -1)
-    return TrainBatch(ids, attention, loss_mask, old, adv, turns)
+    return TrainBatch(ids, attention, loss_mask, old, adv)
 
 
 @pytest.fixture(scope="module")

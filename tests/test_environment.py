@@ -201,3 +201,76 @@ def test_collector_reports_a_broken_gold_query_and_keeps_going(runtime):
     assert out[1].result.done_reason == "error" and "gold SQL failed" in out[1].result.error
     # schema_in_prompt cannot read a missing database: that episode fails, the others run
     assert out[2].result.done_reason == "error" and "cannot read the schema of database 'missing'" in out[2].result.error
+
+
+def test_tool_prefix_runs_two_servers_that_list_the_same_tools(cfg_dir, shop_root):
+    """The documented fix for duplicate tool names, from a config file through a real episode:
+    a second sqlite server with tool_prefix 'b_' offers b_execute_sql next to execute_sql."""
+    from skyrl_tool_agent.config import load_config
+
+    path = cfg_dir / "env_config.yaml"
+    text = path.read_text()
+    first = text[text.index("  - name: sqlite"):text.index("call_timeout_s:")]
+    second = first.replace("name: sqlite ", "name: sqlite_b").replace("tool_prefix: ''", "tool_prefix: b_")
+    path.write_text(text.replace(first, first + second).replace("offered_tools: [execute_sql]",
+                                                                 "offered_tools: [execute_sql, b_execute_sql]"))
+    config = load_config(cfg_dir).env
+    assert config.mcp_servers[1].tool_prefix == "b_"
+    rt = EnvRuntime(config, shop_root)
+    try:
+        assert {t.name: t.server for t in rt.tools} == {"execute_sql": "sqlite", "b_execute_sql": "sqlite_b"}
+        task = SHOP_TASKS[0]
+        env = MCPToolEnvironment(extras=_extras(task, max_turns=3), runtime=rt)
+        messages, _ = env.init([{"role": "user", "content": task.question}])
+        assert '"name": "b_execute_sql"' in messages[0]["content"]
+        out = env.step('<tool_call>{"name": "b_execute_sql", "arguments": {"sql": "SELECT count(*) FROM customer"}}'
+                       '</tool_call>')
+        assert out["observations"][0]["content"].strip() == "<tool_response>\ncount(*)\n4\n</tool_response>"
+    finally:
+        rt.close()
+
+
+class FixedAnswerAgent:
+    """Answers every episode with one SQL query at once (an agent, not a stand-in: the collector,
+    env, MCP pool and scoring all run for real)."""
+
+    def __init__(self, sql: str) -> None:
+        self.sql = sql
+
+    async def act(self, requests):
+        from skyrl_tool_agent.env.chat_format import format_answer
+        from skyrl_tool_agent.rollout.agents import AgentTurn
+
+        return [AgentTurn(format_answer(self.sql)) for _ in requests]
+
+
+@pytest.mark.parametrize("reward_keep", [True, False])
+def test_distinct_semantics_of_training_reward_and_evaluation_reports(shop_root, reward_keep):
+    """Gold has DISTINCT, the answer not (Paris twice): right only when DISTINCT is stripped. The
+    training reward follows env.reward.keep_distinct; evaluation settings follow eval_keep_distinct
+    (default: stripped, the official Spider behaviour), whatever the runtime's reward says."""
+    import asyncio
+
+    from skyrl_tool_agent.config import load_config
+    from skyrl_tool_agent.data.tasks import Task
+    from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+    from tests.fixtures.config_files import CONFIGS
+
+    config = load_config(CONFIGS, [f"env.reward.keep_distinct={str(reward_keep).lower()}"])
+    assert config.env.reward.eval_keep_distinct is False
+    task = Task(task_id="d", db_id="shop", question="Which cities have customers?", difficulty="easy",
+                gold_sql="SELECT DISTINCT city FROM customer WHERE city = 'Paris'")
+    agent = FixedAnswerAgent("SELECT city FROM customer WHERE city = 'Paris'")
+    rt = EnvRuntime(config.env, shop_root)
+    try:
+        def solved(settings: CollectorSettings) -> bool:
+            (episode,) = asyncio.run(TrajectoryCollector(rt, agent, settings=settings).collect([task], 1))
+            return episode.result.solved
+
+        assert solved(CollectorSettings.from_config(config)) is (not reward_keep)
+        assert solved(CollectorSettings.from_config(config, evaluation=True)) is True
+        strict = config.model_copy(update={"env": config.env.model_copy(
+            update={"reward": config.env.reward.model_copy(update={"eval_keep_distinct": True})})})
+        assert solved(CollectorSettings.from_config(strict, evaluation=True)) is False
+    finally:
+        rt.close()

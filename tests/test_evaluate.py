@@ -318,20 +318,6 @@ def test_weave_mode_needs_credentials_and_falls_back(monkeypatch):
     assert "WEAVE_DISABLED" not in os.environ
 
 
-def test_evaluate_for_training_writes_step_files(runtime, tmp_path, monkeypatch):
-    from skyrl_tool_agent.config import load_config
-    from skyrl_tool_agent.eval.evaluate import evaluate_for_training
-
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    config = load_config(REPO_ROOT / "configs", ["training.wandb.run_name=unit"])
-    results = evaluate_for_training(config, "oracle", runtime, SHOP_TASKS, step=7, output_dir=tmp_path)
-    assert results["execution_accuracy"] == 1.0 and results["step"] == 7 and results["name"] == "unit-dev-eval"
-    assert results["weave"]["mode"] == "disabled"
-    written = json.loads((tmp_path / "eval-step-000007.json").read_text())
-    assert written["n"] == 3 and (tmp_path / "eval-step-000007_trajectories.jsonl").is_file()
-    assert not (tmp_path / "eval-step-000007_report.html").exists()
-
-
 def test_questions_whose_gold_sql_cannot_run_are_found(db_root):
     from skyrl_tool_agent.eval.selection import gold_sql_errors
 

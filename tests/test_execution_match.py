@@ -241,6 +241,20 @@ def test_distinct_kept_by_default_removed_in_official_mode(db: Path) -> None:
                            db, spider_official=True)
 
 
+def test_keep_distinct_alone_picks_the_distinct_semantics(db: Path) -> None:
+    """keep_distinct overrides only DISTINCT, in either mode; the cases below differ between the two."""
+    gold = "SELECT DISTINCT country FROM singer WHERE country = 'France'"
+    pred = "SELECT country FROM singer WHERE country = 'France'"
+    assert execution_match(pred, gold, db, keep_distinct=False) is True
+    assert execution_match(pred, gold, db, spider_official=True, keep_distinct=True) is False
+    # the other way round: DISTINCT in the prediction is what makes it right; stripped, it returns 6 rows, not 4
+    gold, pred = "SELECT country FROM singer GROUP BY country", "SELECT DISTINCT country FROM singer"
+    assert execution_match(pred, gold, db, keep_distinct=True) is True
+    assert execution_match(pred, gold, db, keep_distinct=False) is False
+    # the rest of official mode stays: exact floats even with DISTINCT kept
+    assert not execution_match("SELECT 0.1 + 0.2", "SELECT 0.3", db, spider_official=True, keep_distinct=True)
+
+
 def test_gold_error_raises(db: Path, tmp_path: Path) -> None:
     with pytest.raises(GoldQueryError, match="no such column"):
         execution_match("SELECT 1", "SELECT nope FROM singer", db)

@@ -1,4 +1,4 @@
-"""GRPO loss math: KL estimators, clipped surrogate, aggregation modes, gradient accumulation, value loss.
+"""GRPO loss math: KL estimators, clipped surrogate, aggregation modes, gradient accumulation.
 
 Expected values are computed independently (plain python loops / `statistics` / `math`), never by
 calling the function under test.
@@ -18,7 +18,6 @@ from skyrl_tool_agent.grpo.losses import (
     grpo_loss,
     kl_estimate,
     loss_normalizer,
-    value_loss,
 )
 
 
@@ -224,23 +223,3 @@ def test_grpo_loss_composition_and_stats() -> None:
         grpo_loss(logp, old, adv, mask, kl_coef=0.1)
     with pytest.raises(ValueError):
         grpo_loss(logp, old, adv, mask, entropy_coef=0.1)
-
-
-# ---------------------------------------------------------------- value loss
-
-
-def test_value_loss_and_clipping() -> None:
-    values = torch.tensor([[1.0, 2.0, 5.0]], requires_grad=True)
-    returns = torch.tensor([[0.0, 2.5, 0.0]])
-    mask = torch.tensor([[1, 1, 0]])
-    loss, stats = value_loss(values, returns, mask)
-    assert loss.item() == pytest.approx(0.5 * (1.0 + 0.25) / 2)
-    # clipped: old 1.0 -> pred may move at most 0.2; token 0 old=0.5 (pred 1.0 clipped to 0.7; err max(1, .49)=1)
-    old = torch.tensor([[0.5, 1.0, 0.0]])
-    loss_c, stats_c = value_loss(values, returns, mask, old_values=old, clip=0.2)
-    # token 1: pred 2.0 clipped to 1.2 -> err max(0.25, 1.69) = 1.69
-    assert loss_c.item() == pytest.approx(0.5 * (1.0 + 1.69) / 2)
-    assert stats_c["vf_clip_frac"] == pytest.approx(0.5)
-    (grad,) = torch.autograd.grad(loss_c, values)
-    assert grad.tolist() == [pytest.approx([0.5, 0.0, 0.0])]  # token 1 uses the clipped (constant) branch
-    assert stats["return_mean"] == pytest.approx(1.25)

@@ -65,7 +65,7 @@ def test_collector_group_trajectories_masks_and_logprobs(runtime, model_dir):
     tok = policy.tokenizer
     for t in trajectories:
         n = len(t.token_ids)
-        assert n == len(t.loss_mask) == len(t.sampling_logprobs) == len(t.turn_index) <= 1500
+        assert n == len(t.loss_mask) == len(t.sampling_logprobs) <= 1500
         assert t.loss_mask[: t.prompt_length] == [0] * t.prompt_length
         assert tok.decode(t.token_ids[: t.prompt_length]) == render_conversation(t.messages[:2])
         # masked-in runs are exactly the assistant turns the env saw; masked-out runs are observations
@@ -82,7 +82,6 @@ def test_collector_group_trajectories_masks_and_logprobs(runtime, model_dir):
         for ids, msg in zip(obs_runs, user_obs):
             assert tok.decode(ids) == render_observation([msg])
         assert t.result.turns == len(assistant) >= 1
-        assert all(i >= 0 for i, m in zip(t.turn_index, t.loss_mask) if m)
     # sampling log-probs == log-probs the trainer recomputes on the same ids (multi-turn sequences)
     batch = collate(trajectories, [1.0] * len(trajectories), tok.pad_token_id)
     with torch.no_grad():

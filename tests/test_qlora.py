@@ -66,7 +66,7 @@ def _batch(policy):
     with torch.no_grad():
         old, _ = policy.token_logprobs(ids, attention)
     adv = torch.tensor([1.0, -1.0, 0.5]).unsqueeze(1) * loss_mask
-    return TrainBatch(ids, attention, loss_mask, old * loss_mask, adv, torch.where(loss_mask, 0, -1))
+    return TrainBatch(ids, attention, loss_mask, old * loss_mask, adv)
 
 
 def _sample(policy) -> None:

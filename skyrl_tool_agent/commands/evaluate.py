@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             name=args.name or f"{args.dataset}-{args.split}", weave_project=w.weave_project(),
             weave_mode=weave_mode(w.mode), model_path=(args.model_path or config.model.name_or_path) if args.policy == "model" else None,
         )
-        settings = collector_settings(config, max_turns=args.max_turns, concurrency=args.concurrency)
+        settings = collector_settings(config, max_turns=args.max_turns, concurrency=args.concurrency, evaluation=True)
         policy = ORACLE
         if args.policy == "model":
             import torch

@@ -138,7 +138,7 @@ def _batch(policy: Any, rows: int, length: int, prefix: int, seed: int = 0) -> A
     loss_mask[:, length // 4 :] = True
     old = torch.full((rows, length - 1), -3.0) * loss_mask  # off-policy enough that clipping is exercised
     adv = torch.linspace(-1, 1, rows).unsqueeze(1) * loss_mask
-    return TrainBatch(ids, attention, loss_mask, old, adv, torch.where(loss_mask, 0, -1))
+    return TrainBatch(ids, attention, loss_mask, old, adv)
 
 
 def run_worker(name: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -37,7 +37,6 @@ from skyrl_tool_agent.config.grpo import (
     CurriculumConfig,
     DifficultyMix,
     GRPOConfig,
-    TurnLevelCreditConfig,
 )
 from skyrl_tool_agent.config.loader import (
     Config,
@@ -79,7 +78,6 @@ __all__ = [
     "QuantizationConfig",
     "RewardConfig",
     "TrainingConfig",
-    "TurnLevelCreditConfig",
     "UserInputError",
     "WandbConfig",
     "add_config_args",

@@ -14,6 +14,7 @@ Server commands may use placeholders, filled when the servers are started (`reso
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -51,6 +52,13 @@ class MCPServerConfig(Section):
         default_factory=dict, description="Extra environment variables for the server process."
     )
     cwd: str | None = knob(None, "Working directory of the server; null = the trainer's.")
+    tool_prefix: str = knob(
+        "",
+        "Prefix added to this server's tool names (e.g. 'b_' makes execute_sql b_execute_sql). Two "
+        "servers listing the same tool name are refused unless one has a prefix. The policy, "
+        "offered_tools and tool calls use the prefixed name; the server still sees its own.",
+        pattern=r"^[A-Za-z0-9_.-]*$",
+    )
 
     @field_validator("command", "cwd")
     @classmethod
@@ -75,13 +83,13 @@ class MCPServerConfig(Section):
         """A copy with placeholders filled and `python` pinned to `sys.executable`."""
         values = {"db_root": str(Path(db_root).expanduser().resolve()), "sql_timeout_s": f"{sql_timeout_s:g}"}
         command = sys.executable if self.command == "python" else substitute(self.command, values)
-        return MCPServerConfig(
-            name=self.name,
-            command=command,
-            args=[substitute(a, values) for a in self.args],
-            env={k: substitute(v, values) for k, v in self.env.items()},
-            cwd=None if self.cwd is None else substitute(self.cwd, values),
-        )
+        # a copy, not a new instance field by field: a knob added later cannot be dropped here
+        return self.model_copy(update={
+            "command": command,
+            "args": [substitute(a, values) for a in self.args],
+            "env": {k: substitute(v, values) for k, v in self.env.items()},
+            "cwd": None if self.cwd is None else substitute(self.cwd, values),
+        })
 
 
 def _default_servers() -> list[MCPServerConfig]:
@@ -92,6 +100,24 @@ def _default_servers() -> list[MCPServerConfig]:
             args=["-m", "mcp_tools.sqlite_server", "--db-root", "${db_root}", "--timeout-s", "${sql_timeout_s}"],
         )
     ]
+
+
+def check_reward_weights(execution: float, format: float, syntax: float, partial: float) -> None:
+    """Raise ValueError unless the weights make a usable reward: finite and >= 0, a perfect episode
+    worth something (execution + format + syntax > 0, the divisor), and partial <= execution.
+
+    The one statement of the rule: `RewardConfig` applies it when a config loads (a one-line
+    `error:`), `rewards.scoring.RewardWeights` when weights are built in code."""
+    named = {"execution": execution, "format": format, "syntax": syntax, "partial": partial}
+    for name, value in named.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name}_weight must be a finite number >= 0, got {value!r}")
+    if execution + format + syntax <= 0:
+        raise ValueError("execution_weight + format_weight + syntax_weight must be > 0 (a perfect episode would "
+                         "score 0/0)")
+    if partial > execution:
+        raise ValueError(f"partial_weight ({partial:g}) must not exceed execution_weight ({execution:g}): a near "
+                         "miss would then outscore a correct answer")
 
 
 class RewardConfig(Section):
@@ -115,7 +141,25 @@ class RewardConfig(Section):
         "tables, columns, aggregates and conditions with the gold query.",
         ge=0,
     )
+    keep_distinct: bool = knob(
+        True,
+        "Training reward's execution match: compare the queries with DISTINCT as written, so a "
+        "missing DISTINCT that changes the rows is wrong. False = the official Spider test-suite "
+        "default (its --keep_distinct off): every DISTINCT, COUNT(DISTINCT x) included, is deleted "
+        "from both queries before they run.",
+    )
+    eval_keep_distinct: bool = knob(
+        False,
+        "The same choice for evaluation reports (eval steps, the final dev evaluation, the evaluate "
+        "command). The default is the official test-suite behaviour, so reported accuracy compares "
+        "with published Spider numbers.",
+    )
     gold_cache_size: int = knob(4096, "Gold-query results cached (LRU entries).", ge=0)
+
+    @model_validator(mode="after")
+    def _usable(self) -> RewardConfig:
+        check_reward_weights(self.execution_weight, self.format_weight, self.syntax_weight, self.partial_weight)
+        return self
 
 
 class CollectorConfig(Section):

@@ -34,15 +34,6 @@ class DifficultyMix(Section):
         return {"easy": self.easy, "medium": self.medium, "hard": self.hard}
 
 
-class TurnLevelCreditConfig(Section):
-    """Turn-level credit assignment: per-turn rewards + a value head, combined with GAE."""
-
-    enabled: bool = knob(False, "Use turn-level GAE advantages instead of one advantage per episode.")
-    gamma: float = knob(0.99, "Discount per turn.", ge=0, le=1)
-    lam: float = knob(0.95, "GAE lambda.", ge=0, le=1)
-    value_coef: float = knob(0.1, "Weight of the value-head loss.", ge=0)
-
-
 class CurriculumConfig(Section):
     """Which difficulty to draw each task from over training, and which tasks to favour.
 
@@ -161,9 +152,6 @@ class GRPOConfig(Section):
     )
     fixed_length_normalizer: int | None = knob(
         None, "Constant length for fixed_length; null = max_total_tokens.", ge=1
-    )
-    turn_level_credit: TurnLevelCreditConfig = Field(
-        default_factory=TurnLevelCreditConfig, description="Turn-level GAE credit assignment."
     )
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Difficulty curriculum.")
     batcher: BatcherConfig = Field(default_factory=BatcherConfig, description="Turn-budget step sizing.")

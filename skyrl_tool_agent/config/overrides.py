@@ -136,13 +136,16 @@ def _describe(error: dict[str, Any], model: type[BaseModel]) -> tuple[Loc, str]:
 
 
 def _blame(loc: Loc, shown: str, overrides: Iterable[tuple[Loc, Override]]) -> str:
-    """The `--set` that wrote `loc` (or a parent/child of it), else the file."""
+    """The `--set` that wrote `loc` (or a parent/child of it), else the file. A rule of a parent
+    model (e.g. reward weights that must not all be 0) that several `--set` fed names them all."""
     applied = list(overrides)
     if loc:
-        for written, override in reversed(applied):
-            n = min(len(loc), len(written))
-            if loc[:n] == written[:n]:
-                return override.label
+        matching = [(w, o) for w, o in applied if loc[: min(len(loc), len(w))] == w[: min(len(loc), len(w))]]
+        inside = [o for w, o in matching if len(w) > len(loc)]
+        if len(inside) > 1:
+            return f"{shown} (with {', '.join(o.label for o in inside)})"
+        if matching:
+            return matching[-1][1].label
     elif applied:
         return f"{shown} (with {', '.join(o.label for _, o in applied)})"
     return shown

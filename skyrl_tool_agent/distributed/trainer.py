@@ -36,6 +36,7 @@ from skyrl_tool_agent.grpo.batch import TrainBatch
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer, on_device
 from skyrl_tool_agent.policy.qwen import SamplingParams
+from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -89,13 +90,14 @@ class DistributedGRPOTrainer(GRPOTrainer):
         self.ds_config = ds_config
 
     # ------------------------------------------------------------- rollouts
-    def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams) -> list[Trajectory]:
+    def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
+                settings: CollectorSettings | None = None) -> list[Trajectory]:
         """This rank's share of `tasks` rolled out, then everyone's, in task-major order."""
         ctx = self.ctx
         mine = list(tasks[ctx.rank :: ctx.world_size])
         # Same step seed on every rank (set by train_step), offset so ranks sample independently.
         torch.manual_seed(torch.initial_seed() + 1_000_003 * ctx.rank)
-        local = super().collect(mine, group_size, params) if mine else []
+        local = super().collect(mine, group_size, params, settings) if mine else []
         self.policy.finish_generation()
         gathered = ctx.all_gather_object(local)
         out: list[Trajectory] = []

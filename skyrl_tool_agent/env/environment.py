@@ -56,7 +56,8 @@ class MCPToolEnvironment(BaseTextEnv):
         env_config: `EnvConfig` (configs/env_config.yaml), a mapping of its fields (SkyRL passes a
             DictConfig), or None for defaults. A mapping may also carry `db_root`.
         extras: one dataset row's extras in SkyRL-train's shape: `reward_spec.ground_truth` (gold SQL),
-            `db_id`, optional `max_turns` and `db_root`/`db_path`.
+            `db_id`, optional `max_turns` and `db_root`/`db_path`; `reward_spec.keep_distinct`, when
+            given, overrides the runtime's DISTINCT semantics for this episode (evaluation reports).
         runtime: an already-started `EnvRuntime` (pool, reward cache, settings) to share; built from
             `env_config` and cached per process when omitted.
     """
@@ -74,6 +75,8 @@ class MCPToolEnvironment(BaseTextEnv):
         settings = self.runtime.settings
         reward_spec = extras.get("reward_spec") or {}
         self.gold_sql: str | None = reward_spec.get("ground_truth") or extras.get("gold_sql")
+        keep = reward_spec.get("keep_distinct")
+        self.keep_distinct: bool = self.runtime.settings.keep_distinct if keep is None else bool(keep)
         self.db_id: str | None = extras.get("db_id")
         if extras.get("db_path"):
             self.db_path: Path | None = Path(extras["db_path"])
@@ -180,6 +183,7 @@ class MCPToolEnvironment(BaseTextEnv):
             weights=settings.reward_weights,
             cache=self.runtime.gold_cache,
             timeout_s=settings.sql_timeout_s,
+            keep_distinct=self.keep_distinct,
         )
 
     def step(self, action: str) -> BaseTextEnvStepOutput:

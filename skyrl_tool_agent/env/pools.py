@@ -34,6 +34,7 @@ class EnvSettings:
     call_timeout_s: float
     reward_weights: RewardWeights
     shaping_penalty: float  # 0 = no per-turn shaping
+    keep_distinct: bool = True  # the training reward's DISTINCT semantics (env.reward.keep_distinct)
 
 
 def server_specs(config: EnvConfig, db_root: Path) -> list[ServerSpec]:
@@ -88,6 +89,7 @@ class EnvRuntime:
                 syntax=config.reward.syntax_weight,
                 partial=config.reward.partial_weight,
             ),
+            keep_distinct=config.reward.keep_distinct,
         )
         self.gold_cache = GoldResultCache(maxsize=config.reward.gold_cache_size)
         self._owns_pool = pool is None
@@ -178,11 +180,3 @@ def resolve_runtime(env_config: Any, extras: Mapping[str, Any]) -> EnvRuntime:
             runtime = EnvRuntime(config, db_root)
             _RUNTIMES[key] = runtime
         return runtime
-
-
-def close_shared_runtimes() -> None:
-    """Close every cached runtime (their pools also close at interpreter exit)."""
-    with _LOCK:
-        for runtime in _RUNTIMES.values():
-            runtime.close()
-        _RUNTIMES.clear()

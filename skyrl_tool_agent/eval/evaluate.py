@@ -7,7 +7,6 @@ metrics overall, per difficulty and per database (+ pass@k when sampled) -> offl
 The episodes are produced by one `TrajectoryCollector.collect` call over all tasks (concurrent
 episodes, generation batched across them) while a `weave.Evaluation` over the same tasks consumes
 them (see `weave_eval`); Weave is online with W&B credentials and disabled otherwise.
-`evaluate_for_training` is the same run for the GRPO trainer's eval steps.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from skyrl_tool_agent.config import Config, UserInputError
+from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, is_exact_match
@@ -288,32 +287,3 @@ def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str,
 
         write_report(run.results, run.records, paths.report, difficulty_png=paths.difficulty_png, baseline=baseline)
     return paths
-
-
-def evaluate_for_training(
-    config: Config,
-    policy: Any,
-    runtime: EnvRuntime,
-    tasks: Sequence[Task],
-    *,
-    step: int,
-    settings: CollectorSettings | None = None,
-    output_dir: Path | None = None,
-) -> dict[str, Any]:
-    """Greedy evaluation at a training step, as a `weave.Evaluation` ('<run>-dev-eval', the model
-    tagged with `step`, so Weave compares checkpoints); returns results.json's dict (the keys of
-    `summarize` plus exact_match, by_difficulty, by_db, weave). With `output_dir`, also writes
-    `eval-step-XXXXXX.json` (+ JSONL, PNG; no HTML report) there.
-    """
-    from skyrl_tool_agent.eval.weave_setup import weave_mode
-
-    w = config.training.wandb
-    settings = settings or collector_settings(config)
-    options = EvalOptions(
-        name=f"{w.run_name or 'grpo'}-dev-eval", weave_project=w.weave_project(),
-        weave_mode=weave_mode(w.mode), model_path=str(config.model.name_or_path), step=step,
-    )
-    run = run_evaluation(tasks, runtime, policy, settings, options)
-    if output_dir is not None:
-        write_outputs(run, OutputPaths.beside(Path(output_dir) / f"eval-step-{step:06d}.json"), report=False)
-    return run.results

@@ -9,9 +9,7 @@ G completions sampled for each (a "group").
 - ``rloo``    (Ahmadian et al.): ``r_i - mean_{j != i} r_j`` = ``G / (G - 1) * (r_i - mean_g)``,
   an unbiased leave-one-out baseline.
 
-Turn level (optional credit assignment for multi-turn episodes): per-turn rewards and a per-turn
-value estimate, `[B, T]`, combined with GAE (Schulman et al. 2016). Finally, helpers spread the
-sequence or turn advantages onto tokens `[B, L]` for the token-level loss in `losses.py`.
+Every policy token of an episode gets its episode's advantage (`grpo.batch.collate`).
 """
 
 from __future__ import annotations
@@ -23,13 +21,9 @@ from torch import Tensor
 
 __all__ = [
     "AdvantageEstimator",
-    "broadcast_to_tokens",
-    "discounted_returns",
-    "gae_advantages",
     "group_advantages",
     "informative_group_mask",
     "scale_by_batch",
-    "turn_advantages_to_tokens",
 ]
 
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo"]
@@ -111,83 +105,3 @@ def scale_by_batch(
     else:
         std = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
     return torch.where(std > 0, advantages / (std + eps), advantages)
-
-
-def discounted_returns(rewards: Tensor, gamma: float, mask: Tensor | None = None) -> Tensor:
-    """Reward-to-go `G_t = r_t + gamma * G_{t+1}` along the last dimension (`[T]` or `[B, T]`).
-
-    The step after the last valid turn contributes 0. Positions where `mask` is 0 are skipped
-    (they neither receive nor pass on return, and come back as 0), so episodes with different
-    numbers of turns can share a padded tensor.
-    """
-    valid = torch.ones_like(rewards) if mask is None else mask.to(rewards.dtype)
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[..., 0])
-    for t in reversed(range(rewards.shape[-1])):
-        m = valid[..., t]
-        step = rewards[..., t] + gamma * running
-        returns[..., t] = step * m
-        running = m * step + (1.0 - m) * running
-    return returns
-
-
-def gae_advantages(
-    turn_rewards: Tensor,
-    values: Tensor,
-    turn_mask: Tensor,
-    gamma: float = 0.99,
-    lam: float = 0.95,
-) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation over turns; returns `(advantages, returns)`, both `[B, T]`.
-
-    `turn_rewards[b, t]` is the reward observed after turn t, `values[b, t]` the critic's estimate
-    at the start of turn t (treated as a constant: detach it). For each episode the valid turns are
-    those where `turn_mask` is set, in order; gaps are skipped, so ragged episodes can be right-padded
-    (or even have holes). The last valid turn bootstraps with 0 (the episode ended):
-
-        delta_t = r_t + gamma * V_{t+1} - V_t,   A_t = delta_t + gamma * lam * A_{t+1},   R_t = A_t + V_t
-
-    Invalid positions come back as 0 in both outputs.
-    """
-    if not (turn_rewards.shape == values.shape == turn_mask.shape) or turn_rewards.dim() != 2:
-        raise ValueError("turn_rewards, values and turn_mask must all be [B, T]")
-    values = values.detach().to(turn_rewards.dtype)
-    valid = turn_mask.to(turn_rewards.dtype)
-    advantages = torch.zeros_like(turn_rewards)
-    next_value = torch.zeros_like(turn_rewards[:, 0])
-    next_adv = torch.zeros_like(next_value)
-    for t in reversed(range(turn_rewards.shape[1])):
-        m = valid[:, t]
-        delta = turn_rewards[:, t] + gamma * next_value - values[:, t]
-        adv = delta + gamma * lam * next_adv
-        advantages[:, t] = adv * m
-        # Carry the successor's value/advantage straight through masked-out positions.
-        next_value = m * values[:, t] + (1.0 - m) * next_value
-        next_adv = m * adv + (1.0 - m) * next_adv
-    returns = (advantages + values) * valid
-    return advantages, returns
-
-
-def broadcast_to_tokens(seq_advantages: Tensor, loss_mask: Tensor) -> Tensor:
-    """Give every policy token of sequence b the advantage `seq_advantages[b]`; other tokens get 0."""
-    if seq_advantages.dim() != 1 or loss_mask.dim() != 2 or seq_advantages.shape[0] != loss_mask.shape[0]:
-        raise ValueError("expected seq_advantages [B] and loss_mask [B, L]")
-    return seq_advantages.unsqueeze(1) * loss_mask.to(seq_advantages.dtype)
-
-
-def turn_advantages_to_tokens(turn_advantages: Tensor, token_turn_index: Tensor) -> Tensor:
-    """Token advantages `[B, L]`: token (b, l) gets `turn_advantages[b, token_turn_index[b, l]]`.
-
-    `token_turn_index` is a LongTensor `[B, L]` holding, for each policy token, the index of the
-    assistant turn it belongs to, and -1 for every other token (prompt, tool output, padding), which
-    get advantage 0.
-    """
-    if turn_advantages.dim() != 2 or token_turn_index.dim() != 2:
-        raise ValueError("expected turn_advantages [B, T] and token_turn_index [B, L]")
-    if turn_advantages.shape[0] != token_turn_index.shape[0]:
-        raise ValueError("turn_advantages and token_turn_index disagree on the batch size")
-    if bool((token_turn_index >= turn_advantages.shape[1]).any()) or bool((token_turn_index < -1).any()):
-        raise ValueError("token_turn_index must be -1 or a valid turn index")
-    is_policy = token_turn_index >= 0
-    gathered = torch.gather(turn_advantages, 1, token_turn_index.clamp(min=0).long())
-    return gathered * is_policy.to(turn_advantages.dtype)

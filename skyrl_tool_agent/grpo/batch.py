@@ -21,7 +21,6 @@ class TrainBatch:
     loss_mask: torch.Tensor  # bool, sampled tokens only
     old_logp: torch.Tensor  # sampling log-probs
     advantages: torch.Tensor  # per token
-    turn_index: torch.Tensor  # long, -1 off-policy tokens
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -35,7 +34,6 @@ class TrainBatch:
             self.loss_mask[idx, : width - 1],
             self.old_logp[idx, : width - 1],
             self.advantages[idx, : width - 1],
-            self.turn_index[idx, : width - 1],
         )
 
 
@@ -47,16 +45,14 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad
     attention = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width - 1), dtype=torch.bool)
     old_logp = torch.zeros((n, width - 1), dtype=torch.float32)
-    turn_index = torch.full((n, width - 1), -1, dtype=torch.long)
     for row, t in enumerate(trajectories):
         k = len(t.token_ids)
         input_ids[row, :k] = torch.tensor(t.token_ids)
         attention[row, :k] = 1
         loss_mask[row, : k - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.bool)
         old_logp[row, : k - 1] = torch.tensor(t.sampling_logprobs[1:], dtype=torch.float32)
-        turn_index[row, : k - 1] = torch.tensor(t.turn_index[1:])
     adv = torch.tensor(list(advantages), dtype=torch.float32).unsqueeze(1) * loss_mask
-    return TrainBatch(input_ids, attention, loss_mask, old_logp, adv, turn_index)
+    return TrainBatch(input_ids, attention, loss_mask, old_logp, adv)
 
 
 @dataclass

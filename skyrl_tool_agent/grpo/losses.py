@@ -42,7 +42,6 @@ __all__ = [
     "kl_estimate",
     "loss_normalizer",
     "token_logprobs",  # re-exported from logprobs for convenience
-    "value_loss",
 ]
 
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -242,44 +241,4 @@ def grpo_loss(
     loss = reduce(total)
     named["loss"] = loss.detach()
     stats.update(_floats(named))
-    return loss, stats
-
-
-def value_loss(
-    values: Tensor,
-    returns: Tensor,
-    mask: Tensor,
-    *,
-    old_values: Tensor | None = None,
-    clip: float | None = None,
-    normalizer: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """Critic loss `0.5 * (V - R)^2`, token (or turn) mean over `mask`, for the GAE option.
-
-    With `clip`, PPO value clipping: the prediction may move at most `clip` from `old_values`, and
-    the larger of the clipped and unclipped errors is used. `returns` are targets (detached).
-    `normalizer` works as in `aggregate` (``token_mean``). Stats: ``vf_loss``, ``vf_clip_frac``,
-    ``value_mean``, ``return_mean``.
-    """
-    m = _as_bool(mask)
-    returns = returns.detach()
-    err = (values - returns).square()
-    clip_frac = torch.zeros((), device=values.device)
-    if clip is not None:
-        if old_values is None:
-            raise ValueError("value clipping needs old_values")
-        old_values = old_values.detach()
-        clipped_values = old_values + (values - old_values).clamp(-clip, clip)
-        clipped_err = (clipped_values - returns).square()
-        clip_frac = masked_mean((clipped_err > err).float().detach(), m)
-        err = torch.maximum(err, clipped_err)
-    loss = 0.5 * aggregate(err, m, "token_mean", normalizer=normalizer)
-    stats = _floats(
-        {
-            "vf_loss": loss.detach(),
-            "vf_clip_frac": clip_frac,
-            "value_mean": masked_mean(values.detach(), m),
-            "return_mean": masked_mean(returns, m),
-        }
-    )
     return loss, stats

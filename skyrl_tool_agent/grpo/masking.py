@@ -1,6 +1,6 @@
 """Masked reductions over token tensors.
 
-A mask marks the positions that count (policy-generated tokens, valid turns); it may be bool or
+A mask marks the positions that count (policy-generated tokens); it may be bool or
 float 0/1 and must broadcast against the values. Empty masks reduce to 0 rather than NaN, because
 a micro-batch with no policy tokens (e.g. every sample truncated) must not poison a whole step.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["masked_max", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
+__all__ = ["masked_max", "masked_mean", "masked_sum"]
 
 
 def _as_weights(mask: Tensor, like: Tensor) -> Tensor:
@@ -30,30 +30,6 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = Non
     weights = _as_weights(mask, x).expand_as(x)
     count = weights.sum() if dim is None else weights.sum(dim=dim)
     return masked_sum(x, weights, dim) / count.clamp(min=1.0)
-
-
-def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance of `x` over all masked positions (scalar); 0 when fewer than two positions count."""
-    weights = _as_weights(mask, x).expand_as(x)
-    count = weights.sum()
-    centred = x - masked_mean(x, weights)
-    sq_sum = masked_sum(centred * centred, weights)
-    denom = count - 1.0 if unbiased else count
-    return torch.where(count > 1, sq_sum / denom.clamp(min=1.0), torch.zeros_like(sq_sum))
-
-
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """`(x - mean) / sqrt(var + eps)` with statistics over the masked positions only.
-
-    With `shift_mean=False` the mean is added back (scale only), as PPO implementations do for
-    advantages they want rescaled but not re-centred. Masked-out positions are returned as 0.
-    """
-    weights = _as_weights(mask, x).expand_as(x)
-    mean = masked_mean(x, weights)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, weights) + eps)
-    if not shift_mean:
-        whitened = whitened + mean
-    return whitened * weights
 
 
 def masked_max(x: Tensor, mask: Tensor) -> Tensor:

@@ -104,6 +104,7 @@ class GRPOTrainer:
         # Lockstep turns (deterministic): generation batches (hence sampling RNG use) do not depend on
         # tool latency, so a resumed run samples exactly what an uninterrupted one would.
         self.collector_settings = CollectorSettings.from_config(config)
+        self.eval_settings = CollectorSettings.from_config(config, evaluation=True)  # report semantics
         self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
 
     # ---------------------------------------------------------------- resume
@@ -128,16 +129,18 @@ class GRPOTrainer:
         )
 
     # ------------------------------------------------------------- rollouts
-    def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams) -> list[Trajectory]:
+    def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
+                settings: CollectorSettings | None = None) -> list[Trajectory]:
+        """Episodes through the env (`settings`: the training ones unless given)."""
         collector = TrajectoryCollector(self.runtime, PolicyAgent(self.policy, params), tokenizer=self.policy.tokenizer,
-                                        settings=self.collector_settings)
+                                        settings=settings or self.collector_settings)
         return asyncio.run(collector.collect(tasks, group_size))
 
     def evaluate(self) -> dict[str, Any]:
         """Greedy execution accuracy etc. on the fixed dev subset, with `solved`: 1/0 per eval task
         in `eval_tasks` order (for paired confidence intervals between two evaluations)."""
         params = SamplingParams(temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
-        trajectories = self.collect(self.eval_tasks, 1, params)
+        trajectories = self.collect(self.eval_tasks, 1, params, self.eval_settings)
         return {**summarize(trajectories), "solved": [int(tr.result.solved) for tr in trajectories]}
 
     # --------------------------------------------------------------- update
@@ -170,7 +173,8 @@ class GRPOTrainer:
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         g, t = self.config.grpo, self.config.training
-        norm = loss_normalizer(batch.loss_mask, g.loss_aggregation, g.fixed_length_normalizer)
+        fixed_length = g.resolved_fixed_length()  # null in YAML means max_total_tokens
+        norm = loss_normalizer(batch.loss_mask, g.loss_aggregation, fixed_length)
         micro_batches = self._micro_batches(batch, max(1, t.micro_batch_size))
         use_ref = g.kl_coef > 0
         sums: dict[str, float] = {}  # token-weighted stat sums over micro-batches, "num_tokens", "loss"
@@ -191,7 +195,7 @@ class GRPOTrainer:
                     logp, mb.old_logp, mb.advantages, mb.loss_mask, ref_logp=ref_logp, kl_coef=g.kl_coef,
                     kl_estimator=g.kl_estimator, entropy=entropy, entropy_coef=g.entropy_coef,
                     eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, aggregation=g.loss_aggregation,
-                    fixed_length=g.fixed_length_normalizer, normalizer=norm,
+                    fixed_length=fixed_length, normalizer=norm,
                 )
                 self._backward(loss, last=i == len(micro_batches) - 1)
                 sums["loss"] += float(loss.detach())

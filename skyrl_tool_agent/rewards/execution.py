@@ -25,7 +25,8 @@ How ``results_match`` decides, and where it deliberately differs from the offici
   BY inside a subquery -- ``WHERE x = (SELECT ... ORDER BY ... LIMIT 1)`` -- also counts there).
 * DISTINCT is kept (DIFFERENCE: the official default deletes every DISTINCT token from both
   queries unless run with ``--keep_distinct``, which also turns ``COUNT(DISTINCT x)`` into
-  ``COUNT(x)``). ``spider_official=True`` reproduces the official defaults for comparable
+  ``COUNT(x)``); ``keep_distinct=False`` does the same deletion (``env.reward.keep_distinct`` for
+  the training reward, ``env.reward.eval_keep_distinct`` for evaluation reports). ``spider_official=True`` reproduces the official defaults for comparable
   evaluation numbers: DISTINCT removal, its ``'> ='`` -> ``'>='`` fix-ups, substring ORDER BY
   detection and exact float comparison.
 * LIMIT with ties: results are compared, not intent, so ``ORDER BY score DESC LIMIT 1`` with a
@@ -316,15 +317,20 @@ def compare_execution(
     timeout_s: float = 5.0,
     cache: GoldResultCache | None = None,
     spider_official: bool = False,
+    keep_distinct: bool | None = None,
 ) -> ExecutionComparison:
     """Run both queries in the sandbox and compare their results (module docstring).
 
-    Raises GoldQueryError if the gold query fails, DatabaseUnavailableError if the database
-    cannot be read (or changes meanwhile); a failing prediction is a non-match whose error is
-    reported in the returned object.
+    `keep_distinct` alone picks the DISTINCT behaviour (False = delete every DISTINCT from both
+    queries, the official default); None = that of the mode (kept here, deleted with
+    `spider_official`). Raises GoldQueryError if the gold query fails, DatabaseUnavailableError if
+    the database cannot be read (or changes meanwhile); a failing prediction is a non-match whose
+    error is reported in the returned object.
     """
     if spider_official:
         pred_sql, gold_sql = _official_postprocess(pred_sql), _official_postprocess(gold_sql)
+    keep = (not spider_official) if keep_distinct is None else keep_distinct
+    if not keep:
         gold_stripped = remove_distinct_tokens(gold_sql)
         if gold_stripped is None:
             raise GoldQueryError(f"gold SQL does not tokenize: {gold_sql!r}")
@@ -386,6 +392,7 @@ def execution_match(
     timeout_s: float = 5.0,
     cache: GoldResultCache | None = None,
     spider_official: bool = False,
+    keep_distinct: bool | None = None,
 ) -> bool:
     """True when ``pred_sql`` returns the same result as ``gold_sql`` on ``db_path``.
 
@@ -393,5 +400,6 @@ def execution_match(
     False; a failing gold query raises GoldQueryError.
     """
     return compare_execution(
-        pred_sql, gold_sql, db_path, timeout_s=timeout_s, cache=cache, spider_official=spider_official
+        pred_sql, gold_sql, db_path, timeout_s=timeout_s, cache=cache, spider_official=spider_official,
+        keep_distinct=keep_distinct,
     ).match

@@ -26,10 +26,10 @@ wrong one at equal format.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from skyrl_tool_agent.config.env import check_reward_weights
 from skyrl_tool_agent.rewards.execution import GoldResultCache, compare_execution
 from skyrl_tool_agent.rewards.partial import partial_credit, sql_is_valid
 
@@ -46,17 +46,7 @@ class RewardWeights:
     partial: float = 0.2
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"reward weight {f.name} must be a finite number >= 0, got {value!r}")
-        if self.normaliser <= 0:
-            raise ValueError("execution + format + syntax weights must be > 0")
-        if self.partial > self.execution:
-            raise ValueError(
-                f"partial weight ({self.partial}) must not exceed execution weight ({self.execution}): "
-                "a near miss would then outscore a correct answer"
-            )
+        check_reward_weights(self.execution, self.format, self.syntax, self.partial)
 
     @property
     def normaliser(self) -> float:
@@ -89,19 +79,23 @@ def score_answer(
     weights: RewardWeights | None = None,
     cache: GoldResultCache | None = None,
     timeout_s: float = 5.0,
+    keep_distinct: bool = True,
 ) -> RewardBreakdown:
     """Score an episode's final answer against the gold query on ``db_path``.
 
     ``answer_sql`` None (or blank) means the episode ended without an answer: every component is
-    0. Raises ``execution.GoldQueryError`` if the gold query itself fails, and its subclass
-    ``execution.DatabaseUnavailableError`` if the database cannot be read: infrastructure faults
-    are never scored. Both queries run under ``limits`` (the tool server's limits, a process-wide
-    SQLite heap cap and a wall-clock bound): this runs in the trainer's own process.
+    0. ``keep_distinct`` False deletes DISTINCT from both queries before comparing (the official
+    Spider default; ``execution.compare_execution``). Raises ``execution.GoldQueryError`` if the
+    gold query itself fails, and its subclass ``execution.DatabaseUnavailableError`` if the database
+    cannot be read: infrastructure faults are never scored. Both queries run under ``limits`` (the
+    tool server's limits, a process-wide SQLite heap cap and a wall-clock bound): this runs in the
+    trainer's own process.
     """
     weights = weights or RewardWeights()
     if answer_sql is None or not answer_sql.strip():
         return RewardBreakdown(0.0, 0.0, 0.0, 0.0, 0.0)
-    outcome = compare_execution(answer_sql, gold_sql, db_path, timeout_s=timeout_s, cache=cache)
+    outcome = compare_execution(answer_sql, gold_sql, db_path, timeout_s=timeout_s, cache=cache,
+                                keep_distinct=keep_distinct)
     execution = 1.0 if outcome.match else 0.0
     form = 1.0 if format_ok else 0.0
     ran = outcome.pred_error_kind is None

@@ -46,14 +46,19 @@ class CollectorSettings:
     # True: each generation batch waits for every running episode (lockstep turns) and is ordered
     # by episode, so sampling does not depend on tool latency (reproducible runs and resumes).
     deterministic: bool = False
+    # DISTINCT semantics of the execution match for these episodes; None = the runtime's reward
+    # setting. Evaluations set it from env.reward.eval_keep_distinct.
+    keep_distinct: bool | None = None
 
     @classmethod
     def from_config(cls, config: Config, *, max_turns: int | None = None, min_turns: int = 0,
-                    concurrency: int | None = None, deterministic: bool = True) -> CollectorSettings:
+                    concurrency: int | None = None, deterministic: bool = True,
+                    evaluation: bool = False) -> CollectorSettings:
         """The one translation from config: episode limits from `grpo.*` (`max_turns` overrides,
         at least `min_turns`), concurrency and retries from `env.collector`. deterministic =
         lockstep generation batches ordered by episode, so sampling and greedy results do not
-        depend on tool latency (reproducible runs and resumes; costs little at these batch sizes)."""
+        depend on tool latency (reproducible runs and resumes; costs little at these batch sizes).
+        `evaluation`: episodes of an evaluation report, scored with env.reward.eval_keep_distinct."""
         g = config.grpo
         width = max(1, concurrency or config.env.collector.concurrency)
         return cls(
@@ -64,6 +69,7 @@ class CollectorSettings:
             max_batch=width,
             max_episode_retries=config.env.collector.max_episode_retries,
             deterministic=deterministic,
+            keep_distinct=config.env.reward.eval_keep_distinct if evaluation else None,
         )
 
 
@@ -208,7 +214,8 @@ class TrajectoryCollector:
     async def _episode(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
         s = self.settings
         env = MCPToolEnvironment(
-            extras={"reward_spec": {"ground_truth": task.gold_sql}, "db_id": task.db_id, "max_turns": s.max_turns},
+            extras={"reward_spec": {"ground_truth": task.gold_sql, "keep_distinct": s.keep_distinct},
+                    "db_id": task.db_id, "max_turns": s.max_turns},
             runtime=self.runtime,
         )
         messages, env_info = env.init([task_user_message(task.db_id, task.question)])
@@ -217,7 +224,7 @@ class TrajectoryCollector:
         if record:
             prompt_ids = self._encode(render_conversation(messages))
             traj.token_ids, traj.loss_mask = list(prompt_ids), [0] * len(prompt_ids)
-            traj.sampling_logprobs, traj.turn_index = [0.0] * len(prompt_ids), [-1] * len(prompt_ids)
+            traj.sampling_logprobs = [0.0] * len(prompt_ids)
             traj.prompt_length = len(prompt_ids)
         metadata: dict[str, Any] = {}
         done_reason = None
@@ -236,7 +243,6 @@ class TrajectoryCollector:
                 traj.token_ids += ids
                 traj.loss_mask += [1] * len(ids)
                 traj.sampling_logprobs += list(logps)
-                traj.turn_index += [turn] * len(ids)
             out = await env.astep(reply.text)
             traj.messages = list(env.chat_history)
             traj.turn_rewards.append(float(out["reward"]))
@@ -248,7 +254,6 @@ class TrajectoryCollector:
                 traj.token_ids += obs_ids
                 traj.loss_mask += [0] * len(obs_ids)
                 traj.sampling_logprobs += [0.0] * len(obs_ids)
-                traj.turn_index += [-1] * len(obs_ids)
         if not env.done:  # ended by the token budget: score what we have (no answer)
             env.reward = await asyncio.to_thread(env._score)
             done_reason = done_reason or "max_tokens"
@@ -277,8 +282,3 @@ class TrajectoryCollector:
             done_reason=metadata.get("done_reason", "max_turns"),
             final_sql=env.final_sql,
         )
-
-
-def collect_sync(collector: TrajectoryCollector, tasks: Sequence[Task], group_size: int = 1) -> list[Trajectory]:
-    """Blocking wrapper for scripts and the trainer loop."""
-    return asyncio.run(collector.collect(tasks, group_size))

@@ -35,8 +35,8 @@ class Trajectory:
 
     `token_ids` = prompt, then for each turn the sampled ids followed by the observation ids.
     `loss_mask` is 1 exactly on ids the policy sampled; `sampling_logprobs` holds their log-probs
-    under the sampling distribution (0 elsewhere); `turn_index` is the turn a sampled id belongs to
-    (-1 elsewhere), for turn-level credit. Token lists are empty for text-only policies (the oracle).
+    under the sampling distribution (0 elsewhere). Token lists are empty for text-only policies (the
+    oracle).
     """
 
     task_id: str
@@ -46,7 +46,6 @@ class Trajectory:
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     sampling_logprobs: list[float] = field(default_factory=list)
-    turn_index: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     prompt_length: int = 0
 
