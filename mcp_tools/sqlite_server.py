@@ -345,7 +345,7 @@ def build_server(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--db-root", type=Path, help="Spider layout: DIR/<db_id>/<db_id>.sqlite")
     where.add_argument("--db", type=Path, help="one database file; the db_id argument is ignored")

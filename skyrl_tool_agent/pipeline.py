@@ -41,7 +41,7 @@ def load_task_splits(config: Config) -> tuple[list[Task], list[Task], Path]:
     for path, knob in ((train_file, "train_file"), (dev_file, "dev_file")):
         if not path.is_file():
             raise UserInputError(f"task file not found: {path} (training.data.{knob}); "
-                                 "run `python training/scripts/build_data.py`")
+                                 "run `skyrl-tool-agent build-data` (or python training/scripts/build_data.py in a checkout)")
     try:
         return load_tasks(train_file), load_tasks(dev_file), db_root
     except ValueError as exc:

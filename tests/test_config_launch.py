@@ -115,3 +115,14 @@ def test_script_with_bad_config_exits_2_with_one_line(cfg_dir: Path) -> None:
         "unable to parse string as an integer (got 'four')"
     ]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_missing_optional_dependency_is_one_line_naming_its_extra():
+    from skyrl_tool_agent.config import UserInputError, require_extra
+
+    require_extra("yaml", "dev", "reading configs")  # installed: nothing happens
+    with pytest.raises(UserInputError) as err:
+        require_extra("skyrl_no_such_module", "deepspeed", "training.mode=full under a launcher")
+    message = str(err.value)
+    assert "\n" not in message and "training.mode=full under a launcher needs skyrl_no_such_module" in message
+    assert "pip install 'skyrl-tool-agent[deepspeed]'" in message

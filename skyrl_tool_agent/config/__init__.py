@@ -31,7 +31,7 @@ from skyrl_tool_agent.config.env import (
     MCPServerConfig,
     RewardConfig,
 )
-from skyrl_tool_agent.config.errors import ConfigError, UserInputError, cli_main_guard
+from skyrl_tool_agent.config.errors import ConfigError, UserInputError, cli_main_guard, require_extra
 from skyrl_tool_agent.config.grpo import (
     BatcherConfig,
     CurriculumConfig,
@@ -82,6 +82,7 @@ __all__ = [
     "WandbConfig",
     "add_config_args",
     "cli_main_guard",
+    "require_extra",
     "config_from_args",
     "load_accelerate_config",
     "load_config",

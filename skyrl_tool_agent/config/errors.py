@@ -73,3 +73,13 @@ class cli_main_guard(ContextDecorator):  # noqa: N801 - reads as a function at c
             print("interrupted", file=sys.stderr, flush=True)
             raise SystemExit(INTERRUPTED_EXIT) from None
         return False
+
+
+def require_extra(module: str, extra: str, feature: str) -> None:
+    """A one-line UserInputError when `module` (an optional dependency) is not installed: names the
+    feature that needs it and the pip extra that brings it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UserInputError(f"{feature} needs {module}, which is not installed: "
+                             f"pip install 'skyrl-tool-agent[{extra}]' (or pip install -e '.[{extra}]' in a checkout)")

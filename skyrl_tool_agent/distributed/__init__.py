@@ -17,6 +17,9 @@ from typing import Any
 
 def run_full_distributed(config: Any, *, resume: str | None = None) -> Any:
     """See `skyrl_tool_agent.distributed.run.run_full_distributed`."""
+    from skyrl_tool_agent.config import require_extra
+
+    require_extra("deepspeed", "deepspeed", "training.mode=full under a launcher (DeepSpeed ZeRO-3)")
     from skyrl_tool_agent.distributed.run import run_full_distributed as run
 
     return run(config, resume=resume)

@@ -92,7 +92,7 @@ def load_eval_tasks(data: DataConfig, split: Split = "dev", *, limit: int | None
         try:
             tasks = load_tasks(path)
         except FileNotFoundError as exc:
-            raise UserInputError(f"{exc}; run `python training/scripts/build_data.py`") from exc
+            raise UserInputError(f"{exc}; run `skyrl-tool-agent build-data` (or python training/scripts/build_data.py in a checkout)") from exc
         except ValueError as exc:
             raise UserInputError(str(exc)) from exc
     if not db_root.is_dir():

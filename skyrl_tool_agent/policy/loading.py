@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from skyrl_tool_agent.config import EMBEDDED, ModelConfig, UserInputError
+from skyrl_tool_agent.config import EMBEDDED, ModelConfig, UserInputError, require_extra
 from skyrl_tool_agent.policy.manifest import verify_manifest
 
 logger = logging.getLogger(__name__)
@@ -83,10 +83,8 @@ def load_tokenizer(path: str, config: ModelConfig) -> PreTrainedTokenizerBase:
 def _quantization_kwargs(config: ModelConfig, device: torch.device) -> dict[str, Any]:
     if not config.quantization.load_in_4bit:
         return {}
-    try:
-        from transformers import BitsAndBytesConfig
-    except ImportError as exc:  # pragma: no cover
-        raise ModelLoadError("4-bit loading needs bitsandbytes: pip install -e '.[qlora]'") from exc
+    require_extra("bitsandbytes", "qlora", "model.quantization.load_in_4bit (QLoRA)")
+    from transformers import BitsAndBytesConfig
     compute = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
         config.quantization.compute_dtype
     ]
