@@ -22,7 +22,12 @@ from skyrl_tool_agent.rewards.scoring import RewardWeights
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_DB_ROOT = Path(__file__).resolve().parents[2] / "data" / "processed" / "databases"
+def default_db_root() -> Path:
+    """The built-in databases, wherever the package is installed (a checkout's data/processed, else
+    the cache, built there on first use): what an env without a `db_root` reads."""
+    from skyrl_tool_agent.data.builtin.location import DB_DIR, builtin_data_dir
+
+    return builtin_data_dir() / DB_DIR
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class EnvRuntime:
         self._owns_pool = pool is None
         if pool is None:
             pool = BackgroundMCPPool(
-                server_specs(config, self.db_root or DEFAULT_DB_ROOT),
+                server_specs(config, self.db_root or default_db_root()),
                 call_timeout_s=config.call_timeout_s,
                 sessions_per_server=config.sessions_per_server,
             )
@@ -172,7 +177,7 @@ def _as_env_config(env_config: Any) -> tuple[EnvConfig, Any]:
 def resolve_runtime(env_config: Any, extras: Mapping[str, Any]) -> EnvRuntime:
     """The cached runtime for this configuration, started on first use."""
     config, cfg_root = _as_env_config(env_config)
-    db_root = extras.get("db_root") or cfg_root or DEFAULT_DB_ROOT
+    db_root = extras.get("db_root") or cfg_root or default_db_root()
     key = (config.model_dump_json(), str(Path(db_root).resolve()))
     with _LOCK:
         runtime = _RUNTIMES.get(key)
