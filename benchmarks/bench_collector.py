@@ -51,7 +51,7 @@ from skyrl_tool_agent.config import EnvConfig  # noqa: E402
 from skyrl_tool_agent.data.batching import fixed_subset  # noqa: E402
 from skyrl_tool_agent.data.tasks import Task, load_tasks  # noqa: E402
 from skyrl_tool_agent.env.pools import EnvRuntime  # noqa: E402
-from skyrl_tool_agent.rewards.execution import GoldResultCache  # noqa: E402
+from skyrl_tool_agent.rewards.gold_cache import GoldResultCache  # noqa: E402
 from skyrl_tool_agent.rollout.agents import AgentTurn, TurnRequest, oracle_turn_texts  # noqa: E402
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector  # noqa: E402
 

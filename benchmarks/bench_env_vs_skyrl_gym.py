@@ -79,7 +79,8 @@ from skyrl_tool_agent.env.chat_format import task_user_message  # noqa: E402
 from skyrl_tool_agent.env.environment import MCPToolEnvironment  # noqa: E402
 from skyrl_tool_agent.env.parsing import parse_turn  # noqa: E402
 from skyrl_tool_agent.env.pools import EnvRuntime  # noqa: E402
-from skyrl_tool_agent.rewards.execution import GoldResultCache, compare_execution, has_top_level_order_by  # noqa: E402
+from skyrl_tool_agent.rewards.execution import compare_execution, has_top_level_order_by  # noqa: E402
+from skyrl_tool_agent.rewards.gold_cache import GoldResultCache  # noqa: E402
 from skyrl_tool_agent.rewards.partial import partial_credit  # noqa: E402
 from skyrl_tool_agent.rewards.scoring import score_answer  # noqa: E402
 from skyrl_tool_agent.rollout.agents import oracle_turn_texts  # noqa: E402

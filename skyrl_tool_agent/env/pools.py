@@ -17,7 +17,7 @@ from typing import Any
 
 from skyrl_tool_agent.config import EnvConfig
 from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, ServerSpec, ToolSpec
-from skyrl_tool_agent.rewards.execution import GoldResultCache
+from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
 from skyrl_tool_agent.rewards.scoring import RewardWeights
 
 logger = logging.getLogger(__name__)

@@ -9,12 +9,12 @@ from skyrl_tool_agent.rewards.execution import (
     DatabaseUnavailableError,
     ExecutionComparison,
     GoldQueryError,
-    GoldResultCache,
     compare_execution,
     execution_match,
     gold_order_matters,
     results_match,
 )
+from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
 from skyrl_tool_agent.rewards.partial import exact_match, partial_credit, sql_components, sql_is_valid
 from skyrl_tool_agent.rewards.scoring import RewardBreakdown, RewardWeights, score_answer
 

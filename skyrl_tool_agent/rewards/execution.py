@@ -48,14 +48,14 @@ import functools
 
 import logging
 import math
-import threading
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mcp_tools.sandbox import QueryResult, SandboxError
+from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
 from skyrl_tool_agent.rewards.limits import database_fault, database_identity, run_bounded
 from skyrl_tool_agent.rewards.sqlnorm import has_top_level_order_by, remove_distinct_tokens
 
@@ -65,7 +65,6 @@ __all__ = [
     "DatabaseUnavailableError",
     "ExecutionComparison",
     "GoldQueryError",
-    "GoldResultCache",
     "compare_execution",
     "execution_match",
     "gold_order_matters",
@@ -208,78 +207,6 @@ def results_match(
 
 def _unordered_row(row: tuple[Any, ...]) -> frozenset[tuple[Any, int]]:
     return frozenset(Counter(row).items())
-
-
-class GoldResultCache:
-    """Bounded, thread-safe LRU of gold query results keyed by (database path, gold SQL).
-
-    Gold queries are re-run for every episode of a task (many per GRPO group); their results never
-    change because the databases are opened read-only.
-    """
-
-    def __init__(self, maxsize: int = 4096) -> None:
-        if maxsize < 1:
-            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
-        self.maxsize = maxsize
-        self._data: OrderedDict[tuple[str, str, Any], QueryResult] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    @staticmethod
-    def _key(db_path: str | Path, sql: str, identity: Any = None) -> tuple[str, str, Any]:
-        # The file's identity is part of the key: a database replaced or rewritten mid-run must
-        # not be compared against results of the old file.
-        return (str(Path(db_path).resolve()), sql, identity if identity is not None else database_identity(db_path))
-
-    def get(self, db_path: str | Path, sql: str, *, identity: Any = None) -> QueryResult | None:
-        """The cached result (counted as a hit) or None (counted as a miss). `identity`: the
-        database file's `limits.database_identity` if the caller already has it (else stat'ed)."""
-        key = self._key(db_path, sql, identity)
-        with self._lock:
-            result = self._data.get(key)
-            if result is None:
-                self.misses += 1
-                return None
-            self._data.move_to_end(key)
-            self.hits += 1
-            return result
-
-    def put(self, db_path: str | Path, sql: str, result: QueryResult, *, identity: Any = None) -> None:
-        """Store a result, evicting the least recently used entry beyond ``maxsize``."""
-        key = self._key(db_path, sql, identity)
-        with self._lock:
-            self._data[key] = result
-            self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
-
-    def get_or_run(
-        self, db_path: str | Path, sql: str, run: Callable[[], QueryResult], *, identity: Any = None
-    ) -> QueryResult:
-        """Cached result, else ``run()`` (outside the lock: two threads may both run it) and store."""
-        result = self.get(db_path, sql, identity=identity)
-        if result is None:
-            result = run()
-            self.put(db_path, sql, result, identity=identity)
-        return result
-
-    @property
-    def hit_rate(self) -> float:
-        """Hits / lookups (0.0 before the first lookup)."""
-        with self._lock:
-            total = self.hits + self.misses
-            return self.hits / total if total else 0.0
-
-    def clear(self) -> None:
-        """Drop all entries and reset the counters."""
-        with self._lock:
-            self._data.clear()
-            self.hits = self.misses = 0
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._data)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from skyrl_tool_agent.config.env import check_reward_weights
-from skyrl_tool_agent.rewards.execution import GoldResultCache, compare_execution
+from skyrl_tool_agent.rewards.execution import compare_execution
+from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
 from skyrl_tool_agent.rewards.partial import partial_credit, sql_is_valid
 
 __all__ = ["RewardBreakdown", "RewardWeights", "score_answer"]
