@@ -163,6 +163,36 @@ def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task
         runtime.close()
 
 
+def build_plateau_start(config: Config, out: Path, *, start: Path | None = None, max_steps: int | None = None,
+                        eval_every: int | None = None, progress: Any = None,
+                        provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Continue the embedded model (`start`, default the shipped one) with supervised training on
+    oracle episodes of the generated pool GRPO samples until its greedy execution accuracy on the
+    validation split is flat (`warmstart.plateau`); resumes from `out`'s checkpoint. Dev is never
+    looked at. The model lands in `out/model` (ship it with `build-model --ship`)."""
+    from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
+    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.policy.loading import resolve_device
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+    from skyrl_tool_agent.warmstart.plateau import PlateauRule, continuation_settings, train_to_plateau
+
+    if config.training.data.dataset != "builtin":
+        raise UserInputError("build-model --to-plateau needs the builtin dataset (its generated pool)")
+    file_tasks, dev_tasks, db_root = load_task_splits(config)
+    pool, heldout = pool_and_validation(config, file_tasks, dev_tasks, db_root)
+    sft = continuation_settings(seed=config.training.seed)
+    sft.eval_every = eval_every or 300
+    runtime = EnvRuntime(config.env, db_root)
+    try:
+        return train_to_plateau(start or SHIPPED_EMBEDDED_DIR, out, runtime, pool, heldout, sft=sft, rule=PlateauRule(),
+                                oracle_settings=oracle_collector_settings(config),
+                                eval_settings=CollectorSettings.from_config(config, evaluation=True),
+                                max_steps=max_steps, device=str(resolve_device(config.model.device)),
+                                provenance=provenance, progress=progress)
+    finally:
+        runtime.close()
+
+
 #: Validation tasks (the first N by task id) whose greedy outcomes the shipped model records.
 GREEDY_CHECK_TASKS = 16
 
@@ -365,7 +395,8 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
     from skyrl_tool_agent.policy.qwen import QwenPolicy
     from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import greedy_trajectories, oracle_conversations
-    from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
+    from skyrl_tool_agent.warmstart.plateau import continuation_settings
+    from skyrl_tool_agent.warmstart.sft import conversation_to_ids, supervised_finetune
 
     file_tasks, dev_tasks, db_root = load_task_splits(config)
     train_tasks = rl_train_tasks(config, file_tasks, dev_tasks, db_root)
@@ -384,8 +415,7 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
         before = evaluate()
         conversations = oracle_conversations(runtime, train_tasks, settings)
         examples = [conversation_to_ids(c, policy.tokenizer) for c in conversations]
-        sft = SFTSettings(steps=10**6, warmup_steps=0, seed=t.seed + 17, time_budget_minutes=None, eval_every=10**9)
-        sft.learning_rate *= 0.1  # the tail of the warm start's cosine schedule
+        sft = continuation_settings(seed=t.seed + 17)
         history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft,
                                       evaluate=evaluate, eval_at_seconds=[60 * m for m in eval_at_minutes],
                                       train_seconds=60 * minutes, progress=progress)

@@ -2,6 +2,7 @@
 
     skyrl-tool-agent build-model [--force] [--sft-steps N] [--output-dir DIR]
     skyrl-tool-agent build-model --ship DIR     # make DIR the shipped default
+    skyrl-tool-agent build-model --to-plateau --output-dir DIR [--from MODEL_DIR] [--max-steps N]
     python training/scripts/build_default_model.py ...   # the same command
 
 The package ships a built model (skyrl_tool_agent/assets/embedded; its warmstart.json holds the
@@ -10,17 +11,21 @@ command that built it). A build goes to --output-dir, else model.embedded_dir, e
 builds there and trains from it. The warm-start curve (loss, held-out execution accuracy on the
 generated pool's validation split per eval step) is saved as warmstart.json. --ship writes a
 built directory into the package in bf16 with the sha256 of each file and a greedy check.
+--to-plateau continues a built model (default: the shipped one) with supervised training on the
+generated pool until its validation curve is flat; it checkpoints at every evaluation and the same
+command resumes it; the model lands in DIR/model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
 from skyrl_tool_agent.commands._args import add_output_dir, new_parser
-from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args
+from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -32,6 +37,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     add_output_dir(p, "output directory (default: model.embedded_dir, else the cache)",
                    legacy=("--out",))
     p.add_argument("--ship", metavar="BUILT_DIR", help="ship an already built model as the package default and exit")
+    p.add_argument("--to-plateau", action="store_true",
+                   help="continue a built model on the generated pool until its validation curve is flat (resumable)")
+    p.add_argument("--from", dest="start", metavar="MODEL_DIR", type=Path,
+                   help="with --to-plateau: the model to continue (default: the shipped one)")
+    p.add_argument("--max-steps", type=int, help="with --to-plateau: stop here even if the curve is not flat")
     return p
 
 
@@ -49,13 +59,32 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             check = record["greedy_check"]
             print(f"shipped: greedy check EX {check['execution_accuracy']:.3f} on {len(check['solved'])} validation tasks")
             return
+        command = " ".join(["python", "training/scripts/build_default_model.py", *(sys.argv[1:] if argv is None else argv)])
+        if args.to_plateau:
+            if not args.output_dir:
+                raise UserInputError("--to-plateau needs --output-dir DIR (its checkpoint and model live there)")
+            from skyrl_tool_agent.cli import log_every
+            from skyrl_tool_agent.pipeline import build_plateau_start
+
+            log_due = log_every()
+
+            def on_step(step: int, loss: float) -> None:
+                if log_due():
+                    logging.getLogger("build_model").info("plateau build: supervised step %d, loss %.4f", step, loss)
+
+            record = build_plateau_start(config, Path(args.output_dir).expanduser(), start=args.start,
+                                         max_steps=args.max_steps, eval_every=args.eval_every, progress=on_step,
+                                         provenance={"command": command})
+            for row in record["sft"]["evals"]:
+                print(f"step {row['step']:6d} ({row['seconds'] / 60:6.1f} min): validation EX {row['execution_accuracy']:.3f}")
+            print(f"{record['plateau']['stopped']}; model: {Path(args.output_dir) / 'model'}")
+            return
         train, dev, db_root = load_task_splits(config)
         out = Path(args.output_dir) if args.output_dir else None
         with training_progress(1) as progress:
             report = build_embedded(config, train, dev, db_root, out=out, force=args.force, sft_steps=args.sft_steps,
                                     eval_every=args.eval_every, progress=progress,
-                                    provenance={"command": " ".join(["python", "training/scripts/build_default_model.py",
-                                                                     *(sys.argv[1:] if argv is None else argv)])})
+                                    provenance={"command": command})
     print(json.dumps({k: v for k, v in report.items() if k != "sft"}, indent=1))
     for row in report.get("sft", {}).get("evals", []):
         print(f"warm start step {row['step']:4d} ({row['seconds']:6.1f} s): held-out EX {row['execution_accuracy']:.3f}")

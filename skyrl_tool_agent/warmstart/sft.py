@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -99,6 +100,16 @@ class SFTHistory:
     planned_steps: int = 0  # where the cosine schedule ends (fewer than asked when a time budget binds)
 
 
+def _rng_state_to_list(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_state_from_list(state: list) -> tuple:
+    version, internal, gauss = state
+    return (int(version), tuple(int(x) for x in internal), gauss)
+
+
 def _collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -123,12 +134,20 @@ def supervised_finetune(
     deadline: float | None = None,
     eval_at_seconds: Sequence[float] = (),
     train_seconds: float | None = None,
+    resume: dict[str, Any] | None = None,
+    after_eval: Callable[[SFTHistory, Callable[[], dict[str, Any]]], bool] | None = None,
 ) -> SFTHistory:
     """AdamW with linear warmup and cosine decay; batches of similar length to limit padding.
     Stops after `settings.steps`, at the monotonic-clock `deadline`, after
     `settings.time_budget_minutes` or after `train_seconds` of training, whichever comes first; the
     last step is always evaluated. `eval_at_seconds`: also evaluate when the training clock (wall
-    time minus time spent evaluating) passes each of these marks, for curves against wall time."""
+    time minus time spent evaluating) passes each of these marks, for curves against wall time.
+
+    Long runs (`warmstart.plateau`): `after_eval(history, state)` is called after each evaluation;
+    `state()` is everything needed to continue exactly (optimizer moments, step, data order, RNG,
+    history; tensors and plain lists only, so `torch.load(weights_only=True)` reads it back), and
+    returning True stops training there. `resume` is such a state: training goes on from its step
+    with the same batches and learning rates an uninterrupted run would have had."""
     rng = random.Random(settings.seed)
     data = [(ids[: settings.max_length], mask[: settings.max_length]) for ids, mask in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
@@ -154,8 +173,22 @@ def supervised_finetune(
     order: list[int] = []
     eval_marks = sorted(eval_at_seconds)
     eval_seconds = 0.0  # time spent evaluating, off the training clock
+    step = 0
+    if resume is not None:
+        optimizer.load_state_dict(resume["optimizer"])
+        step, planned, order = int(resume["step"]), int(resume["planned"]), [int(i) for i in resume["order"]]
+        rng.setstate(_rng_state_from_list(resume["rng"]))
+        history = SFTHistory(loss=[(int(s_), float(v)) for s_, v in resume["history"]["loss"]],
+                             evals=list(resume["history"]["evals"]))
+        start -= float(resume["history"]["seconds"])  # the training clock goes on where it stopped
 
-    def run_eval(step: int) -> None:
+    def state() -> dict[str, Any]:
+        return {"step": step + 1, "planned": planned, "order": list(order), "rng": _rng_state_to_list(rng.getstate()),
+                "optimizer": optimizer.state_dict(),
+                "history": {"loss": [list(x) for x in history.loss], "evals": history.evals,
+                            "seconds": time.monotonic() - start - eval_seconds}}
+
+    def run_eval(step: int) -> bool:
         nonlocal eval_seconds
         t_eval = time.monotonic()
         model.eval()
@@ -164,9 +197,9 @@ def supervised_finetune(
         history.evals.append(figures)
         logger.info("warm start step %d: %s", step, {k: v for k, v in figures.items() if not isinstance(v, list)})
         eval_seconds += time.monotonic() - t_eval
+        return after_eval is not None and after_eval(history, state)
 
     model.train()
-    step = 0
     while step < planned:
         if deadline is not None and time.monotonic() > deadline:
             logger.info("warm start stopped by its time budget after %d of %d steps", step, planned)
@@ -205,10 +238,13 @@ def supervised_finetune(
         while eval_marks and clock >= eval_marks[0]:
             eval_marks.pop(0)
         if evaluate is not None and step + 1 < planned and ((step + 1) % settings.eval_every == 0 or due):
-            run_eval(step + 1)
+            if run_eval(step + 1):
+                step += 1
+                break
         step += 1
     done = len(history.loss)  # the last step is evaluated here, whether the schedule or the clock ended it
     if evaluate is not None and done and (not history.evals or history.evals[-1]["step"] != done):
+        step = done - 1  # state() names the step after the last one run
         run_eval(done)
     model.eval()
     history.seconds = time.monotonic() - start - eval_seconds

@@ -1,0 +1,222 @@
+"""Continue a warm start on the generated pool until its held-out curve is flat.
+
+GRPO's gain is only RL's when the start has stopped learning from supervision on the very
+questions RL samples from. `train_to_plateau` continues a built model (by default the shipped one)
+with the warm start's supervised recipe on oracle episodes of the generated pool's training part,
+evaluates greedy execution accuracy on the pool's validation split every `eval_every` steps, and
+stops when the curve is flat (`PlateauRule`). It is long on a CPU (hours), so after every
+evaluation it writes a checkpoint (weights, optimizer moments, data order, RNG, the curve) that a
+later call continues exactly, on this machine or another.
+
+    skyrl-tool-agent build-model --to-plateau --output-dir DIR [--from MODEL_DIR]   # resumes DIR
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.warmstart.build import greedy_evaluation, oracle_conversations
+from skyrl_tool_agent.warmstart.sft import SFTHistory, SFTSettings, conversation_to_ids, supervised_finetune
+
+logger = logging.getLogger(__name__)
+
+#: Inside the output directory: the resumable checkpoint, and the finished model.
+CHECKPOINT_DIR = "checkpoint"
+MODEL_DIR = "model"
+STATE_FILE = "sft_state.pt"
+
+
+@dataclass(frozen=True)
+class PlateauRule:
+    """When a supervised curve counts as flat: the last `tail_fraction` of its steps added less
+    than `min_gain` held-out execution accuracy. Each end of that comparison is the mean of
+    `smooth` consecutive evaluations (one evaluation on 256 tasks moves by ~2 points from noise
+    alone), and no curve is flat before `min_steps`."""
+
+    tail_fraction: float = 0.2
+    min_gain: float = 0.01
+    smooth: int = 2
+    min_steps: int = 1500
+
+
+def tail_gain(evals: Sequence[dict[str, Any]], rule: PlateauRule) -> float | None:
+    """Execution accuracy added over the last `rule.tail_fraction` of the steps of `evals`
+    (rows with `step` and `execution_accuracy`, in step order): the mean of the last `smooth`
+    evaluations minus the mean of the `smooth` evaluations ending at the last one at or before
+    step (1 - tail_fraction) x last step. None while there are too few evaluations."""
+    if not evals:
+        return None
+    last = evals[-1]["step"]
+    cut = (1 - rule.tail_fraction) * last
+    early = [i for i, e in enumerate(evals) if e["step"] <= cut]
+    if not early or early[-1] + 1 < rule.smooth or len(evals) - early[-1] - 1 < rule.smooth:
+        return None  # both windows need `smooth` evaluations, and they must not overlap
+
+    def mean(rows: Sequence[dict[str, Any]]) -> float:
+        return sum(r["execution_accuracy"] for r in rows) / len(rows)
+
+    end = early[-1] + 1
+    return mean(evals[-rule.smooth:]) - mean(evals[end - rule.smooth:end])
+
+
+def plateau_reached(evals: Sequence[dict[str, Any]], rule: PlateauRule) -> bool:
+    """Whether the curve `evals` is flat by `rule` (see `tail_gain`)."""
+    gain = tail_gain(evals, rule)
+    return gain is not None and evals[-1]["step"] >= rule.min_steps and gain < rule.min_gain
+
+
+def continuation_settings(seed: int, **overrides: Any) -> SFTSettings:
+    """The warm start's recipe continued at the tail learning rate of its cosine schedule (a
+    tenth of the peak), with no warmup and no schedule of its own (a million planned steps: the
+    rate stays within 0.1% of constant over the first 30,000). Used for continued SFT as GRPO's
+    baseline and for the plateau build, so the two are the same supervised training."""
+    base = SFTSettings()
+    settings = SFTSettings(steps=10**6, warmup_steps=0, seed=seed, time_budget_minutes=None, eval_every=10**9,
+                           learning_rate=base.learning_rate * 0.1)
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    return settings
+
+
+def _save_checkpoint(ckpt: Path, policy: QwenPolicy, state: dict[str, Any]) -> None:
+    """Weights + tokenizer + the SFT state, written to a sibling and renamed into place, so a
+    kill at any moment leaves the previous checkpoint or the new one, never half of one."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}-", dir=ckpt.parent))
+    try:
+        policy.model.save_pretrained(staging)
+        policy.tokenizer.save_pretrained(staging)
+        torch.save(state, staging / STATE_FILE)
+        old = ckpt.with_name(ckpt.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if ckpt.exists():
+            ckpt.rename(old)
+        staging.rename(ckpt)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _latest_checkpoint(out_dir: Path) -> Path | None:
+    for name in (CHECKPOINT_DIR, CHECKPOINT_DIR + ".old"):  # .old: killed between the two renames
+        if (out_dir / name / STATE_FILE).is_file():
+            return out_dir / name
+    return None
+
+
+def train_to_plateau(
+    start_dir: Path,
+    out_dir: Path,
+    runtime: EnvRuntime,
+    train_tasks: Sequence[Task],
+    heldout_tasks: Sequence[Task],
+    *,
+    sft: SFTSettings,
+    rule: PlateauRule,
+    oracle_settings: CollectorSettings,
+    eval_settings: CollectorSettings,
+    max_steps: int | None = None,
+    device: str = "cpu",
+    provenance: dict[str, Any] | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> dict[str, Any]:
+    """Continue the model in `start_dir` on oracle episodes of `train_tasks` until its greedy
+    execution accuracy on `heldout_tasks` is flat by `rule` (or `max_steps`), resuming from
+    `out_dir/checkpoint` when one is there. The result is `out_dir/model` (fp32, with
+    `warmstart.json`: the start's own record under `start`, then this build's settings, loss,
+    held-out curve and why it stopped). Returns that record."""
+    resume_from = _latest_checkpoint(out_dir)
+    # The start is checked against its manifest; a checkpoint is a plain local model directory.
+    source = (ModelConfig(name_or_path=str(resume_from), device=device) if resume_from
+              else ModelConfig(embedded_dir=str(start_dir), device=device))
+    policy = QwenPolicy.from_config(source, mode="full")
+    policy.model.float()
+    resume = torch.load(resume_from / STATE_FILE, weights_only=True) if resume_from else None
+    if resume is not None:
+        logger.info("plateau build: resuming from %s at step %d (%d evaluations so far)",
+                    resume_from, resume["step"], len(resume["history"]["evals"]))
+
+    t0 = time.monotonic()
+    conversations = oracle_conversations(runtime, train_tasks, oracle_settings)
+    examples = [conversation_to_ids(c, policy.tokenizer) for c in conversations]
+    logger.info("plateau build: %d oracle episodes of %d pool tasks in %.0f s; %d held-out tasks",
+                len(examples), len(train_tasks), time.monotonic() - t0, len(heldout_tasks))
+
+    def evaluate(_step: int) -> dict[str, Any]:
+        figures = greedy_evaluation(policy, runtime, heldout_tasks, eval_settings)
+        return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns", "solved") if k in figures}
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stop_reason: list[str] = []
+
+    def after_eval(history: SFTHistory, state: Callable[[], dict[str, Any]]) -> bool:
+        _save_checkpoint(out_dir / CHECKPOINT_DIR, policy, state())
+        gain = tail_gain(history.evals, rule)
+        step = history.evals[-1]["step"]
+        logger.info("plateau build step %d: held-out EX %.3f, last %.0f%% of steps added %s", step,
+                    history.evals[-1]["execution_accuracy"], 100 * rule.tail_fraction,
+                    "n/a" if gain is None else f"{100 * gain:+.1f} points")
+        if plateau_reached(history.evals, rule):
+            stop_reason.append(f"plateau: the last {100 * rule.tail_fraction:.0f}% of steps added "
+                               f"{100 * gain:+.1f} points (< {100 * rule.min_gain:.1f})")
+            return True
+        if max_steps is not None and step >= max_steps:
+            stop_reason.append(f"max_steps {max_steps} reached before the plateau")
+            return True
+        return False
+
+    if resume is not None and resume["history"]["evals"] and after_eval_done(resume, rule, max_steps):
+        history = SFTHistory(loss=[tuple(x) for x in resume["history"]["loss"]], evals=resume["history"]["evals"],
+                             seconds=resume["history"]["seconds"])
+        stop_reason.append("already flat at the checkpoint")
+    else:
+        history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft, evaluate=evaluate,
+                                      progress=progress, resume=resume, after_eval=after_eval)
+
+    record: dict[str, Any] = {**(provenance or {})}
+    start_manifest = start_dir / MANIFEST_FILE
+    if start_manifest.is_file():
+        base = json.loads(start_manifest.read_text())
+        record["start"] = {k: base[k] for k in ("command", "train_tasks", "parameters", "vocab_size") if k in base}
+        record["start"]["sft_steps"] = len(base.get("sft", {}).get("loss", []))
+    record.update(train_tasks=len(train_tasks), oracle_episodes=len(examples), heldout_tasks=len(heldout_tasks),
+                  vocab_size=len(policy.tokenizer), parameters=sum(p.numel() for p in policy.model.parameters()))
+    record["sft"] = {"settings": asdict(sft), "loss": history.loss,
+                     "evals": [{k: v for k, v in e.items() if k != "solved"} for e in history.evals],
+                     "seconds": history.seconds, "planned_steps": len(history.loss)}
+    record["plateau"] = {"rule": asdict(rule), "tail_gain": tail_gain(history.evals, rule),
+                         "stopped": stop_reason[0] if stop_reason else "schedule ended"}
+    model_dir = out_dir / MODEL_DIR
+    staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR}-", dir=out_dir))
+    try:
+        policy.model.save_pretrained(staging)
+        policy.tokenizer.save_pretrained(staging)
+        record["files"] = tree_hashes(staging)
+        (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        shutil.rmtree(model_dir, ignore_errors=True)
+        staging.rename(model_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("plateau build: %s; model in %s", record["plateau"]["stopped"], model_dir)
+    return record
+
+
+def after_eval_done(state: dict[str, Any], rule: PlateauRule, max_steps: int | None) -> bool:
+    """Whether a checkpoint's curve already ended the build (a resume after the last evaluation)."""
+    evals = state["history"]["evals"]
+    return plateau_reached(evals, rule) or (max_steps is not None and evals[-1]["step"] >= max_steps)

@@ -1,0 +1,93 @@
+"""The plateau build: its stopping rule on hand-made curves, and exact resumption of the supervised
+run it is made of (a real tiny Qwen2, interrupted at an evaluation and continued from the saved
+state through torch.load(weights_only=True))."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+
+from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
+from skyrl_tool_agent.warmstart.plateau import PlateauRule, continuation_settings, plateau_reached, tail_gain
+from skyrl_tool_agent.warmstart.sft import SFTSettings, supervised_finetune
+
+CORPUS = [
+    f"<|im_start|>user\nHow many rows in table t{i}?<|im_end|>\n<|im_start|>assistant\n"
+    f"<answer>SELECT COUNT(*) FROM t{i} WHERE x > {i}</answer><|im_end|>\n"
+    for i in range(24)
+]
+
+
+def _curve(values: list[float], every: int = 100) -> list[dict]:
+    return [{"step": every * (i + 1), "execution_accuracy": v} for i, v in enumerate(values)]
+
+
+def test_tail_gain_compares_the_last_fifth_of_steps_smoothed() -> None:
+    rule = PlateauRule(tail_fraction=0.2, smooth=2, min_steps=0)
+    # steps 100..1000; 80% of 1000 = 800: mean(EX@700, EX@800) vs mean(EX@900, EX@1000)
+    values = [0.1, 0.2, 0.3, 0.4, 0.45, 0.5, 0.52, 0.54, 0.55, 0.555]
+    assert tail_gain(_curve(values), rule) == pytest.approx((0.55 + 0.555) / 2 - (0.52 + 0.54) / 2)
+    assert plateau_reached(_curve(values), PlateauRule(min_gain=0.01, smooth=2, min_steps=0)) is False  # +2.25 points
+    flat = values[:8] + [0.541, 0.536]
+    assert plateau_reached(_curve(flat), PlateauRule(min_gain=0.01, smooth=2, min_steps=0)) is True
+
+
+def test_no_plateau_before_min_steps_or_with_too_few_evaluations() -> None:
+    flat = _curve([0.5] * 10)
+    assert plateau_reached(flat, PlateauRule(min_steps=2000)) is False  # last step 1000
+    assert plateau_reached(flat, PlateauRule(min_steps=1000)) is True
+    assert tail_gain(_curve([0.5, 0.5, 0.5]), PlateauRule(smooth=2)) is None  # windows would overlap
+    assert tail_gain([], PlateauRule()) is None
+
+
+def test_continuation_settings_are_the_warm_starts_tail_rate_held_constant() -> None:
+    s = continuation_settings(seed=5, eval_every=300)
+    assert s.learning_rate == pytest.approx(SFTSettings().learning_rate * 0.1)
+    assert (s.warmup_steps, s.seed, s.eval_every, s.time_budget_minutes) == (0, 5, 300, None)
+
+
+def _examples(tokenizer) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for text in CORPUS:
+        prompt, answer = text.split("<|im_start|>assistant\n")
+        p = tokenizer(prompt + "<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        out.append((p + a, [0] * len(p) + [1] * len(a)))
+    return out
+
+
+def test_a_run_stopped_at_an_evaluation_and_resumed_matches_the_uninterrupted_run() -> None:
+    tokenizer = train_tokenizer(CORPUS, 300)
+    examples = _examples(tokenizer)
+    settings = SFTSettings(steps=12, batch_size=5, learning_rate=5e-3, warmup_steps=2, eval_every=4,
+                           time_budget_minutes=None, bf16_autocast=False)
+    fresh = new_tiny_qwen2(tokenizer, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, seed=3)
+    first = copy.deepcopy(fresh)
+
+    def evaluate(step: int) -> dict:
+        return {"execution_accuracy": step / 100}
+
+    whole = supervised_finetune(fresh, examples, tokenizer.pad_token_id, settings, evaluate=evaluate)
+
+    saved: list[bytes] = []
+
+    def stop_at_step_8(history, state) -> bool:
+        buf = io.BytesIO()
+        torch.save(state(), buf)
+        saved.append(buf.getvalue())
+        return history.evals[-1]["step"] == 8
+
+    part = supervised_finetune(first, examples, tokenizer.pad_token_id, settings, evaluate=evaluate,
+                               after_eval=stop_at_step_8)
+    assert [s for s, _ in part.loss] == list(range(1, 9))  # stopped right after step 8's evaluation
+    state = torch.load(io.BytesIO(saved[-1]), weights_only=True)
+    assert state["step"] == 8
+    rest = supervised_finetune(first, examples, tokenizer.pad_token_id, settings, evaluate=evaluate, resume=state)
+    assert [s for s, _ in rest.loss] == list(range(1, 13))
+    torch.testing.assert_close(torch.tensor([v for _, v in rest.loss]), torch.tensor([v for _, v in whole.loss]))
+    assert [e["step"] for e in rest.evals] == [e["step"] for e in whole.evals] == [4, 8, 12]
+    for a, b in zip(first.parameters(), fresh.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
