@@ -116,7 +116,7 @@ def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
         ema_alpha=c.adaptive_ema_alpha,
     )
     if g.batcher.enabled:
-        batcher = TaskBatcher(target_turns=g.batcher.target_turns, max_batch=min(g.batcher.max_batch, t.tasks_per_step))
+        batcher = TaskBatcher(target_turns=g.batcher.target_turns, max_batch=g.batcher.max_batch)
     else:
         batcher = TaskBatcher(target_turns=float("inf"), max_batch=t.tasks_per_step)
     return TaskDataLoader(train_tasks, sampler, batcher, seed=t.seed, total_steps=t.max_steps, group_size=g.group_size)
@@ -325,7 +325,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     if config.model.name_or_path != EMBEDDED:
         resolve_model_path(config.model)  # a missing model directory is an error before anything is written
     train_tasks, dev_tasks, db_root = load_task_splits(config)
-    out = Path(t.output_dir)
+    out = t.resolved_output_dir()
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress, rebuild=rebuild)

@@ -91,6 +91,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
         logger.info("profile: gpu (model %s on CUDA: each knob's H100 default); --profile cpu keeps the CPU ones",
                     config.model.name_or_path)
         return load("gpu")
+    if getattr(args, "config_dir", None) is None and config.model.name_or_path != EMBEDDED:
+        logger.warning("profile: cpu (model %s but no CUDA: the embedded model's CPU defaults, e.g. lr %g and %d "
+                       "tokens per turn); --profile gpu takes each knob's H100 value", config.model.name_or_path,
+                       config.training.learning_rate, config.grpo.max_new_tokens_per_turn)
     return config
 
 

@@ -264,7 +264,8 @@ class EnvConfig(Section):
     shaping_rewards: bool = knob(
         False,
         "Per-turn shaping: a turn that is malformed or whose tool calls all fail gets -shaping_penalty "
-        "as its step reward (the final reward is unchanged). Off: intermediate turns get 0.",
+        "as its step reward (the final reward is unchanged). Off: intermediate turns get 0. Training "
+        "reads step rewards only with grpo.turn_credit_discount set.",
     )
     shaping_penalty: float = knob(0.05, "Size of the per-turn shaping penalty (with shaping_rewards).", ge=0)
     reward: RewardConfig = Field(default_factory=RewardConfig, description="The episode reward.")

@@ -143,7 +143,21 @@ class GRPOConfig(Section):
         "bias); rloo = leave-one-out baseline.",
     )
     scale_advantages_by_batch: bool = knob(
-        False, "Divide advantages by one batch-wide reward std (TRL scale_rewards='batch')."
+        False,
+        "Scale by one batch-wide reward std instead of each group's (TRL scale_rewards='batch'). "
+        "Rewards are centred within each group (rloo: times G / (G - 1)) and divided by the std of "
+        "all rewards of the step's scored groups, so grpo and dr_grpo coincide.",
+    )
+    turn_credit_discount: float | None = knob(
+        None,
+        "Per-turn credit: discount of the shaping-reward returns added to each turn's tokens. "
+        "The tokens of turn k get the episode's group-relative advantage plus sum_{j >= k} "
+        "discount^(j - k) s_j over the per-turn shaping rewards s (env.shaping_rewards; the last "
+        "turn's entry is the final reward, already in the advantage, and counts 0). null = off: "
+        "every policy token gets the episode's advantage, and shaping rewards only show in "
+        "rollouts.jsonl.",
+        ge=0,
+        le=1,
     )
     filter_uniform_groups: bool = knob(
         True,

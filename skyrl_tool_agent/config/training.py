@@ -160,7 +160,7 @@ class TrainingConfig(Section):
     lr_scheduler: Literal["constant", "linear", "cosine"] = knob(
         "constant", "Learning-rate decay after warmup. linear and cosine reach 0 at max_steps."
     )
-    warmup_steps: int = knob(0, "Linear warmup from 0 over this many optimizer steps.", h100=10, ge=0)
+    warmup_steps: int = knob(0, "Linear warmup from 0 over this many training steps.", h100=10, ge=0)
     weight_decay: float = knob(0.0, "AdamW weight decay.", ge=0)
     adam_betas: tuple[float, float] = knob((0.9, 0.999), "AdamW (beta1, beta2).")
     adam_eps: float = knob(1e-8, "AdamW epsilon.", gt=0)
@@ -185,7 +185,8 @@ class TrainingConfig(Section):
         "Micro-batches per optimizer step; null = derived. Derived means one optimizer step per "
         "update epoch over the whole rollout batch (Config.nominal_gradient_accumulation() gives "
         "the count without filtered groups); an integer N = a step every N micro-batches "
-        "(PPO-style minibatches, several optimizer steps per rollout batch).",
+        "(PPO-style minibatches, several optimizer steps per rollout batch, each minibatch's loss "
+        "normalised over its own tokens; the last one may be shorter). Single process only.",
         ge=1,
     )
     update_epochs: int = knob(1, "Passes over each rollout batch (>1 = reuse samples, needs clipping).", ge=1)

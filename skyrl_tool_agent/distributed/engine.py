@@ -27,6 +27,7 @@ from skyrl_tool_agent.policy.loading import (
     load_tokenizer,
     resolve_model_path,
 )
+from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
 from skyrl_tool_agent.policy.qwen import Generation, QwenPolicy, SamplingParams
 
@@ -80,27 +81,6 @@ def model_dtype(ds_config: dict[str, Any]) -> torch.dtype:
 
 
 # ---------------------------------------------------------------------------- policy
-@contextlib.contextmanager
-def _checkpointing_forward(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Train mode with every dropout off, while `enabled`.
-
-    transformers only recomputes activations (gradient checkpointing) in train mode, but the policy
-    trains in eval mode so that dropout is off; switching the dropout modules back to eval keeps
-    the forward identical while the checkpointing layers see `training=True`.
-    """
-    if not enabled:
-        yield
-        return
-    model.train()
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.eval()
-    try:
-        yield
-    finally:
-        model.eval()
-
-
 class DeepSpeedPolicy(QwenPolicy):
     """A `QwenPolicy` over a ZeRO-3 sharded model (full mode).
 
@@ -155,7 +135,7 @@ class DeepSpeedPolicy(QwenPolicy):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of `input_ids[:, 1:]` from one engine forward ([B, L-1]; entropy if asked)."""
-        with _checkpointing_forward(self.model, self.gradient_checkpointing and torch.is_grad_enabled()):
+        with recompute_activations(self.model, self.gradient_checkpointing and torch.is_grad_enabled()):
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
         temperature = temperature if temperature > 0 else 1.0
         logp = token_logprobs(logits, input_ids[:, 1:], temperature)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from skyrl_tool_agent.config import Config
+from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.distributed.checkpoint import (
@@ -83,6 +83,9 @@ class DistributedGRPOTrainer(GRPOTrainer):
     ) -> None:
         import deepspeed
 
+        if config.training.gradient_accumulation is not None:  # minibatch normalisers would span ranks
+            raise UserInputError("training.gradient_accumulation: PPO-style minibatches run in one process only; "
+                                 "leave it null under DeepSpeed (one optimizer step per update epoch)")
         # The base class builds AdamW and the LR schedule on the (sharded) parameters; DeepSpeed
         # then wraps that optimizer, and the schedule keeps writing the same param-group dicts.
         super().__init__(config, policy, runtime, loader, eval_tasks, output_dir=output_dir)

@@ -40,7 +40,7 @@ def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectori
     """Write the run's final evaluation files and report.html into `training.output_dir` (module
     docstring). `trajectories`: the final evaluation's episodes of `eval_tasks` after `step` steps;
     `before`: the evaluation before training (its `solved` list follows `eval_tasks`)."""
-    out = Path(config.training.output_dir)
+    out = config.training.resolved_output_dir()
     results = compute_results(eval_tasks, trajectories)
     results.update(name="final evaluation", policy="model", model_path=str(out / "final"), step=step, temperature=0.0,
                    dataset=config.training.data.dataset, split=config.training.eval_split,

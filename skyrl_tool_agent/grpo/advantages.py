@@ -9,7 +9,10 @@ G completions sampled for each (a "group").
 - ``rloo``    (Ahmadian et al.): ``r_i - mean_{j != i} r_j`` = ``G / (G - 1) * (r_i - mean_g)``,
   an unbiased leave-one-out baseline.
 
-Every policy token of an episode gets its episode's advantage (`grpo.batch.collate`).
+Every policy token of an episode gets its episode's advantage (`grpo.batch.collate`), unless
+per-turn credit is on (`grpo.turn_credit_discount`): then the tokens of turn k also get the
+discounted return of the environment's per-turn shaping rewards from turn k on
+(`turn_token_advantages`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from skyrl_tool_agent.config.grpo import AdvantageEstimator
 
 __all__ = [
     "AdvantageEstimator",
+    "batch_scaled_advantages",
+    "discounted_returns",
     "group_advantages",
     "informative_group_mask",
     "scale_by_batch",
+    "turn_of_token",
+    "turn_token_advantages",
 ]
 
 
@@ -104,3 +111,47 @@ def scale_by_batch(
     else:
         std = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
     return torch.where(std > 0, advantages / (std + eps), advantages)
+
+
+def batch_scaled_advantages(rewards: Tensor, estimator: AdvantageEstimator = "grpo", eps: float = 1e-6) -> Tensor:
+    """TRL's ``scale_rewards="batch"``: rewards `[N, G]` centred within each group (``rloo``:
+    times G / (G - 1)), then divided by the std of all the batch's rewards instead of each group's
+    own std (so ``grpo`` and ``dr_grpo`` give the same values). Uniform groups stay exactly 0."""
+    centred = group_advantages(rewards, "rloo" if estimator == "rloo" else "dr_grpo")
+    return scale_by_batch(centred, eps=eps, reference=rewards)
+
+
+def turn_of_token(loss_mask: Tensor) -> Tensor:
+    """For a 1-D 0/1 mask over an episode's ids, the index of the turn each policy id was sampled
+    in (each maximal run of 1s is one turn), -1 where the mask is 0."""
+    mask = loss_mask.bool()
+    starts = mask & ~torch.cat([mask.new_zeros(1), mask[:-1]])
+    return torch.where(mask, starts.long().cumsum(0) - 1, torch.full_like(mask, -1, dtype=torch.long))
+
+
+def discounted_returns(rewards: Tensor, discount: float) -> Tensor:
+    """`[T]` per-turn rewards -> `[T]` returns `R_k = sum_{j >= k} discount^(j - k) r_j`."""
+    out = torch.zeros_like(rewards, dtype=torch.float32)
+    running = 0.0
+    for k in range(rewards.shape[0] - 1, -1, -1):
+        running = float(rewards[k]) + discount * running
+        out[k] = running
+    return out
+
+
+def turn_token_advantages(outcome: float, turn_rewards: Tensor, loss_mask: Tensor, discount: float) -> Tensor:
+    """Per-id advantages `[L]` of one episode with per-turn credit.
+
+    Every policy id of turn k gets `outcome` (its group-relative advantage) plus the discounted
+    return from turn k of the shaping rewards (`turn_rewards` with the last turn's entry, which is
+    the final reward already inside `outcome`, taken as 0); non-policy ids get 0. If the mask's turns
+    do not match `turn_rewards` (one per turn), every policy id gets `outcome` alone."""
+    turns = turn_of_token(loss_mask)
+    policy = turns >= 0
+    count = int(turns.max()) + 1 if bool(policy.any()) else 0
+    if count != turn_rewards.shape[0]:
+        return torch.where(policy, torch.tensor(float(outcome)), torch.tensor(0.0))
+    shaping = turn_rewards.float().clone()
+    shaping[-1] = 0.0
+    per_turn = outcome + discounted_returns(shaping, discount)
+    return torch.where(policy, per_turn[turns.clamp(min=0)], torch.tensor(0.0))

@@ -10,9 +10,9 @@ import torch
 
 from skyrl_tool_agent.grpo.advantages import (
     AdvantageEstimator,
+    batch_scaled_advantages,
     group_advantages,
     informative_group_mask,
-    scale_by_batch,
 )
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
@@ -42,48 +42,66 @@ class TrainBatch:
         )
 
 
-def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_id: int) -> TrainBatch:
-    """Pad on the right and shift by one so every tensor lines up with next-token log-probs."""
+def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float | torch.Tensor], pad_id: int) -> TrainBatch:
+    """Pad on the right and shift by one so every tensor lines up with next-token log-probs.
+
+    An advantage is one float for every policy token of its episode, or a tensor with one value per
+    id of `token_ids` (per-turn credit, `grpo.advantages.turn_token_advantages`)."""
     width = max(len(t.token_ids) for t in trajectories)
     n = len(trajectories)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width - 1), dtype=torch.bool)
     old_logp = torch.zeros((n, width - 1), dtype=torch.float32)
-    for row, t in enumerate(trajectories):
+    adv = torch.zeros((n, width - 1), dtype=torch.float32)
+    for row, (t, a) in enumerate(zip(trajectories, advantages, strict=True)):
         k = len(t.token_ids)
         input_ids[row, :k] = torch.tensor(t.token_ids)
         attention[row, :k] = 1
         loss_mask[row, : k - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.bool)
         old_logp[row, : k - 1] = torch.tensor(t.sampling_logprobs[1:], dtype=torch.float32)
-    adv = torch.tensor(list(advantages), dtype=torch.float32).unsqueeze(1) * loss_mask
-    return TrainBatch(input_ids, attention, loss_mask, old_logp, adv)
+        adv[row, : k - 1] = a[1:].float() if isinstance(a, torch.Tensor) else float(a)
+    return TrainBatch(input_ids, attention, loss_mask, old_logp, adv * loss_mask)
 
 
 @dataclass
-class GroupAdvantages:
-    """Per-trajectory advantages for groups laid out task-major, and what the filter dropped."""
+class EpisodeDecisions:
+    """What a step does with each of its episodes (task-major groups): the one place that decides,
+    read by the update batch, `train/groups_dropped`, `reward/*` and rollouts.jsonl alike."""
 
-    values: list[float]
-    keep: list[bool]  # trajectories that enter the update
-    dropped_groups: int
+    advantages: list[float]  # the outcome advantage (0 for episodes of groups that get no update)
+    kept: list[bool]  # enters the update
+    scored: list[bool]  # not an infrastructure failure: counts in reward/* and the curriculum
+    groups_dropped: int  # groups without reward spread left out by `filter_uniform_groups`
+    infra_groups: int  # groups left out because one of their episodes was never scored
 
 
-def compute_group_advantages(
-    rewards: Sequence[float],
+def decide_episodes(
+    trajectories: Sequence[Trajectory],
     group_size: int,
     *,
     estimator: AdvantageEstimator = "grpo",
     scale_batch: bool = False,
     filter_uniform: bool = True,
-) -> GroupAdvantages:
-    """`rewards` in (task, group index) order -> advantages; uniform groups optionally dropped
-    (DAPO dynamic sampling: they have zero advantage and only dilute the batch)."""
-    r = torch.tensor(list(rewards), dtype=torch.float32).view(-1, group_size)
-    adv = group_advantages(r, estimator)
-    informative = informative_group_mask(r)
-    if scale_batch:
-        adv = scale_by_batch(adv, mask=informative.unsqueeze(1).expand_as(adv))
-    keep = informative if filter_uniform else torch.ones_like(informative)
-    keep_rows = keep.unsqueeze(1).expand_as(adv).reshape(-1).tolist()
-    return GroupAdvantages(adv.reshape(-1).tolist(), keep_rows, int((~informative).sum()) if filter_uniform else 0)
+) -> EpisodeDecisions:
+    """Advantages and kept flags for one step's episodes, `group_size` per task in task order.
+
+    A group with an infrastructure failure (done_reason "error": never scored, placeholder reward
+    0) would skew its group's baseline, so the whole group is left out: advantage 0, not kept, and
+    not part of the batch statistics `scale_batch` takes. Among the others, groups without reward
+    spread are dropped when `filter_uniform` (DAPO dynamic sampling); episodes without token ids
+    (text-only policies) are never kept."""
+    scored = [tr.result.done_reason != "error" for tr in trajectories]
+    groups = len(trajectories) // group_size
+    clean = torch.tensor([all(scored[i * group_size:(i + 1) * group_size]) for i in range(groups)], dtype=torch.bool)
+    rewards = torch.tensor([tr.result.reward for tr in trajectories], dtype=torch.float32).view(groups, group_size)
+    adv = torch.zeros_like(rewards)
+    informative = torch.zeros(groups, dtype=torch.bool)
+    if bool(clean.any()):
+        informative[clean] = informative_group_mask(rewards[clean])
+        adv[clean] = (batch_scaled_advantages(rewards[clean], estimator) if scale_batch
+                      else group_advantages(rewards[clean], estimator))
+    keep_group = clean & informative if filter_uniform else clean
+    kept = [bool(keep_group[i // group_size]) and bool(tr.token_ids) for i, tr in enumerate(trajectories)]
+    dropped = int((clean & ~informative).sum()) if filter_uniform else 0
+    return EpisodeDecisions(adv.reshape(-1).tolist(), kept, scored, dropped, int((~clean).sum()))

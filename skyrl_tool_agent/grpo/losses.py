@@ -24,6 +24,8 @@ R ranks, use the global denominator over all ranks divided by R.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -141,19 +143,21 @@ def clipped_policy_loss(
     return per_token, _floats(named)
 
 
-def loss_normalizer(loss_mask: Tensor, aggregation: Aggregation, fixed_length: int | None = None) -> float:
+def loss_normalizer(loss_mask: Tensor | Sequence[Tensor], aggregation: Aggregation,
+                    fixed_length: int | None = None) -> float:
     """The denominator `aggregate` uses for this mask: policy-token count (``token_mean``), number
     of sequences with at least one policy token (``sequence_mean``), or B * fixed_length
-    (``fixed_length``); never below 1. Compute it on the full batch for gradient accumulation."""
-    mask = _as_bool(loss_mask)
+    (``fixed_length``); never below 1. Compute it on the full batch for gradient accumulation; a
+    sequence of masks (micro-batches of different widths) counts as their concatenation."""
+    masks = [_as_bool(m) for m in ([loss_mask] if isinstance(loss_mask, Tensor) else loss_mask)]
     if aggregation == "token_mean":
-        return float(max(int(mask.sum()), 1))
+        return float(max(sum(int(m.sum()) for m in masks), 1))
     if aggregation == "sequence_mean":
-        return float(max(int(mask.any(dim=-1).sum()), 1))
+        return float(max(sum(int(m.any(dim=-1).sum()) for m in masks), 1))
     if aggregation == "fixed_length":
         if fixed_length is None or fixed_length < 1:
             raise ValueError("aggregation 'fixed_length' needs fixed_length >= 1 (e.g. max completion tokens)")
-        return float(mask.shape[0] * fixed_length)
+        return float(sum(m.shape[0] for m in masks) * fixed_length)
     raise ValueError(f"unknown aggregation {aggregation!r}; expected token_mean, sequence_mean or fixed_length")
 
 

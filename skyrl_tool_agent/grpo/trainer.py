@@ -27,12 +27,14 @@ from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import eval_metrics, evaluation_record, reward_term_means, summarize
-from skyrl_tool_agent.grpo.batch import TrainBatch, collate, compute_group_advantages
+from skyrl_tool_agent.grpo.advantages import turn_token_advantages
+from skyrl_tool_agent.grpo.batch import TrainBatch, collate, decide_episodes
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
 from skyrl_tool_agent.grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
+from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
 from skyrl_tool_agent.rollout.agents import make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
@@ -175,50 +177,62 @@ class GRPOTrainer:
         return sums
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
+        """The optimizer steps on one rollout batch: `update_epochs` passes, each one step per
+        `gradient_accumulation` micro-batches (null: one step per pass, normalised over the whole
+        batch). Every statistic is the mean over all the optimizer steps: ``loss`` and ``pg_loss``
+        are each step's loss as minimised (they add up over its micro-batches), the others are
+        token-weighted means (``optimizer_steps``: how many steps were taken)."""
         g, t = self.config.grpo, self.config.training
         fixed_length = g.resolved_fixed_length()  # null in YAML means max_total_tokens
-        norm = loss_normalizer(batch.loss_mask, g.loss_aggregation, fixed_length)
         micro_batches = self._micro_batches(batch, max(1, t.micro_batch_size))
+        per_step = t.gradient_accumulation or len(micro_batches)
+        steps = [micro_batches[i:i + per_step] for i in range(0, len(micro_batches), per_step)]
+        # One step over everything: the full batch's normaliser (under data parallel the ranks'
+        # micro-batches are shards of it); minibatches: each its own, as PPO minibatches are.
+        norms = ([loss_normalizer(batch.loss_mask, g.loss_aggregation, fixed_length)] if len(steps) == 1 else
+                 [loss_normalizer([mb.loss_mask for mb in step], g.loss_aggregation, fixed_length) for step in steps])
         use_ref = g.kl_coef > 0
-        sums: dict[str, float] = {}  # token-weighted stat sums over micro-batches, "num_tokens", "loss"
+        sums: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "num_tokens": 0.0}
         grad_norms = []
-        for _ in range(t.update_epochs):
-            sums["loss"] = 0.0  # micro-batch losses share the full-batch normaliser, so they add up
-            for i, mb in enumerate(micro_batches):
-                ref_logp = (
-                    self.policy.reference_logprobs(mb.input_ids, mb.attention_mask, temperature=g.temperature)
-                    if use_ref else None
-                )
-                logp, entropy = self.policy.token_logprobs(
-                    mb.input_ids, mb.attention_mask, temperature=g.temperature, with_entropy=True
-                )
-                if g.entropy_coef == 0:
-                    entropy = entropy.detach()
-                loss, stats = grpo_loss(
-                    logp, mb.old_logp, mb.advantages, mb.loss_mask, ref_logp=ref_logp, kl_coef=g.kl_coef,
-                    kl_estimator=g.kl_estimator, entropy=entropy, entropy_coef=g.entropy_coef,
-                    eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, aggregation=g.loss_aggregation,
-                    fixed_length=fixed_length, normalizer=norm,
-                )
-                self._backward(loss, last=i == len(micro_batches) - 1)
-                sums["loss"] += float(loss.detach())
-                n = stats.pop("num_tokens", 0.0)
-                stats.pop("loss", None)
-                sums["num_tokens"] = sums.get("num_tokens", 0.0) + n
-                for key, value in stats.items():
-                    sums[key] = sums.get(key, 0.0) + value * n
-            grad_norm = self._optimizer_step()
-            if grad_norm is not None:
-                grad_norms.append(grad_norm)
+        with recompute_activations(self.policy.model, self.config.model.gradient_checkpointing):
+            for _ in range(t.update_epochs):
+                for step, norm in zip(steps, norms, strict=True):
+                    for i, mb in enumerate(step):
+                        loss, stats = self._micro_batch_loss(mb, norm, use_ref, fixed_length)
+                        self._backward(loss, last=i == len(step) - 1)
+                        n = stats.pop("num_tokens", 0.0)
+                        sums["num_tokens"] += n
+                        for key, value in stats.items():  # loss, pg_loss: partial sums; the rest: means
+                            sums[key] = sums.get(key, 0.0) + (value if key in ("loss", "pg_loss") else value * n)
+                    grad_norm = self._optimizer_step()
+                    if grad_norm is not None:
+                        grad_norms.append(grad_norm)
         self.scheduler.step()
         sums = self._sum_over_workers(sums)
-        tokens = sums.pop("num_tokens", 0.0)
-        epoch_loss = sums.pop("loss")
-        out = {k: v / max(tokens, 1.0) for k, v in sums.items()}
-        out["loss"] = epoch_loss
+        tokens = sums.pop("num_tokens")
+        optimizer_steps = t.update_epochs * len(steps)
+        out = {k: v / (optimizer_steps if k in ("loss", "pg_loss") else max(tokens, 1.0)) for k, v in sums.items()}
+        out["optimizer_steps"] = float(optimizer_steps)
         if grad_norms:
             out["grad_norm"] = mean(grad_norms)
         return out
+
+    def _micro_batch_loss(self, mb: TrainBatch, norm: float, use_ref: bool,
+                          fixed_length: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's share of its optimizer step's loss (divided by the step's `norm`)."""
+        g = self.config.grpo
+        ref_logp = (self.policy.reference_logprobs(mb.input_ids, mb.attention_mask, temperature=g.temperature)
+                    if use_ref else None)
+        logp, entropy = self.policy.token_logprobs(mb.input_ids, mb.attention_mask, temperature=g.temperature,
+                                                   with_entropy=True)
+        if g.entropy_coef == 0:
+            entropy = entropy.detach()
+        return grpo_loss(
+            logp, mb.old_logp, mb.advantages, mb.loss_mask, ref_logp=ref_logp, kl_coef=g.kl_coef,
+            kl_estimator=g.kl_estimator, entropy=entropy, entropy_coef=g.entropy_coef,
+            eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, aggregation=g.loss_aggregation,
+            fixed_length=fixed_length, normalizer=norm,
+        )
 
     def train_step(self) -> StepOutput:
         g = self.config.grpo
@@ -227,25 +241,21 @@ class GRPOTrainer:
         tasks = self.loader.next_batch()
         trajectories = self.collect(tasks, g.group_size, self.sampling)
         rollout_s = time.monotonic() - t0
-        rewards = [tr.result.reward for tr in trajectories]
-        adv = compute_group_advantages(
-            rewards, g.group_size, estimator=g.advantage_estimator, scale_batch=g.scale_advantages_by_batch,
-            filter_uniform=g.filter_uniform_groups,
-        )
-        # Infrastructure failures (done_reason "error") were never scored: they are no attempts for the
-        # curriculum, and their placeholder reward 0 skews their group's advantages, so such groups get no update.
+        decided = decide_episodes(trajectories, g.group_size, estimator=g.advantage_estimator,
+                                  scale_batch=g.scale_advantages_by_batch, filter_uniform=g.filter_uniform_groups)
         groups = [trajectories[i * g.group_size:(i + 1) * g.group_size] for i in range(len(tasks))]
-        infra_groups = {i for i, group in enumerate(groups) if any(tr.result.done_reason == "error" for tr in group)}
+        # Infrastructure failures (done_reason "error") were never scored: no attempts for the curriculum.
         self.loader.record_results({
             task.task_id: (sum(tr.result.solved for tr in groups[i]), sum(tr.result.done_reason != "error" for tr in groups[i]))
             for i, task in enumerate(tasks)
         })
-        kept = [(tr, a) for j, (tr, a, k) in enumerate(zip(trajectories, adv.values, adv.keep))
-                if k and tr.token_ids and j // g.group_size not in infra_groups]
+        scored_rewards = [tr.result.reward for tr, ok in zip(trajectories, decided.scored) if ok]
+        kept = [(tr, a) for tr, a, k in zip(trajectories, decided.advantages, decided.kept) if k]
         update_stats: dict[str, float] = {}
         t1 = time.monotonic()
         if kept:
-            batch = collate([tr for tr, _ in kept], [a for _, a in kept], self.policy.tokenizer.pad_token_id)
+            batch = collate([tr for tr, _ in kept], [self._token_credit(tr, a) for tr, a in kept],
+                            self.policy.tokenizer.pad_token_id)
             update_stats = self._update(batch)
         else:
             self.scheduler.step()
@@ -256,8 +266,9 @@ class GRPOTrainer:
         summary = summarize(trajectories)
         metrics: dict[str, Any] = {
             "step": self.step,
-            "reward/mean": mean(rewards),
-            "reward/std": pstdev(rewards),
+            # reward/*: the scored episodes (infrastructure failures carry a placeholder 0)
+            "reward/mean": mean(scored_rewards) if scored_rewards else 0.0,
+            "reward/std": pstdev(scored_rewards) if scored_rewards else 0.0,
             **{f"reward/{name}": value for name, value in reward_term_means(trajectories).items()},
             "train/execution_accuracy": summary["execution_accuracy"],
             "train/loss": update_stats.get("loss", 0.0),
@@ -266,8 +277,10 @@ class GRPOTrainer:
             "train/entropy": update_stats.get("entropy", 0.0),
             "train/clip_frac": update_stats.get("clip_frac", 0.0),
             "train/grad_norm": update_stats.get("grad_norm", 0.0),
+            "train/optimizer_steps": update_stats.get("optimizer_steps", 0.0),
             "train/lr": self.scheduler.get_last_lr()[0],
-            "train/groups_dropped": adv.dropped_groups,
+            "train/groups_dropped": decided.groups_dropped,
+            "train/groups_infra_error": decided.infra_groups,
             "train/trajectories_used": len(kept),
             "train/infra_errors": summary["infra_errors"],
             "episode/turns_mean": summary["mean_turns"],
@@ -279,8 +292,15 @@ class GRPOTrainer:
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
         }
-        return StepOutput(metrics, trajectories, list(tasks), [float(a) for a in adv.values],
-                          [bool(k) for k in adv.keep])
+        return StepOutput(metrics, trajectories, list(tasks), decided.advantages, decided.kept)
+
+    def _token_credit(self, trajectory: Trajectory, advantage: float) -> float | torch.Tensor:
+        """The episode's advantage, or per id with per-turn credit (`grpo.turn_credit_discount`)."""
+        discount = self.config.grpo.turn_credit_discount
+        if discount is None:
+            return advantage
+        return turn_token_advantages(advantage, torch.tensor(trajectory.turn_rewards, dtype=torch.float32),
+                                     torch.tensor(trajectory.loss_mask), discount)
 
     # ----------------------------------------------------------------- loop
     def _past_deadline(self, deadline: float | None) -> bool:

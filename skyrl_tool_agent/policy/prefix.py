@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, StaticCache
 
+from skyrl_tool_agent.policy.checkpointing import recomputing
 from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
 
 # Below this many shared tokens the plain full-sequence path is used (nothing worth sharing).
@@ -184,7 +185,7 @@ def batch_logprobs(
     temperature = temperature if temperature > 0 else 1.0
     rows = [r[: int(m.sum())] for r, m in zip(input_ids.tolist(), attention_mask)]
     prefix_len = common_prefix_length(rows)
-    if prefix_len >= MIN_SHARED_PREFIX:
+    if prefix_len >= MIN_SHARED_PREFIX and not recomputing(model):  # checkpointing drops the prefix's cache
         return shared_prefix_logprobs(model, input_ids, attention_mask, prefix_len, temperature=temperature,
                                       with_entropy=with_entropy)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
