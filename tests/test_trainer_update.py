@@ -93,6 +93,35 @@ def test_update_under_each_loss_aggregation(model_dir: Path, tmp_path: Path, grp
 
     expected = _expected_loss(grpo["loss_aggregation"], fixed_length or 0)
     assert stats["loss"] == pytest.approx(expected, rel=1e-4)
+    # KL and entropy off: the policy term is the whole loss, over 2 micro-batches as over one
+    assert stats["pg_loss"] == pytest.approx(stats["loss"], rel=1e-5)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert stats["grad_norm"] > 0
     assert any(not torch.equal(p, b) for p, b in zip(policy.trainable_parameters(), before, strict=True))
+
+
+def _token_mean_loss(rows: list[int]) -> float:
+    counts = [SPANS[r][1] - SPANS[r][0] for r in rows]
+    return sum(-ADVANTAGES[r] * n for r, n in zip(rows, counts, strict=True)) / sum(counts)
+
+
+@pytest.mark.parametrize(("accumulation", "minibatches"), [(None, [[0, 1, 2]]), (1, [[0], [1], [2]]), (2, [[0, 1], [2]])])
+def test_gradient_accumulation_steps_every_n_micro_batches(model_dir: Path, tmp_path: Path, accumulation: int | None,
+                                                           minibatches: list[list[int]]) -> None:
+    """training.gradient_accumulation = N: an optimizer step every N micro-batches, each minibatch's
+    loss normalised over its own tokens; the logged loss is the mean over the steps."""
+    config = _config(model_dir, loss_aggregation="token_mean")
+    config.training.micro_batch_size = 1
+    config.training.gradient_accumulation = accumulation
+    config.training.learning_rate = 1e-9  # every minibatch's ratio stays 1: the losses are hand sums
+    policy = tiny_policy(model_dir, mode="full")
+    trainer = GRPOTrainer(config, policy, None, None, [], output_dir=tmp_path)  # type: ignore[arg-type]
+
+    stats = trainer._update(_on_policy_batch(policy))
+
+    steps = {int(state["step"]) for state in trainer.optimizer.state.values()}
+    assert steps == {len(minibatches)}  # the optimizer really stepped that often
+    assert stats["optimizer_steps"] == len(minibatches)
+    expected = sum(_token_mean_loss(rows) for rows in minibatches) / len(minibatches)
+    assert stats["loss"] == pytest.approx(expected, rel=1e-4)
+    assert stats["pg_loss"] == pytest.approx(expected, rel=1e-4)
