@@ -1,0 +1,354 @@
+"""Every knob of the config schema, flipped: the documented change must happen through the code that
+reads the knob (the trainer's update and loop on a real tiny Qwen2, the loader, the advantage and
+collector settings, the path resolvers).
+
+`FLIPS` maps a knob to a check (the update and model ones in tests/fixtures/update_flips.py);
+`NOT_FLIPPED` lists, with the reason, each knob this file cannot flip. A knob in the schema in
+neither fails `test_every_knob_is_flipped_or_excused`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from skyrl_tool_agent.config import UserInputError
+from skyrl_tool_agent.grpo.run_logging import read_metrics
+from skyrl_tool_agent.pipeline import build_loader, run_eval_tasks
+from skyrl_tool_agent.rollout.collector import CollectorSettings
+from tests.fixtures.knob_kit import TASKS, Kit, all_knobs, decided, lrs
+from tests.fixtures.update_flips import (
+    flip_adam_betas,
+    flip_adam_eps,
+    flip_attn_implementation,
+    flip_clip_eps,
+    flip_dtype,
+    flip_entropy_coef,
+    flip_fixed_length_normalizer,
+    flip_gradient_accumulation,
+    flip_gradient_checkpointing,
+    flip_kl,
+    flip_learning_rate,
+    flip_lora_alpha,
+    flip_lora_dropout,
+    flip_lora_r,
+    flip_lora_target_modules,
+    flip_loss_aggregation,
+    flip_lr_scheduler,
+    flip_max_grad_norm,
+    flip_micro_batch_size,
+    flip_mode,
+    flip_temperature,
+    flip_update_epochs,
+    flip_warmup_steps,
+    flip_weight_decay,
+)
+from tests.test_episode_credit import episode
+from tests.test_trainer_update import model_dir  # noqa: F401 - the shared tiny model fixture
+
+NOT_FLIPPED: dict[str, str] = {
+    "model.device": "one device kind on a CPU test machine (auto and cpu both give cpu)",
+    "model.revision": "a hub revision needs the network",
+    "model.trust_remote_code": "needs a hub model with custom code (network)",
+    "model.quantization.load_in_4bit": "bitsandbytes 4-bit; tests/test_qlora.py runs it where the kernels exist",
+    "model.quantization.quant_type": "bitsandbytes 4-bit; tests/test_qlora.py",
+    "model.quantization.compute_dtype": "bitsandbytes 4-bit; tests/test_qlora.py",
+    "model.quantization.double_quant": "bitsandbytes 4-bit: passed to BitsAndBytesConfig only",
+    "training.time_budget_minutes": "read by run_training (data + MCP servers); tests/test_profiles.py, test_plateau.py",
+    "training.data.validation_tasks": "needs the generated built-in pool (~10k tasks); tests/test_train_pool.py",
+    "training.wandb.run_name": "passed to wandb.init only (a W&B run per flip)",
+    "training.push_to_hub.repo_id": "uploads to the Hugging Face Hub (network)",
+    "training.push_to_hub.private": "uploads to the Hugging Face Hub (network)",
+    **{f"env.{name}": "an MCP server episode per flip (seconds); tests/test_environment.py and the env tests"
+       for name in ("task_family", "mcp_servers", "call_timeout_s", "sql_timeout_s", "sessions_per_server",
+                    "tool_call_format", "offered_tools", "schema_in_prompt", "bind_db_id", "shaping_rewards",
+                    "shaping_penalty", "reward.terms", "reward.keep_distinct", "reward.gold_cache_size")},
+}
+
+
+def flip_max_steps(kit: Kit) -> None:
+    assert lrs(kit, 2, training__max_steps=2, training__lr_scheduler="linear")[-1] == pytest.approx(0)
+    history, _ = kit.loop(max_steps=2)
+    assert [m["step"] for m in history] == [1, 2]
+
+
+def flip_name_or_path(kit: Kit) -> None:
+    from skyrl_tool_agent.policy.loading import resolve_model_path
+
+    assert resolve_model_path(kit.config().model) == str(kit.model_dir)
+    assert resolve_model_path(kit.config(model__name_or_path="embedded").model) != str(kit.model_dir)
+
+
+def flip_embedded_dir(kit: Kit) -> None:
+    config = kit.config(model__name_or_path="embedded", model__embedded_dir="~/built")
+    assert config.model.resolved_embedded_dir() == Path.home() / "built"
+
+
+def flip_tasks_per_step(kit: Kit) -> None:
+    for n in (2, 5):
+        assert len(kit.loader_batches(training__tasks_per_step=n)[0]) == n
+
+
+def flip_seed(kit: Kit) -> None:
+    ids = {seed: [t.task_id for b in kit.loader_batches(3, training__seed=seed) for t in b] for seed in (1, 1, 2)}
+    assert ids[1] != ids[2] and ids[1] == [t.task_id for b in kit.loader_batches(3, training__seed=1) for t in b]
+
+
+def flip_output_dir(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_training writes into the expanded directory (it made a literal `$RUNS` one before)."""
+    from skyrl_tool_agent import pipeline
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_args: object, **_kwargs: object) -> None:
+        raise Stop
+
+    monkeypatch.setenv("RUNS", str(kit.tmp / "runs"))
+    monkeypatch.chdir(kit.tmp)
+    monkeypatch.setattr(pipeline, "load_task_splits", lambda config: ([], [], kit.tmp))
+    monkeypatch.setattr(pipeline, "ensure_embedded_model", stop)  # right after the run directory is made
+    with pytest.raises(Stop):
+        pipeline.run_training(kit.config(training__output_dir="$RUNS/a"))
+    assert (kit.tmp / "runs" / "a").is_dir() and not (kit.tmp / "$RUNS").exists()
+    assert kit.config(training__output_dir="~/a").training.resolved_output_dir() == Path.home() / "a"
+
+
+def flip_eval_num_tasks(kit: Kit) -> None:
+    dev = [t.model_copy(update={"split": "dev"}) for t in TASKS]
+    for n in (3, 7):
+        assert len(run_eval_tasks(kit.config(training__eval_num_tasks=n), [], dev, kit.tmp)) == n
+
+
+def flip_eval_split(kit: Kit) -> None:
+    config = kit.config(training__eval_split="validation", training__data__dataset="spider")
+    with pytest.raises(UserInputError, match="validation needs the builtin dataset"):
+        run_eval_tasks(config, [], TASKS, kit.tmp)
+
+
+def flip_eval_every(kit: Kit) -> None:
+    for every, evaluated in ((0, [4]), (2, [2, 4])):
+        history, _ = kit.loop(training__eval_every=every)
+        assert [m["step"] for m in history if "eval/execution_accuracy" in m] == evaluated
+
+
+def flip_checkpoint_every(kit: Kit) -> None:
+    for every, kept in ((0, [4]), (1, [3, 4])):  # keep_checkpoints 2
+        _, out = kit.loop(training__checkpoint_every=every)
+        assert sorted(int(p.name[-6:]) for p in (out / "checkpoints").iterdir() if p.is_dir()) == kept
+
+
+def flip_keep_checkpoints(kit: Kit) -> None:
+    _, out = kit.loop(training__checkpoint_every=1, training__keep_checkpoints=3)
+    assert len([p for p in (out / "checkpoints").iterdir() if p.is_dir()]) == 3
+
+
+def flip_log_every(kit: Kit) -> None:
+    _, out = kit.loop(training__log_every=3)
+    assert [row["step"] for row in read_metrics(out / "metrics.jsonl")] == [3, 4]
+
+
+def flip_rollouts_every(kit: Kit) -> None:
+    _, out = kit.loop(training__rollouts_every=0)
+    assert not (out / "rollouts.jsonl").exists()
+    _, out = kit.loop(training__rollouts_every=2, training__rollouts_per_step=1)
+    assert [row["step"] for row in read_metrics(out / "rollouts.jsonl")] == [2, 4]
+
+
+def flip_rollouts_per_step(kit: Kit) -> None:
+    _, out = kit.loop(max_steps=1, training__rollouts_per_step=5)
+    assert len(read_metrics(out / "rollouts.jsonl")) == 5
+
+
+def flip_data_paths(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATA", "/tmp/d")
+    data = kit.config(training__data__train_file="$DATA/t.json", training__data__dev_file="~/v.json",
+                      training__data__db_root="$DATA/db").training.data
+    assert (data.resolved_train_file(), data.resolved_dev_file(), data.resolved_db_root()) == (
+        Path("/tmp/d/t.json"), Path.home() / "v.json", Path("/tmp/d/db"))
+
+
+def flip_dataset(kit: Kit) -> None:
+    data = kit.config(training__data__dataset="spider", training__data__spider_root="/s").training.data
+    assert (data.resolved_train_file(), data.resolved_db_root()) == (Path("/s/train_spider_compact.json"), Path("/s/database"))
+    assert kit.config().training.data.resolved_train_file().name == "train.json"
+
+
+def flip_train_pool(kit: Kit) -> None:
+    assert kit.config().training.data.resolved_train_pool() == "generated"
+    assert kit.config(training__data__train_pool="file").training.data.resolved_train_pool() == "file"
+
+
+def flip_wandb(kit: Kit) -> None:
+    w = kit.config(training__wandb__project="p", training__wandb__entity="e", training__wandb__mode="auto").training.wandb
+    assert (w.resolved_project({}), w.resolved_entity({}), w.resolved_mode({})) == ("p", "e", "offline")
+    assert w.resolved_mode({"WANDB_API_KEY": "k"}) == "online"
+    assert kit.config(training__wandb__mode="disabled").training.wandb.resolved_mode({"WANDB_API_KEY": "k"}) == "disabled"
+
+
+def flip_group_size(kit: Kit) -> None:
+    rewards = [1.0, 0.0, 1.0, 0.0]
+    assert decided(kit, rewards, 2).kept == [True] * 4
+    assert decided(kit, rewards, 4).advantages == pytest.approx([0.866, -0.866, 0.866, -0.866], rel=1e-3)
+
+
+def flip_advantage_estimator(kit: Kit) -> None:
+    rewards = [1.0, 0.0, 0.0]
+    sd = statistics.stdev(rewards)
+    expected = {"grpo": [2 / 3 / sd, -1 / 3 / sd, -1 / 3 / sd], "dr_grpo": [2 / 3, -1 / 3, -1 / 3],
+                "rloo": [1.0, -0.5, -0.5]}
+    for name, values in expected.items():
+        assert decided(kit, rewards, 3, grpo__advantage_estimator=name).advantages == pytest.approx(values, rel=1e-4)
+
+
+def flip_scale_advantages_by_batch(kit: Kit) -> None:
+    rewards = [0.9, 0.1, 0.3, 0.1]
+    sd = statistics.stdev(rewards)
+    assert decided(kit, rewards, grpo__scale_advantages_by_batch=True).advantages == pytest.approx(
+        [0.4 / sd, -0.4 / sd, 0.1 / sd, -0.1 / sd], rel=1e-4)
+
+
+def flip_filter_uniform_groups(kit: Kit) -> None:
+    on, off = (decided(kit, [1.0, 0.0, 0.5, 0.5], grpo__filter_uniform_groups=f) for f in (True, False))
+    assert (on.kept, on.groups_dropped) == ([True, True, False, False], 1)
+    assert (off.kept, off.groups_dropped) == ([True] * 4, 0)
+
+
+def flip_turn_credit_discount(kit: Kit) -> None:
+    tr = episode("t", 0, 1.0, turn_rewards=(-0.05, 1.0))  # turn 0: ids 4-6, turn 1: ids 9-10
+    off = kit.trainer(kit.config())._token_credit(tr, 0.5)
+    on = kit.trainer(kit.config(grpo__turn_credit_discount=0.9))._token_credit(tr, 0.5)
+    assert off == 0.5
+    assert on.tolist() == pytest.approx([0] * 4 + [0.45] * 3 + [0, 0] + [0.5] * 2)
+
+
+def flip_sampling(kit: Kit) -> None:
+    trainer = kit.trainer(kit.config(grpo__top_p=0.5, grpo__max_new_tokens_per_turn=7))
+    assert (trainer.sampling.top_p, trainer.sampling.max_new_tokens) == (0.5, 7)
+
+
+def flip_episode_limits(kit: Kit) -> None:
+    s = CollectorSettings.from_config(kit.config(grpo__max_turns=5, grpo__max_total_tokens=900,
+                                                 env__collector__concurrency=3, env__collector__max_episode_retries=2,
+                                                 env__reward__eval_keep_distinct=True), evaluation=True)
+    assert (s.max_turns, s.max_total_tokens, s.concurrency, s.max_episode_retries, s.keep_distinct) == (5, 900, 3, 2, True)
+
+
+def flip_curriculum_mix(kit: Kit) -> None:
+    mix = {"easy": 0.2, "medium": 0.3, "hard": 0.5}
+    sampler = build_loader(kit.config(grpo__curriculum__start=mix, grpo__curriculum__end={
+        "easy": 1.0, "medium": 0.0, "hard": 0.0}), TASKS).sampler
+    assert sampler.base_mix(0.0) == pytest.approx(mix) and sampler.base_mix(1.0)["easy"] == pytest.approx(1.0)
+    fixed = build_loader(kit.config(grpo__curriculum__mode="uniform", grpo__curriculum__fixed=mix), TASKS).sampler
+    assert fixed.base_mix(1.0) == pytest.approx(mix)
+
+
+def flip_curriculum_adaptive(kit: Kit) -> None:
+    knobs = {"grpo__curriculum__adaptive_min_attempts": 3, "grpo__curriculum__adaptive_min_weight": 0.25,
+             "grpo__curriculum__adaptive_high": 0.8, "grpo__curriculum__adaptive_low": 0.3}
+    linear = build_loader(kit.config(**knobs), TASKS).sampler
+    sampler = build_loader(kit.config(grpo__curriculum__mode="adaptive", **knobs), TASKS).sampler
+    for s in (linear, sampler):
+        s.update("solved", 3, 3)
+        s.update("young", 2, 2)
+        s.update("failed", 0, 4)
+        s.update("mixed", 2, 4)
+    assert [sampler.weight(t) for t in ("solved", "young", "failed", "mixed")] == [0.25, 1.0, 0.25, 1.0]
+    assert linear.weight("solved") == 1.0
+    ema = build_loader(kit.config(grpo__curriculum__adaptive_ema_alpha=0.5), TASKS).sampler
+    ema.update("t", 1, 1)
+    ema.update("t", 0, 1)
+    assert ema.pass_rate("t") == pytest.approx(0.5)
+
+
+def flip_batcher(kit: Kit) -> None:
+    off = kit.loader_batches(training__tasks_per_step=4, grpo__batcher__max_batch=12)[0]
+    assert len(off) == 4
+    big = kit.loader_batches(training__tasks_per_step=4, grpo__batcher__enabled=True,
+                             grpo__batcher__target_turns=1e9, grpo__batcher__max_batch=12)[0]
+    assert len(big) == 12  # max_batch, not capped by tasks_per_step
+    small = kit.loader_batches(grpo__batcher__enabled=True, grpo__batcher__target_turns=1.0)[0]
+    assert len(small) == 1  # the turn budget: one task always, no more
+
+
+FLIPS: dict[str, Callable[..., None]] = {
+    "training.gradient_accumulation": flip_gradient_accumulation,
+    "training.update_epochs": flip_update_epochs,
+    "training.micro_batch_size": flip_micro_batch_size,
+    "training.max_grad_norm": flip_max_grad_norm,
+    "training.learning_rate": flip_learning_rate,
+    "training.weight_decay": flip_weight_decay,
+    "training.adam_betas": flip_adam_betas,
+    "training.adam_eps": flip_adam_eps,
+    "training.lr_scheduler": flip_lr_scheduler,
+    "training.warmup_steps": flip_warmup_steps,
+    "training.max_steps": flip_max_steps,
+    "training.mode": flip_mode,
+    "training.tasks_per_step": flip_tasks_per_step,
+    "training.seed": flip_seed,
+    "training.output_dir": flip_output_dir,
+    "training.eval_num_tasks": flip_eval_num_tasks,
+    "training.eval_split": flip_eval_split,
+    "training.eval_every": flip_eval_every,
+    "training.checkpoint_every": flip_checkpoint_every,
+    "training.keep_checkpoints": flip_keep_checkpoints,
+    "training.log_every": flip_log_every,
+    "training.rollouts_every": flip_rollouts_every,
+    "training.rollouts_per_step": flip_rollouts_per_step,
+    **dict.fromkeys(("training.data.train_file", "training.data.dev_file", "training.data.db_root"), flip_data_paths),
+    **dict.fromkeys(("training.data.dataset", "training.data.spider_root"), flip_dataset),
+    "training.data.train_pool": flip_train_pool,
+    **dict.fromkeys(("training.wandb.project", "training.wandb.entity", "training.wandb.mode"), flip_wandb),
+    "model.lora.r": flip_lora_r,
+    "model.lora.alpha": flip_lora_alpha,
+    "model.lora.dropout": flip_lora_dropout,
+    "model.lora.target_modules": flip_lora_target_modules,
+    "model.gradient_checkpointing": flip_gradient_checkpointing,
+    "model.dtype": flip_dtype,
+    "model.attn_implementation": flip_attn_implementation,
+    "model.name_or_path": flip_name_or_path,
+    "model.embedded_dir": flip_embedded_dir,
+    "grpo.group_size": flip_group_size,
+    "grpo.advantage_estimator": flip_advantage_estimator,
+    "grpo.scale_advantages_by_batch": flip_scale_advantages_by_batch,
+    "grpo.filter_uniform_groups": flip_filter_uniform_groups,
+    "grpo.turn_credit_discount": flip_turn_credit_discount,
+    "grpo.loss_aggregation": flip_loss_aggregation,
+    "grpo.fixed_length_normalizer": flip_fixed_length_normalizer,
+    "grpo.temperature": flip_temperature,
+    **dict.fromkeys(("grpo.top_p", "grpo.max_new_tokens_per_turn"), flip_sampling),
+    **dict.fromkeys(("grpo.max_turns", "grpo.max_total_tokens", "env.collector.concurrency",
+                     "env.collector.max_episode_retries", "env.reward.eval_keep_distinct"), flip_episode_limits),
+    **dict.fromkeys(("grpo.clip_eps_low", "grpo.clip_eps_high"), flip_clip_eps),
+    **dict.fromkeys(("grpo.kl_coef", "grpo.kl_estimator"), flip_kl),
+    "grpo.entropy_coef": flip_entropy_coef,
+    **dict.fromkeys(tuple(f"grpo.curriculum.{k}" for k in (
+        "mode", "fixed", "start.easy", "start.medium", "start.hard", "end.easy", "end.medium", "end.hard")),
+        flip_curriculum_mix),
+    **dict.fromkeys(tuple(f"grpo.curriculum.{k}" for k in (
+        "adaptive_low", "adaptive_high", "adaptive_min_weight", "adaptive_min_attempts", "adaptive_ema_alpha")),
+        flip_curriculum_adaptive),
+    **dict.fromkeys(("grpo.batcher.enabled", "grpo.batcher.target_turns", "grpo.batcher.max_batch"), flip_batcher),
+}
+#: One run per check (several knobs can share one check).
+CHECKS = sorted({check.__name__: check for check in FLIPS.values()}.items())
+
+
+def test_every_knob_is_flipped_or_excused() -> None:
+    knobs = set(all_knobs())
+    assert not set(FLIPS) & set(NOT_FLIPPED)
+    assert sorted(knobs - set(FLIPS) - set(NOT_FLIPPED)) == [], "knobs with no flip case and no listed reason"
+    assert sorted((set(FLIPS) | set(NOT_FLIPPED)) - knobs) == [], "flip cases for knobs the schema no longer has"
+
+
+@pytest.mark.parametrize(("name", "check"), CHECKS, ids=[name for name, _ in CHECKS])
+def test_flip(name: str, check: Callable[..., None], model_dir: Path, tmp_path: Path,  # noqa: F811
+              monkeypatch: pytest.MonkeyPatch) -> None:
+    kit = Kit(model_dir, tmp_path)
+    if "monkeypatch" in check.__code__.co_varnames[: check.__code__.co_argcount]:
+        check(kit, monkeypatch)
+    else:
+        check(kit)
