@@ -251,12 +251,15 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
     """Write before_after.json (with the paired-bootstrap interval of the EX change when both
     evaluations carry per-task outcomes), training_curves.png and the model card in final/."""
     from skyrl_tool_agent.eval.plots import plot_training_curves
-    from skyrl_tool_agent.eval.stats import paired_bootstrap
+    from skyrl_tool_agent.eval.stats import NothingScored, paired_bootstrap
     from skyrl_tool_agent.reporting import write_model_card
 
     delta = None
     if before.get("solved") and len(before["solved"]) == len(after.get("solved") or []):
-        delta = paired_bootstrap(before["solved"], after["solved"]).to_dict()
+        try:  # tasks unscored on either side (infrastructure errors) are left out of the interval
+            delta = paired_bootstrap(before["solved"], after["solved"]).to_dict()
+        except NothingScored:
+            delta = None
     record = {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
               "training_minutes": training_seconds / 60, "execution_accuracy_delta": delta}
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")

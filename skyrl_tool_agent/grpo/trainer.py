@@ -256,8 +256,10 @@ class GRPOTrainer:
         summary = summarize(trajectories)
         metrics: dict[str, Any] = {
             "step": self.step,
-            "reward/mean": mean(rewards),
-            "reward/std": pstdev(rewards),
+            # over the scored episodes only: an infrastructure error's placeholder 0 is no reward
+            "reward/mean": mean(scored) if (scored := [tr.result.reward for tr in trajectories
+                                                       if tr.result.done_reason != "error"]) else None,
+            "reward/std": pstdev(scored) if scored else None,
             **{f"reward/{name}": value for name, value in reward_term_means(trajectories).items()},
             "train/execution_accuracy": summary["execution_accuracy"],
             "train/loss": update_stats.get("loss", 0.0),
@@ -269,6 +271,7 @@ class GRPOTrainer:
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/groups_dropped": adv.dropped_groups,
             "train/trajectories_used": len(kept),
+            "train/scored": summary["scored"],
             "train/infra_errors": summary["infra_errors"],
             "episode/turns_mean": summary["mean_turns"],
             "episode/tool_errors": sum(tr.result.tool_errors for tr in trajectories),
