@@ -381,9 +381,12 @@ def run_query(
     max_chars: int | None = None,
     max_columns: int | None = None,
     clock: Literal["wall", "cpu"] = "wall",
+    expect_columns: int | None = None,
 ) -> QueryResult:
     """Run exactly one read-only statement and return its (capped) rows.
 
+    `expect_columns`: when the result has another number of columns, no row is fetched and the
+    result comes back empty with `truncated` set (scoring: such an answer cannot match the gold).
     `timeout_s` is wall-clock time from the start of the query (`clock="wall"`) or CPU time of the
     thread running it (`clock="cpu"`, with a wall-clock backstop of `CPU_CLOCK_WALL_FACTOR` x
     `timeout_s`); when it passes the query is interrupted (module docstring).
@@ -400,7 +403,7 @@ def run_query(
         try:
             return run_query(
                 conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars, max_columns=max_columns,
-                clock=clock,
+                clock=clock, expect_columns=expect_columns,
             )
         finally:
             conn.close()
@@ -431,7 +434,7 @@ def run_query(
     try:
         for attempt in range(NOMEM_RETRIES + 1):
             try:
-                return _execute(conn, sql, max_rows, max_chars, max_columns)
+                return _execute(conn, sql, max_rows, max_chars, max_columns, expect_columns)
             except SandboxError:
                 raise
             except Exception as exc:  # the contract: nothing but SandboxError escapes
@@ -462,7 +465,8 @@ def run_query(
 
 
 def _execute(
-    conn: SandboxConnection, sql: str, max_rows: int | None, max_chars: int | None, max_columns: int | None
+    conn: SandboxConnection, sql: str, max_rows: int | None, max_chars: int | None, max_columns: int | None,
+    expect_columns: int | None = None,
 ) -> QueryResult:
     """One attempt of `run_query` (the progress handler is already set)."""
     conn.last_denial = None
@@ -476,6 +480,8 @@ def _execute(
                 raise
             cur = conn.execute(_first_statement_if_rest_empty(sql))
         columns = [d[0] for d in cur.description] if cur.description else []
+        if expect_columns is not None and len(columns) != expect_columns:
+            return QueryResult(columns=columns, rows=[], truncated=True, row_count=0)
         keep = len(columns) if max_columns is None else min(len(columns), max_columns)
         rows, truncated = fetch_capped(cur, max_rows, max_chars, keep if keep < len(columns) else None)
         return QueryResult(
