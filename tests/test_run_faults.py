@@ -98,20 +98,26 @@ def _one_error_line(res: subprocess.CompletedProcess) -> str:
     return err[0]
 
 
-def test_databases_broken_after_step_1_are_never_scored_as_wrong(setup, tmp_path, capsys):
-    """Finding 1: the databases become unreadable after step 1. Step 2 and the final evaluation are
-    infrastructure errors: no reward/mean of 0, no EX 0.000 after, no "-25 points" interval, and
-    the before/after table, before_after.json and the model card say how many episodes were scored."""
+@pytest.fixture(scope="module")
+def broken_run(setup, tmp_path_factory):
+    """A real 2-step training (oracle sampler) whose databases become unreadable after step 1, in an
+    output directory holding a stale run lock (a pid that is gone). Returns (out, db_root, summary)."""
     import shutil
 
     from skyrl_tool_agent.config import load_config
+    from skyrl_tool_agent.grpo.run_lock import LOCK_FILE
     from skyrl_tool_agent.pipeline import run_training
-    from skyrl_tool_agent.reporting import print_before_after
 
     root, model_dir = setup
-    db_root = tmp_path / "dbs"
+    base = tmp_path_factory.mktemp("broken")
+    db_root = base / "dbs"
     shutil.copytree(root / "dbs", db_root)
-    out = tmp_path / "out"
+    out = base / "out"
+    out.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+
+    (out / LOCK_FILE).write_text(json.dumps({"pid": int(gone.stdout), "host": socket.gethostname()}) + "\n")
 
     def break_databases(kind: str, metrics: dict) -> None:
         if kind == "step" and metrics["step"] == 1:
@@ -121,6 +127,16 @@ def test_databases_broken_after_step_1_are_never_scored_as_wrong(setup, tmp_path
     summary = run_training(load_config(overrides=_overrides(_sets(root, model_dir, db_root,
                                                                   **{"training.output_dir": out}))),
                            progress=break_databases, backend=OracleBackend())
+    return out, db_root, summary
+
+
+def test_databases_broken_after_step_1_are_never_scored_as_wrong(broken_run, capsys):
+    """Finding 1: the databases become unreadable after step 1. Step 2 and the final evaluation are
+    infrastructure errors: no reward/mean of 0, no EX 0.000 after, no "-25 points" interval, and
+    the before/after table, before_after.json and the model card say how many episodes were scored."""
+    from skyrl_tool_agent.reporting import print_before_after
+
+    out, _, summary = broken_run
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step2 = next(r for r in rows if r["step"] == 2)
     assert step2["train/scored"] == 0 and step2["train/infra_errors"] == 4
@@ -148,3 +164,111 @@ def test_paired_interval_leaves_unscored_tasks_out():
     assert (d.low, d.high) == (0.0, 0.0)
     with pytest.raises(NothingScored):
         paired_bootstrap([1, 1], [None, None])
+
+
+def test_a_stale_run_lock_is_taken_over_and_released(broken_run):
+    """Finding 6: the run above found a lock of a dead pid, took it over, and removed it at the end."""
+    from skyrl_tool_agent.grpo.run_lock import LOCK_FILE
+
+    out, _, _ = broken_run
+    assert (out / "before_after.json").is_file() and not (out / LOCK_FILE).exists()
+
+
+def _train_main(argv: list[str], capsys) -> tuple[int, str]:
+    from skyrl_tool_agent.commands.train import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    return exited.value.code, capsys.readouterr().err
+
+
+def _argv(sets: dict, out: Path, *extra: str) -> list[str]:
+    return ["--output-dir", str(out), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")], *extra]
+
+
+def _expect_one_error_line(code: int, err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def test_a_second_run_on_a_live_runs_directory_is_refused(setup, tmp_path, capsys):
+    """Finding 6: a lock held by a live process (this one): one `error:` line, exit 2, nothing written."""
+    import socket
+
+    from skyrl_tool_agent.grpo.run_lock import LOCK_FILE
+
+    root, model_dir = setup
+    out = tmp_path / "busy"
+    out.mkdir()
+    lock = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n"
+    (out / LOCK_FILE).write_text(lock)
+    code, err = _train_main(_argv(_sets(root, model_dir), out), capsys)
+    line = _expect_one_error_line(code, err)
+    assert "in use by another run" in line and f"pid {os.getpid()}" in line
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE] and (out / LOCK_FILE).read_text() == lock
+
+
+def _craft(out: Path, edit) -> None:
+    from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, latest_checkpoint, write_manifest
+
+    ckpt = latest_checkpoint(out / "checkpoints")
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    (ckpt / STATE_FILE).write_text(json.dumps(edit(state)) + "\n")
+    write_manifest(ckpt)  # crafted, not damaged: the manifest agrees
+
+
+CRAFTED = {
+    "missing loader": (lambda s: {"step": s["step"]}, "no data-loader state", {}),
+    "step as text": (lambda s: {**s, "step": "three"}, "has step 'three'", {}),
+    "garbage loader": (lambda s: {**s, "loader": {"version": s["loader"]["version"], "junk": 1}}, "data-loader state", {}),
+    "step 10**12": (lambda s: {**s, "step": 10**12}, "has step 1000000000000", {}),
+    "max_steps changed": (lambda s: s, "total_steps=2 differs", {"training.max_steps": 3}),
+    "seed changed": (lambda s: s, "seed=7 differs", {"training.seed": 8}),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_checkpoint_state_faults_are_one_line(case, setup, broken_run, tmp_path, capsys):
+    """Finding 8: a crafted trainer_state.json or a resume with another max_steps or seed: one
+    `error:` line, exit 2; the run directory stays as it was."""
+    import shutil
+
+    root, model_dir = setup
+    edit, expected, changes = CRAFTED[case]
+    out = tmp_path / "run"
+    shutil.copytree(broken_run[0], out)
+    _craft(out, edit)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    code, err = _train_main(_argv(_sets(root, model_dir, **changes), out, "--resume", "auto"), capsys)
+    line = _expect_one_error_line(code, err)
+    assert expected in line, line
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+def test_disk_full_during_training_is_one_line_and_keeps_the_finished_checkpoint(setup, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """Finding 8: the output disk fills up during step 2 (ENOSPC on every write there): one `error:`
+    line, exit 2, and step 1's checkpoint is intact for the resume."""
+    import errno
+
+    from skyrl_tool_agent.grpo import checkpoint as ckpt_module
+    from skyrl_tool_agent.grpo.run_logging import RunLogger
+
+    root, model_dir = setup
+    out = tmp_path / "full"
+    real_log = RunLogger.log
+
+    def log(self, metrics):
+        if metrics.get("step") == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(out / "metrics.jsonl"))
+        return real_log(self, metrics)
+
+    monkeypatch.setattr(RunLogger, "log", log)
+    code, err = _train_main(_argv(_sets(root, model_dir), out), capsys)
+    line = _expect_one_error_line(code, err)
+    assert "No space left on device" in line and "--resume auto" in line
+    latest = ckpt_module.latest_checkpoint(out / "checkpoints")
+    assert latest is not None and latest.name == "step-000001"
+    ckpt_module.verify_checkpoint(latest)
