@@ -20,8 +20,13 @@ Layers (defence in depth: 1, 2 and 3 each block every write on their own):
 4. limits (`setlimit`): no attached databases at all, 32 kB per value/row (so `randomblob(1e9)`
    fails fast instead of allocating), 100 k characters of SQL, short LIKE/GLOB patterns.
 
-Resource limits: a wall-clock deadline checked from `set_progress_handler` (no signals, so it works
-in worker threads); caps on returned rows, columns and characters with a `truncated` flag; the
+Resource limits: a deadline checked from `set_progress_handler` (no signals, so it works in worker
+threads) and enforced from outside by `Connection.interrupt()` when it passes (one watchdog thread
+for the process, `_interrupter`: the flag is seen at SQLite's next loop step, without the GIL, so a
+timed-out query stops within milliseconds instead of running on until the next progress check).
+The deadline is wall-clock time (`clock="wall"`, the server's tool calls) or the query thread's
+CPU time (`clock="cpu"`, scoring: a busy machine does not turn a correct answer into a timeout),
+with a wall-clock backstop of `CPU_CLOCK_WALL_FACTOR` x the limit; caps on returned rows, columns and characters with a `truncated` flag; the
 cost of a single VM instruction bounded (length limits, plus a checked printf/format, see
 `sandbox_limits`); temp tables and sorters kept in memory (`temp_store=MEMORY`), so they count
 against the SQLite heap cap a server sets (`sandbox_limits.apply_server_limits`) and never write
@@ -30,7 +35,10 @@ temp files.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import re
 import sqlite3
 import threading
@@ -46,7 +54,7 @@ from mcp_tools.sandbox_authorizer import (  # noqa: F401 - the lists are re-expo
     DENIED_TABLES,
     make_authorizer,
 )
-from mcp_tools.sandbox_limits import clip_echo, install_function_guards, memory_error_message
+from mcp_tools.sandbox_limits import DEADLINE_PASSED, clip_echo, install_function_guards, memory_error_message
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +73,10 @@ MAX_VDBE_OPS = 250_000
 #: ~30 ms past the deadline when each one works on a 32 kB value (~30 us). The check (a Python
 #: call, ~1 us) costs a few % of a tight loop; real queries are over long before it matters.
 PROGRESS_EVERY_N_OPS = 1_000
+
+#: With `clock="cpu"`: wall-clock time allowed, as a multiple of the CPU-time limit, before the
+#: query is interrupted anyway (a starved or stopped process must still end its queries).
+CPU_CLOCK_WALL_FACTOR = 6.0
 
 #: Retries of a query that ran out of memory while other queries ran (they may have held the heap).
 NOMEM_RETRIES = 2
@@ -106,6 +118,12 @@ class SandboxConnection(sqlite3.Connection):
 
     last_denial: str | None = None
     last_function_error: str | None = None
+    #: The running query's deadline check (None between queries), asked by the function guards.
+    past_deadline: Any = None
+
+    def deadline_passed(self) -> bool:
+        check = self.past_deadline
+        return check is not None and check()
 
 
 def _decode_text(raw: bytes) -> str:
@@ -144,7 +162,8 @@ def open_readonly(db_path: str | Path) -> SandboxConnection:
         conn.setlimit(sqlite3.SQLITE_LIMIT_VDBE_OP, MAX_VDBE_OPS)
         conn.setlimit(sqlite3.SQLITE_LIMIT_WORKER_THREADS, 0)
         conn.text_factory = _decode_text
-        install_function_guards(conn, MAX_VALUE_BYTES, lambda reason: setattr(conn, "last_function_error", reason))
+        install_function_guards(conn, MAX_VALUE_BYTES, lambda reason: setattr(conn, "last_function_error", reason),
+                                late=conn.deadline_passed)
         conn.set_authorizer(make_authorizer(conn))
     except (sqlite3.Error, MemoryError) as exc:  # e.g. the heap cap reached while other queries run
         conn.close()
@@ -232,6 +251,8 @@ def _classify(exc: BaseException, conn: SandboxConnection, timeout_s: float, tim
     code = getattr(exc, "sqlite_errorname", "") or ""
     if isinstance(exc, MemoryError) or code == "SQLITE_NOMEM":
         return SandboxError(f"too large: {memory_error_message()}", kind="too_large")
+    if conn.last_function_error == DEADLINE_PASSED and "user-defined function raised exception" in low:
+        return SandboxError(f"timeout: query ran longer than {timeout_s:g} s and was interrupted", kind="timeout")
     if conn.last_function_error is not None and "user-defined function raised exception" in low:
         reason = conn.last_function_error
         kind: ErrorKind = "too_large" if any(s in reason for s in ("too large", "too big", "above")) else "error"
@@ -290,6 +311,67 @@ class _Activity:
 _activity = _Activity()
 
 
+class _Interrupter:
+    """One daemon thread that calls `conn.interrupt()` on connections whose deadline passed.
+
+    `arm` registers a running query, `disarm` removes it; both and the interrupt itself hold one
+    lock, so a query that was disarmed is never interrupted (the connection may be running the
+    next caller's query by then)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._live: dict[int, sqlite3.Connection] = {}
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self.fired = 0
+
+    def arm(self, conn: sqlite3.Connection, deadline: float) -> int:
+        with self._cond:
+            token = next(self._seq)
+            heapq.heappush(self._heap, (deadline, token))
+            self._live[token] = conn
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="sqlite-interrupter", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return token
+
+    def disarm(self, token: int) -> bool:
+        """Remove `token`; True if its query was interrupted by the watchdog."""
+        with self._cond:
+            return self._live.pop(token, None) is None
+
+    def _loop(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][1] not in self._live:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                deadline, token = self._heap[0]
+                delay = deadline - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                heapq.heappop(self._heap)
+                conn = self._live.pop(token)
+                self.fired += 1
+                try:
+                    conn.interrupt()
+                except Exception:  # noqa: BLE001 - a closed connection has nothing to stop
+                    pass
+
+    def _after_fork(self) -> None:
+        self.__init__()  # the thread did not survive the fork; neither do the queries it watched
+
+
+_interrupter = _Interrupter()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_interrupter._after_fork)
+
+
 def run_query(
     conn_or_path: sqlite3.Connection | str | Path,
     sql: str,
@@ -298,8 +380,16 @@ def run_query(
     max_rows: int | None = 200,
     max_chars: int | None = None,
     max_columns: int | None = None,
+    clock: Literal["wall", "cpu"] = "wall",
+    expect_columns: int | None = None,
 ) -> QueryResult:
     """Run exactly one read-only statement and return its (capped) rows.
+
+    `expect_columns`: when the result has another number of columns, no row is fetched and the
+    result comes back empty with `truncated` set (scoring: such an answer cannot match the gold).
+    `timeout_s` is wall-clock time from the start of the query (`clock="wall"`) or CPU time of the
+    thread running it (`clock="cpu"`, with a wall-clock backstop of `CPU_CLOCK_WALL_FACTOR` x
+    `timeout_s`); when it passes the query is interrupted (module docstring).
 
     `conn_or_path` is a connection from `open_readonly` (reused; not thread-safe, one query at a
     time) or a database path (opened and closed around this call). A trailing semicolon, whitespace
@@ -312,7 +402,8 @@ def run_query(
         conn = open_readonly(conn_or_path)
         try:
             return run_query(
-                conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars, max_columns=max_columns
+                conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars, max_columns=max_columns,
+                clock=clock, expect_columns=expect_columns,
             )
         finally:
             conn.close()
@@ -322,14 +413,28 @@ def run_query(
     _check_sql_text(sql)
     _refuse_by_keyword(sql)
 
-    deadline = time.monotonic() + timeout_s
+    if clock == "cpu":
+        cpu_deadline = time.thread_time() + timeout_s
+        deadline = time.monotonic() + CPU_CLOCK_WALL_FACTOR * timeout_s
+
+        def past_deadline() -> bool:
+            return time.thread_time() > cpu_deadline or time.monotonic() > deadline
+    else:
+        deadline = time.monotonic() + timeout_s
+
+        def past_deadline() -> bool:
+            return time.monotonic() > deadline
+
     others_at_start, started = _activity.enter()
-    # The handler returns True to abort; checked every N VM ops, so it also bounds fetching.
-    conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_EVERY_N_OPS)
+    # The handler returns True to abort; checked every N VM ops, so it also bounds fetching. The
+    # interrupter stops the query at its wall-clock deadline even when the handler cannot run.
+    conn.set_progress_handler(past_deadline, PROGRESS_EVERY_N_OPS)
+    conn.past_deadline = past_deadline
+    token = _interrupter.arm(conn, deadline)
     try:
         for attempt in range(NOMEM_RETRIES + 1):
             try:
-                return _execute(conn, sql, max_rows, max_chars, max_columns)
+                return _execute(conn, sql, max_rows, max_chars, max_columns, expect_columns)
             except SandboxError:
                 raise
             except Exception as exc:  # the contract: nothing but SandboxError escapes
@@ -339,16 +444,19 @@ def run_query(
                     out_of_memory
                     and attempt < NOMEM_RETRIES
                     and deadline - time.monotonic() > 2 * pause
+                    and not past_deadline()
                     and _activity.overlapped(others_at_start, started)
                 ):
                     logger.info("query ran out of memory beside other queries; retrying")
                     time.sleep(pause)  # the other query fails or finishes and frees the heap
                     continue
-                err = _classify(exc, conn, timeout_s, timed_out=time.monotonic() > deadline)
+                err = _classify(exc, conn, timeout_s, timed_out=past_deadline())
                 logger.debug("query refused (%s): %s", err.kind, err)
                 raise err from exc
         raise AssertionError("unreachable")  # the loop returns or raises
     finally:
+        _interrupter.disarm(token)
+        conn.past_deadline = None
         _activity.leave()
         try:
             conn.set_progress_handler(None, 0)
@@ -357,7 +465,8 @@ def run_query(
 
 
 def _execute(
-    conn: SandboxConnection, sql: str, max_rows: int | None, max_chars: int | None, max_columns: int | None
+    conn: SandboxConnection, sql: str, max_rows: int | None, max_chars: int | None, max_columns: int | None,
+    expect_columns: int | None = None,
 ) -> QueryResult:
     """One attempt of `run_query` (the progress handler is already set)."""
     conn.last_denial = None
@@ -371,6 +480,8 @@ def _execute(
                 raise
             cur = conn.execute(_first_statement_if_rest_empty(sql))
         columns = [d[0] for d in cur.description] if cur.description else []
+        if expect_columns is not None and len(columns) != expect_columns:
+            return QueryResult(columns=columns, rows=[], truncated=True, row_count=0)
         keep = len(columns) if max_columns is None else min(len(columns), max_columns)
         rows, truncated = fetch_capped(cur, max_rows, max_chars, keep if keep < len(columns) else None)
         return QueryResult(

@@ -86,11 +86,16 @@ def training_progress(total_steps: int, time_budget_minutes: float | None = None
         log_due = log_every()
 
         def update(kind: str, value: Any) -> None:
+            from skyrl_tool_agent.eval.metrics import format_rate
+
             if kind == "step":
                 m = value
-                info = f"reward {m['reward/mean']:.3f}  train EX {m['train/execution_accuracy']:.2f}"
+                info = (f"reward {format_rate(m['reward/mean'])}  train EX {format_rate(m['train/execution_accuracy'], digits=2)}"
+                        + (f" ({m['train/infra_errors']:.0f} infra errors)" if m.get("train/infra_errors") else ""))
                 if "eval/execution_accuracy" in m:
-                    info += f"  {eval_split} EX {m['eval/execution_accuracy']:.3f}"
+                    info += f"  {eval_split} EX {format_rate(m['eval/execution_accuracy'])}"
+                    if m.get("eval/infra_errors"):
+                        info += f" ({m['eval/scored']:.0f} scored, {m['eval/infra_errors']:.0f} infra errors)"
                 done = f"step {m['step']}/{total_steps}"
                 fraction = m["step"] / total_steps
                 if budget_s is not None and "time/elapsed_s" in m:

@@ -251,12 +251,15 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
     """Write before_after.json (with the paired-bootstrap interval of the EX change when both
     evaluations carry per-task outcomes), training_curves.png and the model card in final/."""
     from skyrl_tool_agent.eval.plots import plot_training_curves
-    from skyrl_tool_agent.eval.stats import paired_bootstrap
+    from skyrl_tool_agent.eval.stats import NothingScored, paired_bootstrap
     from skyrl_tool_agent.reporting import write_model_card
 
     delta = None
     if before.get("solved") and len(before["solved"]) == len(after.get("solved") or []):
-        delta = paired_bootstrap(before["solved"], after["solved"]).to_dict()
+        try:  # tasks unscored on either side (infrastructure errors) are left out of the interval
+            delta = paired_bootstrap(before["solved"], after["solved"]).to_dict()
+        except NothingScored:
+            delta = None
     record = {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
               "training_minutes": training_seconds / 60, "execution_accuracy_delta": delta}
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -316,6 +319,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     from skyrl_tool_agent.eval.metrics import eval_metrics
     from skyrl_tool_agent.grpo.checkpoint import seed_everything
     from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
+    from skyrl_tool_agent.grpo.run_lock import acquire_output_dir, release_output_dir
     from skyrl_tool_agent.grpo.run_logging import NullRunLogger, RunLogger
     from skyrl_tool_agent.policy.loading import EMBEDDED, resolve_model_path
 
@@ -326,58 +330,65 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         resolve_model_path(config.model)  # a missing model directory is an error before anything is written
     train_tasks, dev_tasks, db_root = load_task_splits(config)
     out = t.resolved_output_dir()
+    lock = None
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress, rebuild=rebuild)
-        (out / "config.yaml").write_text(config.dump_yaml())
-    ctx.barrier()  # the other ranks wait for the embedded model
-    eval_tasks = run_eval_tasks(config, train_tasks, dev_tasks, db_root)  # deterministic: the same on every rank
-    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
-    start = time.monotonic()
-    runtime = EnvRuntime(config.env, db_root)
+        lock = acquire_output_dir(out)  # one run per output directory (before anything is written)
     try:
-        # The same on every rank (DeepSpeed partitions one initialisation); a resumed run then
-        # restores the checkpoint's RNG states.
-        seed_everything(t.seed)
-        trainer = backend.build_trainer(config, runtime, build_loader(config, train_tasks), eval_tasks, out)
-        resumed = trainer.resume(resume)
-        run_logger: Any = (RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict(), resume=resumed)
-                           if ctx.is_main else NullRunLogger())
-        before_path = out / "before.json"
-        if ctx.broadcast_object(resumed and before_path.is_file()):
-            before = json.loads(before_path.read_text())
-            run_logger.truncate_after(trainer.step)
-        else:
-            before = trainer.evaluate()
-            if ctx.is_main:
-                before_path.write_text(json.dumps(before, indent=1) + "\n")
-            run_logger.truncate_after(0)
-            run_logger.log({"step": 0, **eval_metrics(before)})
-        # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides).
-        deadline = time.monotonic() + 60 * t.time_budget_minutes if t.time_budget_minutes else None
-        on_step = (lambda m: progress("step", m)) if progress is not None and ctx.is_main else None
+        if ctx.is_main:
+            ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress, rebuild=rebuild)
+            (out / "config.yaml").write_text(config.dump_yaml())
+        ctx.barrier()  # the other ranks wait for the embedded model
+        eval_tasks = run_eval_tasks(config, train_tasks, dev_tasks, db_root)  # deterministic: the same on every rank
+        train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
+        start = time.monotonic()
+        runtime = EnvRuntime(config.env, db_root)
         try:
-            history = trainer.train(run_logger, on_step=on_step, deadline=deadline)
-        except TrainingInterrupted:  # its checkpoint is saved; W&B closes the run cleanly, the servers in `finally`
+            # The same on every rank (DeepSpeed partitions one initialisation); a resumed run then
+            # restores the checkpoint's RNG states.
+            seed_everything(t.seed)
+            trainer = backend.build_trainer(config, runtime, build_loader(config, train_tasks), eval_tasks, out)
+            resumed = trainer.resume(resume)
+            run_logger: Any = (RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict(), resume=resumed)
+                               if ctx.is_main else NullRunLogger())
+            before_path = out / "before.json"
+            if ctx.broadcast_object(resumed and before_path.is_file()):
+                before = json.loads(before_path.read_text())
+                run_logger.truncate_after(trainer.step)
+            else:
+                before = trainer.evaluate()
+                if ctx.is_main:
+                    before_path.write_text(json.dumps(before, indent=1) + "\n")
+                run_logger.truncate_after(0)
+                run_logger.log({"step": 0, **eval_metrics(before)})
+            # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides).
+            deadline = time.monotonic() + 60 * t.time_budget_minutes if t.time_budget_minutes else None
+            on_step = (lambda m: progress("step", m)) if progress is not None and ctx.is_main else None
+            try:
+                history = trainer.train(run_logger, on_step=on_step, deadline=deadline)
+            except TrainingInterrupted:  # its checkpoint is saved; W&B closes the run cleanly, the servers in `finally`
+                run_logger.finish()
+                raise
+            after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
+            trainer.policy.save(out / "final")  # collective under ZeRO-3 (it gathers the shards)
             run_logger.finish()
-            raise
-        after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
-        trainer.policy.save(out / "final")  # collective under ZeRO-3 (it gathers the shards)
-        run_logger.finish()
-    finally:
-        runtime.close()
-    if not ctx.is_main:
-        ctx.close()  # waits for rank 0's outputs
-        return None
-    summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
-                         seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds,
-                         config=config)
-    from skyrl_tool_agent.eval.report_training import write_training_report
+        finally:
+            runtime.close()
+        if not ctx.is_main:
+            ctx.close()  # waits for rank 0's outputs
+            return None
+        summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
+                             seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds,
+                             config=config)
+        from skyrl_tool_agent.eval.report_training import write_training_report
 
-    # report.html: the final evaluation's episodes against `before`, with the run's rollouts.jsonl
-    write_training_report(config, eval_tasks, trainer.last_eval_trajectories, before, db_root=db_root, step=trainer.step)
-    ctx.close()
-    return summary
+        # report.html: the final evaluation's episodes against `before`, with the run's rollouts.jsonl
+        write_training_report(config, eval_tasks, trainer.last_eval_trajectories, before, db_root=db_root, step=trainer.step)
+        ctx.close()
+        return summary
+    finally:
+        if lock is not None:
+            release_output_dir(lock)
 
 
 def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tuple[float, ...] = (),

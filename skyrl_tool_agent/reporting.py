@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from skyrl_tool_agent.eval.metrics import HEADLINE_KEYS
+from skyrl_tool_agent.eval.metrics import HEADLINE_KEYS, format_rate
 
 logger = logging.getLogger(__name__)
 
@@ -23,19 +23,30 @@ def print_before_after(summary: Any) -> None:
     table.add_column("after GRPO", justify="right")
     table.add_column("delta", justify="right")
     for key in HEADLINE_KEYS:
-        b, a = summary.before.get(key), summary.after.get(key)
-        if b is None or a is None:
+        if key not in summary.before or key not in summary.after:
             continue
-        table.add_row(key, f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}")
+        b, a = summary.before[key], summary.after[key]
+        table.add_row(key, format_rate(b), format_rate(a), "n/a" if a is None or b is None else f"{a - b:+.3f}")
+    for key in ("scored", "infra_errors"):  # what every rate above is over
+        if key in summary.before or key in summary.after:
+            table.add_row(key, f"{summary.before.get(key, 0):.0f}", f"{summary.after.get(key, 0):.0f}", "")
     Console().print(table)
-    if summary.delta:
-        d = summary.delta
-        Console().print(f"execution accuracy change: {100 * d['delta']:+.1f} points, "
-                        f"{100 * d['confidence']:.0f}% paired-bootstrap interval "
-                        f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] over {d['n']} tasks")
+    Console().print(delta_sentence(summary.delta, summary.before, summary.after))
     if summary.stop_reason:
         Console().print(f"training stopped: {summary.stop_reason}")
     Console().print(f"outputs: {summary.output_dir} (report.html, metrics.jsonl, training_curves.png, final/)")
+
+
+def delta_sentence(delta: dict[str, Any] | None, before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The EX change with its interval and what it is over, or why there is none."""
+    lost = f"{before.get('infra_errors', 0):.0f} before / {after.get('infra_errors', 0):.0f} after"
+    if not delta:
+        return (f"execution accuracy change: not measured (no task scored both before and after; "
+                f"infra errors {lost})")
+    return (f"execution accuracy change: {100 * delta['delta']:+.1f} points, "
+            f"{100 * delta['confidence']:.0f}% paired-bootstrap interval "
+            f"[{100 * delta['low']:+.1f}, {100 * delta['high']:+.1f}] over {delta['n']} tasks scored both times "
+            f"({delta.get('unscored', 0)} left out as unscored; infra errors {lost})")
 
 
 def push_to_hub(folder: Path, repo_id: str, *, private: bool = True) -> str:
@@ -69,10 +80,11 @@ def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
               *(["lora"] if t.mode == "lora" else [])],
     )
     before, after, delta = record["before"], record["after"], record.get("execution_accuracy_delta")
-    rows = "\n".join(f"| {key} | {before[key]:.3f} | {after[key]:.3f} |"
+    rows = "\n".join(f"| {key} | {format_rate(before[key])} | {format_rate(after[key])} |"
                      for key in HEADLINE_KEYS if key in before and key in after)
-    change = (f"\nExecution accuracy change: {100 * delta['delta']:+.1f} points, 95% paired-bootstrap interval "
-              f"[{100 * delta['low']:+.1f}, {100 * delta['high']:+.1f}] over {delta['n']} tasks.\n") if delta else ""
+    rows += "".join(f"\n| {key} | {before.get(key, 0):.0f} | {after.get(key, 0):.0f} |" for key in ("scored", "infra_errors")
+                    if key in before or key in after)
+    change = f"\n{delta_sentence(delta, before, after).capitalize()}.\n"
     body = f"""
 # Text-to-SQL agent trained with GRPO over MCP tools
 

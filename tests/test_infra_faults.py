@@ -145,7 +145,7 @@ def test_summarize_leaves_infra_errors_out_of_the_rates() -> None:
     assert s["execution_accuracy"] == 0.5 and s["reward_mean"] == pytest.approx(0.6)
     assert s["answered_rate"] == 1.0 and s["valid_sql_rate"] == 1.0 and s["mean_turns"] == 3.0
     only_infra = summarize(episodes[2:])
-    assert only_infra["execution_accuracy"] == 0.0 and only_infra["scored"] == 0.0 and only_infra["infra_error_rate"] == 1.0
+    assert only_infra["execution_accuracy"] is None and only_infra["scored"] == 0.0 and only_infra["infra_error_rate"] == 1.0
 
 
 def test_grpo_step_does_not_train_on_groups_with_infra_errors(tmp_path: Path) -> None:

@@ -97,13 +97,16 @@ def _print_summary(results: dict, paths) -> None:
 
     table = Table(title=f"{results['name']} — {results['policy']} (n={results['n']}, skipped={results['skipped']}, "
                         f"{results['seconds']:.1f} s)")
-    for col in ("", "n", "EX", "exact", "valid SQL", "turns", "tool calls", "tool err"):
+    from skyrl_tool_agent.eval.metrics import format_rate
+
+    for col in ("", "n", "scored", "infra err", "EX", "exact", "valid SQL", "turns", "tool calls", "tool err"):
         table.add_column(col, justify="left" if not col else "right")
 
-    def row(name: str, m: dict) -> None:
-        table.add_row(name, str(m["n"]), f"{m['execution_accuracy']:.3f}", f"{m['exact_match']:.3f}",
-                      f"{m['valid_sql_rate']:.3f}", f"{m['mean_turns']:.2f}", f"{m['mean_tool_calls']:.2f}",
-                      f"{m['tool_error_rate']:.3f}")
+    def row(name: str, m: dict) -> None:  # rates are over the scored episodes; None: nothing scored
+        table.add_row(name, str(m["n"]), f"{m.get('scored', 0):.0f}", f"{m.get('infra_errors', 0):.0f}",
+                      format_rate(m["execution_accuracy"]), format_rate(m["exact_match"]),
+                      format_rate(m.get("valid_sql_rate")), format_rate(m["mean_turns"], digits=2),
+                      format_rate(m["mean_tool_calls"], digits=2), format_rate(m["tool_error_rate"]))
 
     row("overall", results)
     for name, m in results["by_difficulty"].items():
@@ -111,11 +114,11 @@ def _print_summary(results: dict, paths) -> None:
     console = Console()
     console.print(table)
     for k, v in (results.get("pass_at_k") or {}).items():
-        console.print(f"pass@{k}: {v:.3f}")
+        console.print(f"pass@{k}: {format_rate(v)}")
     if endpoint := results.get("endpoint"):
         console.print(f"endpoint {endpoint['base_url']} · model {endpoint['model']} · {endpoint['requests']} requests, "
                       f"{endpoint['retries']} retries, {endpoint['failed_turns']} turns the server could not produce")
-    console.print(f"EX {results['execution_accuracy']:.3f} · results {paths.results} · trajectories {paths.trajectories}"
+    console.print(f"EX {format_rate(results['execution_accuracy'], results)} · results {paths.results} · trajectories {paths.trajectories}"
                   + (f" · report {paths.report}" if "report" in results.get("files", {}) else ""))
 
 

@@ -57,8 +57,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         result = continue_warm_start(config_from_args(args), args.minutes, progress=progress, save_to=args.save_model)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=1) + "\n")
-    b, a = result["before"]["execution_accuracy"], result["after"]["execution_accuracy"]
-    print(f"continued warm start: {result['steps']} steps in {args.minutes} min: dev EX {b:.3f} -> {a:.3f} ({a - b:+.3f})")
+    from skyrl_tool_agent.eval.metrics import format_rate
+
+    b, a = result["before"], result["after"]
+    change = ("" if a["execution_accuracy"] is None or b["execution_accuracy"] is None
+              else f" ({a['execution_accuracy'] - b['execution_accuracy']:+.3f})")
+    print(f"continued warm start: {result['steps']} steps in {args.minutes} min: dev EX "
+          f"{format_rate(b['execution_accuracy'], b)} -> {format_rate(a['execution_accuracy'], a)}{change}")
 
 
 if __name__ == "__main__":

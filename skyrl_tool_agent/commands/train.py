@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import shlex
 import sys
 
 from skyrl_tool_agent.commands._args import add_output_dir, new_parser
 from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
+
+
+#: Errors of the output file system that a user fixes (not bugs): one `error:` line, exit 2.
+OUTPUT_FAULTS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EFBIG,
+                           errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG})
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
@@ -103,6 +109,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             if main_rank:
                 print(f"{stop}\nresume with: {resume_command(argv, prog)}", file=sys.stderr)
             sys.exit(stop.exit_code)
+        except OSError as exc:
+            if exc.errno not in OUTPUT_FAULTS:
+                raise
+            # The output directory failed under the run (disk full, read-only, no permission): the
+            # checkpoints written before stay intact (each is written aside, then renamed in place).
+            raise UserInputError(
+                f"cannot write the run's files ({exc.filename or t.output_dir}: {exc.strerror or exc}); finished "
+                f"checkpoints in {t.output_dir} are kept: free space or fix the directory, then resume with: "
+                f"{resume_command(argv, prog)}") from exc
         if summary is None:  # ranks other than 0
             return
         print_before_after(summary)

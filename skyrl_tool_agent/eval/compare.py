@@ -74,13 +74,13 @@ def baseline_outcomes(baseline: Mapping[str, Any]) -> dict[str, bool] | None:
     names (`files.trajectories`); None when neither is there."""
     ids, solved = baseline.get("task_ids"), baseline.get("solved")
     if isinstance(ids, list) and isinstance(solved, list) and len(ids) == len(solved):
-        return {str(t): bool(s) for t, s in zip(ids, solved)}
+        return {str(t): bool(s) for t, s in zip(ids, solved) if s is not None}  # None: never scored
     path = (baseline.get("files") or {}).get("trajectories")
     if not isinstance(path, str) or not Path(path).is_file():
         return None
     try:
         records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-        return {str(r["task_id"]): bool(r.get("solved")) for r in records}
+        return {str(r["task_id"]): bool(r.get("solved")) for r in records if r.get("scored", True)}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -103,7 +103,7 @@ def outcome_changes(base: Mapping[str, bool], records: Sequence[Mapping[str, Any
     compared = 0
     for record in records:
         task_id = str(record.get("task_id"))
-        if task_id not in base:
+        if task_id not in base or record.get("scored") is False:  # unscored on either side: no change
             continue
         compared += 1
         now = bool(record.get("solved"))

@@ -263,6 +263,8 @@ def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory]) -> 
             "difficulty": difficulty_of(task), "source": task.source, "split": task.split,
             "num_samples": len(samples), "num_correct": correct,
             "solved": bool(samples) and bool(samples[0]["solved"]),
+            # False: the first sample was lost to infrastructure, so `solved` is no outcome
+            "scored": bool(samples) and samples[0].get("done_reason") != "error",
             "samples": samples,
         })
     return records

@@ -18,25 +18,46 @@ from skyrl_tool_agent.rollout.trajectory import Trajectory
 HEADLINE_KEYS: tuple[str, ...] = ("execution_accuracy", "reward_mean", "format_ok_rate")
 
 
-def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
-    """An evaluation's headline figures as metrics.jsonl keys (`eval/execution_accuracy`, ...)."""
-    return {f"eval/{key}": summary[key] for key in HEADLINE_KEYS}
+#: What every rate is over: the episodes scored and those lost to infrastructure (never scored).
+COVERAGE_KEYS: tuple[str, ...] = ("scored", "infra_errors")
+
+
+def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """An evaluation's headline figures as metrics.jsonl keys (`eval/execution_accuracy`, ...),
+    with `eval/scored` and `eval/infra_errors` beside them (a rate is None when nothing was scored)."""
+    return {f"eval/{key}": summary.get(key) for key in (*HEADLINE_KEYS, *COVERAGE_KEYS)}
+
+
+def format_rate(value: float | None, summary: Mapping[str, Any] | None = None, digits: int = 3) -> str:
+    """`0.250`, or `unscored` for None; with `summary`, the coverage beside it:
+    `0.250 (4 scored, 0 infra errors)`."""
+    text = "unscored" if value is None else f"{value:.{digits}f}"
+    if summary is not None and "scored" in summary:
+        text += f" ({summary['scored']:.0f} scored, {summary.get('infra_errors', 0):.0f} infra errors)"
+    return text
 
 
 def evaluation_record(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     """`summarize` plus `solved`: 1/0 per episode in order, for paired confidence intervals between
-    two evaluations of the same tasks (before/after a run, GRPO vs continued SFT)."""
-    return {**summarize(trajectories), "solved": [int(tr.result.solved) for tr in trajectories]}
+    two evaluations of the same tasks (before/after a run, GRPO vs continued SFT); None for an
+    episode that was never scored (an infrastructure error), which the interval leaves out."""
+    return {**summarize(trajectories), "solved": [solved_outcome(tr) for tr in trajectories]}
 
 
-def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+def solved_outcome(trajectory: Trajectory) -> int | None:
+    """1 solved, 0 not, None never scored (infrastructure error): unscored is never "wrong"."""
+    return None if trajectory.result.done_reason == "error" else int(trajectory.result.solved)
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
     """Execution accuracy, reward, format/validity rates, turns and tool use over episodes.
 
     `valid_sql_rate` is there when the reward has the `syntax` term (its verdict).
 
     Episodes that failed on infrastructure (`done_reason == "error"`: a server or database that
     failed even after retries, a broken gold query) were never scored, so they are left out of
-    every per-episode rate and mean (all 0.0 when nothing was scored) and counted instead:
+    every per-episode rate and mean (all None when nothing was scored: no figure, never a 0.0
+    that reads as "the model got worse") and counted instead:
     `n` is all episodes, `scored` the ones the rates are over, `infra_errors` / `infra_error_rate`
     the rest.
     """
@@ -46,9 +67,9 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     results = [r for r in everything if r.done_reason != "error"]
     infra = len(everything) - len(results)
 
-    def rate(values: Iterable[float]) -> float:
+    def rate(values: Iterable[float]) -> float | None:
         values = list(values)
-        return mean(values) if values else 0.0
+        return mean(values) if values else (None if not results else 0.0)
 
     out = {
         "n": float(len(everything)),
@@ -59,7 +80,8 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "answered_rate": rate(float(r.final_sql is not None) for r in results),
         "mean_turns": rate(r.turns for r in results),
         "mean_tool_calls": rate(r.tool_calls for r in results),
-        "tool_error_rate": sum(r.tool_errors for r in results) / max(1, sum(r.tool_calls for r in results)),
+        "tool_error_rate": (sum(r.tool_errors for r in results) / max(1, sum(r.tool_calls for r in results))
+                            if results else None),
         "infra_errors": float(infra),
         "infra_error_rate": infra / len(everything),
     }
@@ -128,11 +150,15 @@ def evaluation_metrics(
     out["episodes"] = len(trajectories)
     groups = group_by(trajectories, lambda t: t.task_id)
     out["n"] = len(groups)
-    out["exact_match"] = mean(float(is_exact_match(t.result.final_sql, gold_sql[t.task_id])) for t in trajectories)
+    scored = [t for t in trajectories if t.result.done_reason != "error"]
+    out["exact_match"] = (mean(float(is_exact_match(t.result.final_sql, gold_sql[t.task_id])) for t in scored)
+                          if scored else None)
     if num_samples > 1:
-        counts = [(len(g), sum(t.result.solved for t in g)) for g in groups.values()]
+        counts = [(len(g), sum(t.result.solved for t in g))
+                  for g in ([t for t in g if t.result.done_reason != "error"] for g in groups.values()) if g]
         out["pass_at_k"] = {
-            str(k): mean(pass_at_k(n, c, k) for n, c in counts if n >= k) for k in pass_at_k_levels(num_samples)
+            str(k): mean(v) if (v := [pass_at_k(n, c, k) for n, c in counts if n >= k]) else None
+            for k in pass_at_k_levels(num_samples)
         }
     return out
 

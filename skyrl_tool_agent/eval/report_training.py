@@ -49,7 +49,8 @@ def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectori
     # The evaluation before training has per-task outcomes (`solved`), not per-difficulty metrics.
     by_difficulty: dict[str, list[float]] = defaultdict(list)
     for task, solved in zip(eval_tasks, before.get("solved") or []):
-        by_difficulty[difficulty_of(task)].append(float(solved))
+        if solved is not None:  # None: never scored (infrastructure error)
+            by_difficulty[difficulty_of(task)].append(float(solved))
     baseline = {**before, "name": "before training", "dataset": results["dataset"], "split": results["split"],
                 "task_ids": [t.task_id for t in eval_tasks],
                 "by_difficulty": {d: {"execution_accuracy": mean(v)} for d, v in by_difficulty.items()}}

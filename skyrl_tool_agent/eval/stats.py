@@ -4,6 +4,9 @@ Two evaluations of one task set are paired: a task's outcome before and after tr
 independent, so the interval of the difference resamples tasks (both outcomes of a task travel
 together), as in paired-bootstrap significance testing for NLP (Koehn 2004; Berg-Kirkpatrick et
 al. 2012). Pure numpy over per-task outcomes; no model involved.
+
+An outcome of None is a task that was never scored (an infrastructure error): its pair is left
+out of the interval and counted in `unscored`, never taken as "unsolved".
 """
 
 from __future__ import annotations
@@ -25,28 +28,39 @@ class PairedDelta:
     low: float
     high: float
     confidence: float
+    #: Pairs left out because one side was never scored (infrastructure error).
+    unscored: int = 0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
     def describe(self) -> str:
-        """'+0.047 [+0.019, +0.075] (95% paired bootstrap, n=320)'."""
+        """'+0.047 [+0.019, +0.075] (95% paired bootstrap, n=320)' (', 3 unscored' when any)."""
         return (f"{self.delta:+.3f} [{self.low:+.3f}, {self.high:+.3f}] "
-                f"({100 * self.confidence:.0f}% paired bootstrap, n={self.n})")
+                f"({100 * self.confidence:.0f}% paired bootstrap, n={self.n}"
+                f"{f', {self.unscored} unscored' if self.unscored else ''})")
 
 
-def paired_bootstrap(before: Sequence[float], after: Sequence[float], *, resamples: int = 10_000,
+class NothingScored(ValueError):
+    """No task was scored on both sides: there is no difference to estimate."""
+
+
+def paired_bootstrap(before: Sequence[float | None], after: Sequence[float | None], *, resamples: int = 10_000,
                      confidence: float = 0.95, seed: int = 0) -> PairedDelta:
     """Percentile interval of mean(after) - mean(before), resampling task indices with replacement.
-    `before[i]` and `after[i]` are the same task's outcomes (e.g. 1 = solved)."""
+    `before[i]` and `after[i]` are the same task's outcomes (e.g. 1 = solved; None = never scored:
+    the pair is left out). Raises `NothingScored` when no pair is scored on both sides."""
     if len(before) != len(after):
         raise ValueError(f"paired outcomes need equal lengths, got {len(before)} and {len(after)}")
     if not before:
         raise ValueError("no outcomes to compare")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    b = np.asarray(before, dtype=np.float64)
-    a = np.asarray(after, dtype=np.float64)
+    pairs = [(x, y) for x, y in zip(before, after) if x is not None and y is not None]
+    if not pairs:
+        raise NothingScored(f"none of the {len(before)} tasks was scored on both sides")
+    b = np.asarray([x for x, _ in pairs], dtype=np.float64)
+    a = np.asarray([y for _, y in pairs], dtype=np.float64)
     diff = a - b
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(diff), size=(resamples, len(diff)))
@@ -54,4 +68,4 @@ def paired_bootstrap(before: Sequence[float], after: Sequence[float], *, resampl
     tail = (1 - confidence) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
     return PairedDelta(n=len(diff), before=float(b.mean()), after=float(a.mean()), delta=float(diff.mean()),
-                       low=float(low), high=float(high), confidence=confidence)
+                       low=float(low), high=float(high), confidence=confidence, unscored=len(before) - len(pairs))

@@ -134,18 +134,37 @@ def save_checkpoint(
     final = root / f"step-{step:06d}"
     tmp = root / f"step-{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    policy.model.save_pretrained(tmp / "weights")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
-    (tmp / RNG_FILE).write_text(json.dumps(rng_state()) + "\n")
-    (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}) + "\n")
-    write_manifest(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        policy.model.save_pretrained(tmp / "weights")
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+        (tmp / RNG_FILE).write_text(json.dumps(rng_state()) + "\n")
+        (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}) + "\n")
+        write_manifest(tmp)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # the checkpoints before stay as they were
+        _raise_file_system_fault(root, exc)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(p for p in root.glob("step-*") if not p.name.endswith(".tmp"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     logger.info("checkpoint saved: %s", final)
     return final
+
+
+def _raise_file_system_fault(root: Path, exc: BaseException) -> None:
+    """torch and safetensors report a full or read-only disk as RuntimeError or their own errors:
+    if a small probe write to `root` fails too, raise that OSError (ENOSPC, EROFS, ...) instead."""
+    if isinstance(exc, OSError):
+        return
+    probe = root / ".write-probe"
+    try:
+        probe.write_bytes(b"x" * 65536)
+        probe.unlink()
+    except OSError as fault:
+        probe.unlink(missing_ok=True)
+        raise fault from exc
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -31,7 +31,7 @@ from skyrl_tool_agent.grpo.advantages import turn_token_advantages
 from skyrl_tool_agent.grpo.batch import TrainBatch, collate, decide_episodes
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
-from skyrl_tool_agent.grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
@@ -120,10 +120,32 @@ class GRPOTrainer:
             logger.info("no checkpoint under %s: starting fresh", self.checkpoint_dir)
             return False
         state = load_checkpoint(ckpt, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.loader.load_state_dict(state["loader"])
-        self.step = int(state["step"])
+        self.step = self._restore_trainer_state(ckpt, state)
         logger.info("resumed from %s at step %d", ckpt, self.step)
         return True
+
+    def _restore_trainer_state(self, ckpt: Path, state: Any) -> int:
+        """Check and restore trainer_state.json's loader state; returns its step. A crafted or
+        damaged state, or one saved by a run with another seed, max_steps or group size, is a
+        CheckpointError (one `error:` line), never a traceback or a step count from nowhere."""
+        t = self.config.training
+        step = state.get("step") if isinstance(state, dict) else None
+        loader = state.get("loader") if isinstance(state, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= t.max_steps:
+            raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} has step {step!r}; this run has steps 0 to "
+                                  f"{t.max_steps} (training.max_steps)")
+        if not isinstance(loader, dict):
+            raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} has no data-loader state")
+        try:
+            self.loader.load_state_dict(loader)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise CheckpointError(
+                f"checkpoint {ckpt} does not fit this run: data-loader state: {type(exc).__name__}: {exc} "
+                "(resume with the run's own training.seed, training.max_steps and grpo.group_size)") from exc
+        if self.loader.step != step:
+            raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} says step {step} but its data loader is at "
+                                  f"step {self.loader.step}")
+        return step
 
     def save(self) -> Path:
         return save_checkpoint(
@@ -266,9 +288,9 @@ class GRPOTrainer:
         summary = summarize(trajectories)
         metrics: dict[str, Any] = {
             "step": self.step,
-            # reward/*: the scored episodes (infrastructure failures carry a placeholder 0)
-            "reward/mean": mean(scored_rewards) if scored_rewards else 0.0,
-            "reward/std": pstdev(scored_rewards) if scored_rewards else 0.0,
+            # reward/*: the scored episodes only (an infrastructure error's placeholder 0 is no reward)
+            "reward/mean": mean(scored_rewards) if scored_rewards else None,
+            "reward/std": pstdev(scored_rewards) if scored_rewards else None,
             **{f"reward/{name}": value for name, value in reward_term_means(trajectories).items()},
             "train/execution_accuracy": summary["execution_accuracy"],
             "train/loss": update_stats.get("loss", 0.0),
@@ -282,6 +304,7 @@ class GRPOTrainer:
             "train/groups_dropped": decided.groups_dropped,
             "train/groups_infra_error": decided.infra_groups,
             "train/trajectories_used": len(kept),
+            "train/scored": summary["scored"],
             "train/infra_errors": summary["infra_errors"],
             "episode/turns_mean": summary["mean_turns"],
             "episode/tool_errors": sum(tr.result.tool_errors for tr in trajectories),

@@ -236,6 +236,20 @@ def _official_postprocess(sql: str) -> str:
     return sql.replace("> =", ">=").replace("< =", "<=").replace("! =", "!=")
 
 
+#: Largest gold result scored, in rendered characters (a number counts 8): a dataset whose gold
+#: returns more is refused (GoldQueryError) instead of filling the trainer's memory.
+MAX_GOLD_CHARS = 32_000_000
+#: Characters a prediction's result may have beyond twice gold's before fetching stops (it then
+#: cannot match: an equal result renders to the same size).
+PRED_CHARS_SLACK = 65_536
+
+
+def result_chars(result: QueryResult) -> int:
+    """Rendered size of a result as `fetch_capped` counts it."""
+    return sum(len(v) if isinstance(v, str) else 2 * len(v) if isinstance(v, bytes) else 8
+               for row in result.rows for v in row)
+
+
 def compare_execution(
     pred_sql: str,
     gold_sql: str,
@@ -271,12 +285,16 @@ def compare_execution(
 
     def run_gold() -> QueryResult:
         try:
-            return run_bounded(db_path, gold_sql, timeout_s=timeout_s, max_rows=None)
+            result = run_bounded(db_path, gold_sql, timeout_s=timeout_s, max_rows=None, max_chars=MAX_GOLD_CHARS)
         except SandboxError as exc:
             _raise_if_database_fault(db_path, exc, probe=True, timeout_s=timeout_s)
             raise GoldQueryError(
                 f"gold SQL failed on {db_path} ({exc.kind}: {exc}); fix the dataset: {gold_sql!r}"
             ) from exc
+        if result.truncated:
+            raise GoldQueryError(f"gold result on {db_path} is larger than {MAX_GOLD_CHARS:,} characters; "
+                                 f"fix the dataset: {gold_sql[:200]!r}")
+        return result
 
     if cache is not None:
         gold = cache.get_or_run(db_path, gold_sql, run_gold, identity=identity)
@@ -285,8 +303,12 @@ def compare_execution(
     pred: QueryResult | None = None
     failure: SandboxError | None = None
     try:
-        # One row more than gold is enough to know they differ; no need to fetch a huge result.
-        pred = run_bounded(db_path, pred_sql, timeout_s=timeout_s, max_rows=gold.row_count + 1)
+        # One row more than gold is enough to know they differ; no need to fetch a huge result. Nor
+        # are rows of another width (refused before any is fetched: 63 wide columns took the
+        # trainer to 1.25 GB), nor more characters than gold's: a match renders the same size.
+        pred = run_bounded(db_path, pred_sql, timeout_s=timeout_s, max_rows=gold.row_count + 1,
+                           max_chars=2 * result_chars(gold) + PRED_CHARS_SLACK,
+                           expect_columns=len(gold.columns) if gold.row_count else None)
     except SandboxError as exc:
         _raise_if_database_fault(db_path, exc, probe=False, timeout_s=timeout_s)
         failure = exc

@@ -12,10 +12,11 @@ query runs as the server runs it:
 * under the server's SQLite heap cap (`sandbox_limits.set_heap_limit`, `MEMORY_LIMIT_MB`), set in
   this process on first use. Only the heap cap: an address-space limit would bound the trainer's
   own tensors too;
-* with `run_query`'s deadline plus a wall-clock bound like the server's watchdog (`run_bounded`):
-  the query runs on a worker thread and the caller gets a timeout at `timeout_s +
-  WALL_CLOCK_GRACE_S` whatever happens inside SQLite; the worker is interrupted and left to finish
-  and close its connection on its own.
+* with `run_query`'s deadline measured in CPU time of the query's thread (`clock="cpu"`): a
+  correct gold query that needs 1.9 s of CPU is not a timeout because six other processes share
+  the cores (issue 28 #5). The query is interrupted when its CPU time is up, or at the wall-clock
+  backstop (`CPU_CLOCK_WALL_FACTOR` x `timeout_s`); the caller gets a timeout at the backstop plus
+  `WALL_CLOCK_GRACE_S` whatever happens inside SQLite (`run_bounded`).
 
 `database_fault` tells failures of the database itself (missing, unreadable, corrupt) from
 failures of the query, so the caller reports an infrastructure error instead of scoring 0.
@@ -30,7 +31,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mcp_tools.sandbox import QueryResult, SandboxConnection, SandboxError, open_readonly, run_query
+from mcp_tools.sandbox import (
+    CPU_CLOCK_WALL_FACTOR,
+    QueryResult,
+    SandboxConnection,
+    SandboxError,
+    open_readonly,
+    run_query,
+)
 from mcp_tools.sandbox_limits import MEMORY_LIMIT_MB, heap_limit_bytes, set_heap_limit
 
 logger = logging.getLogger(__name__)
@@ -90,10 +98,14 @@ def database_fault(error: BaseException, probe: str | Path | None = None, timeou
     return "the file holds no tables (empty or truncated)" if schema.rows[0][0] == 0 else None
 
 
-def run_bounded(db_path: str | Path, sql: str, *, timeout_s: float, max_rows: int | None) -> QueryResult:
-    """`run_query` on a fresh sandboxed connection to `db_path`, under the limits above.
+def run_bounded(db_path: str | Path, sql: str, *, timeout_s: float, max_rows: int | None,
+                max_columns: int | None = None, max_chars: int | None = None,
+                expect_columns: int | None = None) -> QueryResult:
+    """`run_query` on a fresh sandboxed connection to `db_path`, under the limits above
+    (`timeout_s`: CPU seconds of the query; `max_rows`, `max_columns`, `max_chars`,
+    `expect_columns` as in `run_query`).
 
-    Returns or raises SandboxError within about `timeout_s + WALL_CLOCK_GRACE_S`.
+    Returns or raises SandboxError within about `CPU_CLOCK_WALL_FACTOR * timeout_s + WALL_CLOCK_GRACE_S`.
     """
     ensure_heap_limit()
     outcome: list[Any] = []
@@ -105,7 +117,8 @@ def run_bounded(db_path: str | Path, sql: str, *, timeout_s: float, max_rows: in
             conn = open_readonly(db_path)
             conns.append(conn)
             try:
-                outcome.append(run_query(conn, sql, timeout_s=timeout_s, max_rows=max_rows))
+                outcome.append(run_query(conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_columns=max_columns,
+                                         max_chars=max_chars, expect_columns=expect_columns, clock="cpu"))
             finally:
                 conn.close()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
@@ -114,13 +127,14 @@ def run_bounded(db_path: str | Path, sql: str, *, timeout_s: float, max_rows: in
             done.set()
 
     threading.Thread(target=work, name="sql-scoring", daemon=True).start()
-    if not done.wait(timeout_s + WALL_CLOCK_GRACE_S):
+    wall_limit = CPU_CLOCK_WALL_FACTOR * timeout_s + WALL_CLOCK_GRACE_S
+    if not done.wait(wall_limit):
         if conns:
             try:
                 conns[0].interrupt()  # takes effect at the next VM instruction
             except sqlite3.Error:
                 pass
-        logger.warning("scoring query abandoned after %.1f s: %.200s", timeout_s + WALL_CLOCK_GRACE_S, sql)
+        logger.warning("scoring query abandoned after %.1f s: %.200s", wall_limit, sql)
         raise SandboxError(f"timeout: query ran longer than {timeout_s:g} s and was abandoned", kind="timeout")
     if isinstance(outcome[0], BaseException):
         raise outcome[0]

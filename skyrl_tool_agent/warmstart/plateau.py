@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.eval.metrics import format_rate
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
@@ -60,6 +61,7 @@ def tail_gain(evals: Sequence[dict[str, Any]], rule: PlateauRule) -> float | Non
     (rows with `step` and `execution_accuracy`, in step order): the mean of the last `smooth`
     evaluations minus the mean of the `smooth` evaluations ending at the last one at or before
     step (1 - tail_fraction) x last step. None while there are too few evaluations."""
+    evals = [e for e in evals if e["execution_accuracy"] is not None]  # unscored evaluations: no point
     if not evals:
         return None
     last = evals[-1]["step"]
@@ -168,8 +170,8 @@ def train_to_plateau(
         _save_checkpoint(out_dir / CHECKPOINT_DIR, policy, state())
         gain = tail_gain(history.evals, rule)
         step = history.evals[-1]["step"]
-        logger.info("plateau build step %d: held-out EX %.3f, last %.0f%% of steps added %s", step,
-                    history.evals[-1]["execution_accuracy"], 100 * rule.tail_fraction,
+        logger.info("plateau build step %d: held-out EX %s, last %.0f%% of steps added %s", step,
+                    format_rate(history.evals[-1]["execution_accuracy"], history.evals[-1]), 100 * rule.tail_fraction,
                     "n/a" if gain is None else f"{100 * gain:+.1f} points")
         if plateau_reached(history.evals, rule):
             stop_reason.append(f"plateau: the last {100 * rule.tail_fraction:.0f}% of steps added "

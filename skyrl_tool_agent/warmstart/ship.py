@@ -38,6 +38,9 @@ def greedy_check(model_dir: Path, runtime: EnvRuntime, tasks: Sequence[Task], se
     policy = QwenPolicy.from_config(ModelConfig(embedded_dir=str(model_dir)), mode="full")
     settings = dataclasses.replace(settings, deterministic=True)  # lockstep batches: same numerics every run
     solved = greedy_evaluation(policy, runtime, tasks, settings)["solved"]
+    if None in solved:  # an episode lost to infrastructure is no outcome to ship or compare against
+        raise RuntimeError(f"greedy check: {solved.count(None)} of {len(solved)} episodes could not be scored "
+                           "(infrastructure errors)")
     return {
         "tasks": [t.model_dump(mode="json") for t in tasks],
         "solved": solved,

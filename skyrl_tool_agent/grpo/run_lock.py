@@ -1,0 +1,97 @@
+"""One output directory, one run: a lock file holding the owner's pid.
+
+Two runs writing one `training.output_dir` interleave metrics.jsonl and mix their checkpoints
+without a word (issue 28 #6). `acquire_output_dir` creates `<out>/.run.lock` exclusively
+(`O_CREAT | O_EXCL`) with the owner's pid and host; a second run finds it, sees the owner
+alive and refuses with one line (`OutputDirInUse`, a `UserInputError`: exit 2). A lock left by a
+run that died (its pid gone on this host) is stale and taken over. `release_output_dir` removes
+it when its owner finishes, whatever way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from skyrl_tool_agent.config import UserInputError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".run.lock"
+
+
+class OutputDirInUse(UserInputError):
+    """Another live run holds the output directory."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _owner(path: Path) -> dict[str, Any] | None:
+    try:
+        owner = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) and isinstance(owner.get("pid"), int) else None
+
+
+def _stale(owner: dict[str, Any] | None, path: Path) -> bool:
+    if owner is None:  # unreadable: being written right now, or garbage left by a crash
+        try:
+            return time.time() - path.stat().st_mtime > 10
+        except OSError:
+            return True
+    if owner.get("host") != socket.gethostname():
+        return False  # another machine's run (shared file system): its pid means nothing here
+    return not _pid_alive(owner["pid"])
+
+
+def acquire_output_dir(out: Path) -> Path:
+    """Take `out`'s run lock (module docstring); returns the lock file's path."""
+    path = Path(out) / LOCK_FILE
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = _owner(path)
+            if not _stale(owner, path):
+                who = f"pid {owner['pid']} on {owner.get('host')}" if owner else "another run"
+                raise OutputDirInUse(
+                    f"output directory {out} is in use by another run ({who}; lock file {path}): wait for it "
+                    "to finish or choose another --output-dir; two runs in one directory would mix their "
+                    "metrics and checkpoints") from None
+            logger.warning("taking over the stale run lock %s (owner %s is gone)", path, owner)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me) + "\n")
+        return path
+    raise OutputDirInUse(f"output directory {out}: could not take its run lock {path}")
+
+
+def release_output_dir(path: Path) -> None:
+    """Remove the lock if this process owns it."""
+    owner = _owner(path)
+    if owner is not None and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():
+        try:
+            path.unlink()
+        except OSError:
+            pass
