@@ -198,6 +198,9 @@ def run_evaluation(
     if not tasks:
         raise UserInputError("no tasks to evaluate")
     served = probe_endpoint(policy) if isinstance(policy, Endpoint) else None
+    if served is not None and served["model"] != policy.model:  # the name the server takes for --model
+        served["requested_model"] = policy.model
+        policy = replace(policy, model=served["model"])
     if served is not None and options.model_path is None:
         options = replace(options, model_path=policy.model)
     agent, tokenizer = make_eval_agent(policy, settings, options)
