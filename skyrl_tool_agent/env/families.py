@@ -24,7 +24,7 @@ from skyrl_tool_agent.config.env import TASK_FAMILIES
 from skyrl_tool_agent.config.errors import UserInputError
 from skyrl_tool_agent.env.chat_format import DEFAULT_SYSTEM_PROMPT
 
-__all__ = ["SQL", "TaskFamily", "resolve_family"]
+__all__ = ["SQL", "TaskFamily", "family_oracle", "resolve_family"]
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,25 @@ class TaskFamily:
     #: Rows name a database (db_id) the env resolves under the database root; schema_in_prompt and
     #: bind_db_id apply. False: rows carry only a question and their ground truth.
     uses_databases: bool = False
+    #: 'module:object' of the family's scripted oracle, an agent class built with no arguments
+    #: (`eval --policy oracle`); None: the SQL oracle, which answers each task's gold field.
+    oracle: str | None = None
 
 
 #: Text-to-SQL over SQLite: the default, and the only family of the skyrl_sql turn format.
 SQL = TaskFamily("sql", DEFAULT_SYSTEM_PROMPT, answer_hint="SQL", verdict_term=None, uses_databases=True)
+
+
+def family_oracle(family: TaskFamily) -> object | None:
+    """A new instance of `family.oracle` (None when the family has none). UserInputError when it cannot be imported."""
+    if family.oracle is None:
+        return None
+    module_name, _, attr = family.oracle.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)()
+    except Exception as exc:  # noqa: BLE001 - the family's own module
+        raise UserInputError(f"task family {family.name!r}: cannot build its oracle {family.oracle} "
+                             f"({type(exc).__name__}: {exc})") from None
 
 
 def resolve_family(value: str) -> TaskFamily:

@@ -33,13 +33,14 @@ def bar(value: Any) -> Markup:
 
 
 MACROS = """
-{% macro metrics_table(groups, first, names) %}
-<table><tr><th>{{ first }}</th><th>n</th><th>execution accuracy</th><th></th><th>exact match</th><th>valid SQL</th>
+{% macro metrics_table(groups, first, names, words) %}
+<table><tr><th>{{ first }}</th><th>n</th><th>{{ words.accuracy_label }}</th><th></th>
+{% if words.sql %}<th>exact match</th><th>valid SQL</th>{% endif %}
 <th>mean turns</th><th>tool calls</th><th>tool error rate</th></tr>
 {% for name in names %}{% set m = groups[name] %}
-<tr><td>{{ name }}</td><td>{{ m.get('n', 0)|int }}</td><td>{{ m.get('execution_accuracy')|fmt('pct') }}</td>
-<td>{{ m.get('execution_accuracy')|bar }}</td><td>{{ m.get('exact_match')|fmt('pct') }}</td>
-<td>{{ m.get('valid_sql_rate')|fmt('pct') }}</td><td>{{ m.get('mean_turns')|fmt('f2') }}</td>
+<tr><td>{{ name }}</td><td>{{ m.get('n', 0)|int }}</td><td>{{ m.get(words.accuracy)|fmt('pct') }}</td>
+<td>{{ m.get(words.accuracy)|bar }}</td>{% if words.sql %}<td>{{ m.get('exact_match')|fmt('pct') }}</td>
+<td>{{ m.get('valid_sql_rate')|fmt('pct') }}</td>{% endif %}<td>{{ m.get('mean_turns')|fmt('f2') }}</td>
 <td>{{ m.get('mean_tool_calls')|fmt('f2') }}</td><td>{{ m.get('tool_error_rate')|fmt('pct') }}</td></tr>
 {% endfor %}</table>
 {% endmacro %}
@@ -65,6 +66,13 @@ MACROS = """
 </div>
 {% endmacro %}
 
+{% macro answer_panel(s) %}
+<div class="sqlcols">
+<div><div class="who">{{ s.answer_label }}</div><pre data-find>{{ s.final if s.final is not none else '(no answer)' }}</pre></div>
+<div><div class="who">{{ s.truth_label }}</div><pre data-find>{{ s.gold }}</pre></div>
+</div>
+{% endmacro %}
+
 {% macro episode(e) %}
 <details class="item episode {{ 'ok' if e.solved else 'failed' }}" id="{{ e.id }}" data-task="{{ e.task_id }}"
 {%- for k, v in e.data.items() %} data-{{ k }}="{{ v }}"{% endfor %}>
@@ -76,7 +84,7 @@ MACROS = """
 <div class="kv"><div>question</div><div>{{ e.question }}</div>
 {% for k, v in e.facts %}<div>{{ k }}</div><div>{{ v }}</div>{% endfor %}
 {% if e.error %}<div>error</div><div>{{ e.error }}</div>{% endif %}</div>
-{{ sql_panel(e.sql) }}
+{% if e.sql.get('plain') %}{{ answer_panel(e.sql) }}{% else %}{{ sql_panel(e.sql) }}{% endif %}
 <div class="who">reward terms</div><table class="comp">
 {% for k, v in e.terms.items() %}<tr><td>{{ k }}</td><td>{{ v|fmt('f3') }}</td></tr>{% endfor %}</table>
 <details class="conv"><summary>conversation ({{ e.turns|length }} messages)</summary>
@@ -92,7 +100,7 @@ MACROS = """
 <label>show <select data-ctl="status" name="status"><option value="">all</option>
 <option value="failed">failed ({{ n_failed }})</option><option value="solved">solved ({{ n_solved }})</option></select></label>
 <label>database <select data-ctl="eq" data-field="db" name="db">{{ options(dbs) }}</select></label>
-<label>search <input type="search" data-ctl="text" name="q" placeholder="question or SQL" size="22"></label>
+<label>search <input type="search" data-ctl="text" name="q" placeholder="question or answer" size="22"></label>
 {% endmacro %}
 
 {% macro tail_controls(total) %}
@@ -169,7 +177,7 @@ PAGE = """<!DOCTYPE html>
 <table>{% for label, value in summary %}<tr><td>{{ label }}</td><td>{{ value }}</td></tr>{% endfor %}</table>
 {% if comparison %}
 <h2 id="comparison">Compared with {{ comparison.label }}</h2>
-<table><tr><th>metric</th><th>baseline</th><th>this run</th><th>delta</th></tr>
+<table><tr><th>metric</th><th>{{ comparison.base_label }}</th><th>this run</th><th>delta</th></tr>
 {% for row in comparison.rows %}<tr><td>{{ row.label }}</td><td>{{ row.base|fmt }}</td><td>{{ row.current|fmt }}</td>
 <td class="{{ row.cls }}">{{ row.delta|fmt('+f3') }}</td></tr>{% endfor %}</table>
 {% for w in comparison.warnings %}<div class="warn">warning: {{ w }}</div>{% endfor %}
@@ -182,12 +190,12 @@ PAGE = """<!DOCTYPE html>
 {% endfor %}</div>{% endif %}
 {% endif %}
 <h2 id="by-difficulty">By difficulty</h2>
-<div class="split">{{ metrics_table(by_difficulty, 'difficulty', difficulties) }}
-{% if image %}<img alt="execution accuracy by difficulty" src="{{ image }}">{% endif %}</div>
+<div class="split">{{ metrics_table(by_difficulty, 'difficulty', difficulties, words) }}
+{% if image %}<img alt="{{ words.accuracy_label }} by difficulty" src="{{ image }}">{% endif %}</div>
 {% if pass_at_k %}<h2>pass@k ({{ num_samples }} samples per question)</h2><table>
 {% for k, v in pass_at_k %}<tr><td>pass@{{ k }}</td><td>{{ v|fmt('pct') }}</td><td>{{ v|bar }}</td></tr>{% endfor %}</table>{% endif %}
-<h2>By database</h2>
-<details><summary>per-database table ({{ by_db|length }} databases)</summary>{{ metrics_table(by_db, 'database', by_db|sort) }}</details>
+{% if by_db %}<h2>By database</h2>
+<details><summary>per-database table ({{ by_db|length }} databases)</summary>{{ metrics_table(by_db, 'database', by_db|sort, words) }}</details>{% endif %}
 {% include "episodes.html" %}
 {% if ro %}{% include "rollouts.html" %}{% endif %}
 </main>

@@ -68,8 +68,12 @@ def gold_sql_errors(tasks: Sequence[Task], db_root: Path) -> dict[str, str]:
     return errors
 
 
-def load_eval_tasks(data: DataConfig, split: Split = "dev", *, limit: int | None = None, seed: int = 0) -> EvalTaskSet:
+def load_eval_tasks(data: DataConfig, split: Split = "dev", *, limit: int | None = None, seed: int = 0,
+                    uses_databases: bool = True) -> EvalTaskSet:
     """The `split` of `data.dataset` (files and database root resolved as in training).
+
+    `uses_databases`: the task family's (`TaskFamily.uses_databases`); a family without databases
+    (e.g. the inventory example) has no database root to check and no gold query to compile.
 
     `limit`: a stratified-by-difficulty subset of that size chosen by `data.batching.fixed_subset`
     (deterministic for a seed; the same limit and seed give the same questions, so two runs compare).
@@ -98,10 +102,10 @@ def load_eval_tasks(data: DataConfig, split: Split = "dev", *, limit: int | None
             raise UserInputError(f"{exc}; run `skyrl-tool-agent build-data` (or python training/scripts/build_data.py in a checkout)") from exc
         except ValueError as exc:
             raise UserInputError(str(exc)) from exc
-    if not db_root.is_dir():
+    if uses_databases and not db_root.is_dir():
         raise UserInputError(f"database root not found: {db_root}")
     reasons = {"missing_database": skipped} if skipped else {}
-    broken = gold_sql_errors(tasks, db_root)
+    broken = gold_sql_errors(tasks, db_root) if uses_databases else {}
     if broken:
         logger.warning("skipping %d questions whose gold SQL fails on its database: %s", len(broken),
                        "; ".join(f"{k}: {v}" for k, v in sorted(broken.items())))
