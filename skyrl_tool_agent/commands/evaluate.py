@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
                    "the config, builtin); the task family is env.task_family (e.g. --config configs/examples/inventory.yaml)")
     p.add_argument("--split", choices=["dev", "train"], default="dev")
     p.add_argument("--spider-root", help="Spider directory (default: training.data.spider_root, ../shared/spider)")
+    p.add_argument("--skip-bad-records", action="store_true",
+                   help="leave out task records that fail the checks at load (a missing field, an unknown db_id, "
+                        "gold SQL that fails, ...; each is reported) instead of refusing to start")
     p.add_argument("--limit", type=int, help="evaluate a stratified subset of N questions")
     p.add_argument("--seed", type=int, default=0, help="seed of the --limit subset and of sampling")
     p.add_argument("--num-samples", type=int, default=1, help="episodes per question; > 1 reports pass@k")
@@ -159,7 +162,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             config.grpo.temperature if args.num_samples > 1 else 0.0)
         family = resolve_family(config.env.task_family)
         selection = load_eval_tasks(config.training.data, args.split, limit=args.limit, seed=args.seed,
-                                    uses_databases=family.uses_databases)
+                                    uses_databases=family.uses_databases, skip_bad_records=args.skip_bad_records,
+                                    gold_timeout_s=config.env.sql_timeout_s)
         w = config.training.wandb
         options = EvalOptions(
             num_samples=args.num_samples, temperature=temperature, top_p=args.top_p,

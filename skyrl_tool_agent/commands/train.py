@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     p.add_argument("--rebuild", action="store_true",
                    help="build the embedded model anew (into model.embedded_dir, else the cache) and train from it "
                         "instead of the shipped one (e.g. after changing its shape)")
+    p.add_argument("--skip-bad-records", action="store_true",
+                   help="leave out task records that fail the checks at load (a missing field, an unknown db_id, "
+                        "gold SQL that fails, ...; each is reported) instead of refusing to start")
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the final adapter/model to this Hub repo")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # set by deepspeed
     return p.parse_args(argv)
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         try:
             with bar as progress:
                 summary = run_training(config, resume=args.resume, rebuild=args.rebuild, progress=progress,
-                                       backend=backend)
+                                       backend=backend, skip_bad_records=args.skip_bad_records)
         except TrainingInterrupted as stop:
             if main_rank:
                 print(f"{stop}\nresume with: {resume_command(argv, prog)}", file=sys.stderr)
