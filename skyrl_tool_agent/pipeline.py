@@ -345,6 +345,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         seed_everything(t.seed)
         trainer = backend.build_trainer(config, runtime, build_loader(config, train_tasks), eval_tasks, out)
         resumed = trainer.resume(resume)
+        if progress is not None and ctx.is_main:  # evaluations report as they go (lines in a log file)
+            trainer.eval_progress = lambda done, total: progress("eval", (done, total))
         run_logger: Any = (RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict(), resume=resumed)
                            if ctx.is_main else NullRunLogger())
         before_path = out / "before.json"
@@ -357,8 +359,10 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 before_path.write_text(json.dumps(before, indent=1) + "\n")
             run_logger.truncate_after(0)
             run_logger.log({"step": 0, **eval_metrics(before)})
-        # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides).
-        deadline = time.monotonic() + 60 * t.time_budget_minutes if t.time_budget_minutes else None
+        # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
+        # and a resumed run has spent what its checkpoint says.
+        deadline = (time.monotonic() + 60 * t.time_budget_minutes - getattr(trainer, "prior_elapsed_s", 0.0)
+                    if t.time_budget_minutes else None)
         on_step = (lambda m: progress("step", m)) if progress is not None and ctx.is_main else None
         try:
             history = trainer.train(run_logger, on_step=on_step, deadline=deadline)

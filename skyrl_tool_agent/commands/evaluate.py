@@ -24,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from skyrl_tool_agent.cli import setup_logging
+from skyrl_tool_agent.cli import ProgressLines, setup_logging
 from skyrl_tool_agent.commands._args import add_output_dir, new_parser
 from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args
 
@@ -201,11 +201,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             with _progress() as bar:
                 job = bar.add_task(f"eval {options.name}", total=total, info="")
                 solved = [0, 0]
+                # In a log file the bar is invisible: lines with done/total and the ETA instead.
+                lines = None if bar.console.is_terminal else ProgressLines(f"eval {options.name}", total)
 
                 def on_episode(traj) -> None:
                     solved[0] += traj.result.solved
                     solved[1] += 1
-                    bar.update(job, advance=1, info=f"{words.short} {solved[0] / solved[1]:.3f}")
+                    info = f"{words.short} {solved[0] / solved[1]:.3f}"
+                    bar.update(job, advance=1, info=info)
+                    if lines is not None:
+                        lines.advance(info=info)
 
                 run = run_evaluation(selection.tasks, runtime, policy, settings, options, skipped=selection.skipped,
                                      metadata=metadata, on_episode=on_episode)

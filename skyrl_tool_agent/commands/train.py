@@ -42,14 +42,18 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
 
 
 def resume_command(argv: list[str] | None, prog: str | None) -> str:
-    """This command line again with `--resume auto`, shell-quoted and ready to paste. `prog` is
-    how the dispatcher named us ("skyrl-tool-agent train"); None means a script run by python."""
+    """This command line again with `--resume auto`, shell-quoted and ready to paste, run by this
+    very interpreter (`sys.executable`: it works without an activated venv). `prog` is how the
+    dispatcher named us ("skyrl-tool-agent train": `python -m skyrl_tool_agent.commands.main train`);
+    None means a script run by python."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--resume" in args:
         i = args.index("--resume")
         del args[i:i + 2]
     args = [a for a in args if not a.startswith("--resume=")]
-    head = shlex.split(prog) if prog else ["python", sys.argv[0]]
+    command = shlex.split(prog)[1:] if prog else []
+    head = ([sys.executable, "-m", "skyrl_tool_agent.commands.main", *command] if prog
+            else [sys.executable, sys.argv[0]])
     return shlex.join([*head, *args, "--resume", "auto"])
 
 

@@ -134,6 +134,21 @@ ROLLOUTS = """
 <p class="muted">{{ ro.episodes|length }} sampled training episodes from {{ ro.groups|length }} steps
 (steps {{ ro.first_step }}-{{ ro.last_step }}), {{ ro.solved }} solved; the advantage is the one the update used.</p>
 <details><summary class="muted">System prompt (shared by the rollouts)</summary><pre>{{ ro.system_prompt }}</pre></details>
+{% if ro.side_by_side %}<h3 id="groups">GRPO groups side by side ({{ ro.side_by_side|length }})</h3>
+<p class="muted">Each group: one task's episodes at one step, the contrast its advantages come from.</p>
+{% for g in ro.side_by_side %}<details class="sbs" data-step="{{ g.step }}" data-task="{{ g.task_id }}">
+<summary>step {{ g.step }} · {{ g.task_id }} · {{ g.members|length }} episodes · {{ g.solved }} solved ·
+reward {{ g.low|fmt('f3') }} to {{ g.high|fmt('f3') }} · {{ g.question }}</summary>
+<div class="kv"><div>gold</div><div><pre>{{ g.gold }}</pre></div></div>
+<table class="comp sbs-table"><tr><th></th>{% for m in g.members %}<th>member {{ m.member }}</th>{% endfor %}</tr>
+<tr><td>reward</td>{% for m in g.members %}<td>{{ m.reward|fmt('f3') }}</td>{% endfor %}</tr>
+<tr><td>advantage</td>{% for m in g.members %}<td>{{ m.advantage|fmt('+f3') }}</td>{% endfor %}</tr>
+<tr><td>solved</td>{% for m in g.members %}<td>{{ '✓' if m.solved else '✗' }}</td>{% endfor %}</tr>
+<tr><td>used in the update</td>{% for m in g.members %}<td>{{ 'yes' if m.used else 'no' }}</td>{% endfor %}</tr>
+{% for t in g.terms %}<tr><td>{{ t }}</td>{% for m in g.members %}<td>{{ m.terms.get(t)|fmt('f3') }}</td>{% endfor %}</tr>
+{% endfor %}<tr><td>final answer</td>{% for m in g.members %}<td><pre>{{ m.final if m.final is not none else '(no answer)' }}</pre></td>{% endfor %}</tr>
+</table></details>
+{% endfor %}{% endif %}
 <section class="viewer" data-viewer="rollouts" data-shown="{{ ro.episodes|length }}">
 <div class="controls">
 <label>steps <input type="number" data-ctl="min" data-field="step" name="step-min" min="{{ ro.first_step }}"
