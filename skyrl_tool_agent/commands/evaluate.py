@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 from skyrl_tool_agent.cli import ProgressLines, setup_logging
-from skyrl_tool_agent.commands._args import add_output_dir, new_parser
+from skyrl_tool_agent.commands._args import add_output_dir, add_task_file, new_parser, task_file_args
 from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args
 
 #: The results file's name inside --output-dir (and the default --output).
@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
                    "(<output_dir>/rollouts.jsonl) to the report, as a Training rollouts view")
     p.add_argument("--name", help="evaluation name (Weave); default <dataset>-<split>")
     add_config_args(p)
+    add_task_file(p)
     args = p.parse_args(argv)
     if args.output and args.output_dir:
         p.error("--output FILE and --output-dir DIR both name the results file; give one")
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         if args.spider_root:
             extra.append(f"training.data.spider_root={json.dumps(args.spider_root)}")
         args.overrides = [*extra, *args.overrides]
+        task_file_args(args)
         config = config_from_args(args)
         baseline = load_results(args.compare) if args.compare else None  # fail before the run, not after
         rollouts = load_rollouts(args.rollouts) if args.rollouts else None

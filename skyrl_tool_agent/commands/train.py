@@ -19,7 +19,7 @@ import os
 import shlex
 import sys
 
-from skyrl_tool_agent.commands._args import add_output_dir, new_parser
+from skyrl_tool_agent.commands._args import add_output_dir, add_task_file, new_parser, task_file_args
 from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
 
 
@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     p = new_parser(__doc__, prog)
     p.add_argument("--mode", choices=["lora", "full"], help="training.mode (LoRA adapters or all parameters)")
     add_config_args(p)
+    add_task_file(p)
     add_output_dir(p, "run directory: training.output_dir")
     p.add_argument("--max-steps", type=int, help="training.max_steps")
     p.add_argument("--resume", help="'auto' (latest checkpoint in the output dir, if any) or a checkpoint dir")
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
             extra.append(f"model.embedded_dir={default_build_dir()}")  # an explicit --set still wins
         args.overrides = [*extra, *args.overrides]  # explicit --set wins over the shortcuts
+        task_file_args(args)
         config = config_from_args(args)
         repo = config.training.push_to_hub.repo_id
         if repo:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from skyrl_tool_agent.config.env import TASK_FAMILIES
+from skyrl_tool_agent.config.reward_terms import _load_file as load_module_file
 from skyrl_tool_agent.config.errors import UserInputError
 from skyrl_tool_agent.env.chat_format import DEFAULT_SYSTEM_PROMPT
 
@@ -62,12 +64,14 @@ def family_oracle(family: TaskFamily) -> object | None:
 
 
 def resolve_family(value: str) -> TaskFamily:
-    """The family `env.task_family` names: a name of `config.env.TASK_FAMILIES`, or 'module:object'.
+    """The family `env.task_family` names: a name of `config.env.TASK_FAMILIES`, 'module:object' or
+    'path/to/file.py:object' (the file loaded as reward terms' files are, once per process).
     Raises UserInputError (one line) when it cannot be imported or is not a `TaskFamily`."""
     target = TASK_FAMILIES.get(value, value)
-    module_name, _, attr = target.partition(":")
+    module_name, _, attr = target.rpartition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = (load_module_file(Path(module_name).expanduser().resolve()) if module_name.endswith(".py")
+                  else importlib.import_module(module_name))
     except Exception as exc:  # noqa: BLE001 - any failure in the user's module is a config error
         raise UserInputError(f"env.task_family {value!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
     family = getattr(module, attr, None)
