@@ -19,17 +19,18 @@ LOG_COLUMNS = 240
 
 
 def setup_logging(level: int = logging.INFO) -> None:
-    """Rich log lines on a terminal; in a log file (stderr not a terminal) plain one-line records
-    (`[12:00:01] INFO message`, never wrapped), and rich's tables and lines printed LOG_COLUMNS wide."""
+    """Rich log lines on a terminal; in a log file (stdout, where rich logs, not a terminal) plain
+    one-line records (`[12:00:01] INFO message`, never wrapped), and rich's tables and lines
+    printed LOG_COLUMNS wide."""
     import os
 
-    if sys.stderr.isatty():
+    if sys.stdout.isatty():
         from rich.logging import RichHandler
 
         handler: logging.Handler = RichHandler(show_path=False, rich_tracebacks=False)
         handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
     if not sys.stdout.isatty():
         os.environ.setdefault("COLUMNS", str(LOG_COLUMNS))  # read by each rich Console made from here on
