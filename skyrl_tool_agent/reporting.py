@@ -16,8 +16,10 @@ def print_before_after(summary: Any) -> None:
     from rich.table import Table
 
     n = int(summary.before.get("n", 0))
-    table = Table(title=f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
-                        f"{summary.seconds / 60:.1f} min")
+    # The title on its own line: as a table title it would wrap to the (narrow) table's width.
+    title = (f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
+             f"{summary.seconds / 60:.1f} min")
+    table = Table()
     table.add_column("metric")
     table.add_column("before GRPO", justify="right")
     table.add_column("after GRPO", justify="right")
@@ -27,6 +29,7 @@ def print_before_after(summary: Any) -> None:
         if b is None or a is None:
             continue
         table.add_row(key, f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}")
+    Console().print(title)
     Console().print(table)
     if summary.delta:
         d = summary.delta
