@@ -77,7 +77,8 @@ def test_a_run_can_be_followed_from_its_log(data, tmp_path):
 
     # Resumed from step 1: the clock starts where the checkpoint left it.
     again_log = tmp_path / "again.log"
-    assert _train(root, model_dir, out, again_log, "--resume", str(out / "checkpoints" / "step-000001")) == 0
+    assert _train(root, model_dir, out, again_log, "--resume", str(out / "checkpoints" / "step-000001"),
+                  "--set", "training.wandb.mode=disabled") == 0
     again = again_log.read_text()
     assert f"min of the time budget spent)" in again, again[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
