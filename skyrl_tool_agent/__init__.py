@@ -7,9 +7,22 @@ lazily can call `register_envs()` explicitly.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
+
+
+class _DropBitsandbytesKernelsNotice(logging.Filter):
+    """bitsandbytes (imported by peft on every model load) warns that its optional `kernels`
+    package is missing for a CPU 4-bit matmul this project never calls (QLoRA trains on CUDA): a
+    warning on every run that nobody can act on. Only that message is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+
+
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropBitsandbytesKernelsNotice())
 
 ENV_ID = "mcp_tool_env"
 

@@ -13,11 +13,28 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    from rich.logging import RichHandler
+#: Width rich renders to when the output is not a terminal (a log file): wide enough that a path
+#: or a table row is one line (rich's default there is 80 columns, and it wraps hard).
+LOG_COLUMNS = 240
 
-    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
-                        handlers=[RichHandler(show_path=False, rich_tracebacks=False)])
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Rich log lines on a terminal; in a log file (stdout, where rich logs, not a terminal) plain
+    one-line records (`[12:00:01] INFO message`, never wrapped), and rich's tables and lines
+    printed LOG_COLUMNS wide."""
+    import os
+
+    if sys.stdout.isatty():
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(show_path=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+    else:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+    if not sys.stdout.isatty():
+        os.environ.setdefault("COLUMNS", str(LOG_COLUMNS))  # read by each rich Console made from here on
+    logging.basicConfig(level=level, handlers=[handler])
     for noisy in ("httpx", "mcp", "urllib3", "transformers", "peft", "wandb", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     quiet_library_noise()
@@ -63,6 +80,29 @@ def log_every(seconds: float = LOG_PROGRESS_EVERY_S) -> Callable[[], bool]:
     return due
 
 
+#: Seconds between evaluation progress lines in a log file.
+EVAL_PROGRESS_EVERY_S = 10.0
+
+
+class ProgressLines:
+    """Progress of `total` items as log lines, for output that is not a terminal (a rich bar is
+    invisible there): `what done/total (pct), elapsed, ETA` every `every_s` seconds and at the end."""
+
+    def __init__(self, what: str, total: int, every_s: float = EVAL_PROGRESS_EVERY_S) -> None:
+        self.what, self.total, self.done = what, total, 0
+        self.started = time.monotonic()
+        self._due = log_every(every_s)
+
+    def advance(self, n: int = 1, info: str = "") -> None:
+        self.done += n
+        if not (self._due() or self.done >= self.total):
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        logger.info("%s %d/%d (%.0f%%), %.0f s elapsed, ETA %.0f s%s", self.what, self.done, self.total,
+                    100 * self.done / max(1, self.total), elapsed, eta, f"  {info}" if info else "")
+
+
 @contextlib.contextmanager
 def training_progress(total_steps: int, time_budget_minutes: float | None = None, *,
                       eval_split: str = "dev") -> Iterator[Any]:
@@ -71,7 +111,8 @@ def training_progress(total_steps: int, time_budget_minutes: float | None = None
     With a time budget the bar fills by whichever ends training first, steps or minutes (the
     metrics' `time/elapsed_s` is the budget's clock), so the ETA is the real one.
     A bar is invisible in a log file (rich draws it only on a terminal), so there the same
-    information is logged instead: every GRPO step, and a build line every LOG_PROGRESS_EVERY_S."""
+    information is logged instead: every GRPO step, a build line every LOG_PROGRESS_EVERY_S, and
+    an evaluation's progress ('eval', (done, total)) every EVAL_PROGRESS_EVERY_S."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),
@@ -79,6 +120,8 @@ def training_progress(total_steps: int, time_budget_minutes: float | None = None
     budget_s = 60.0 * time_budget_minutes if time_budget_minutes else None
     with Progress(*columns, refresh_per_second=2) as bar:
         build = bar.add_task("build", total=1.0, info="", done="", visible=False)
+        evaluation = bar.add_task("evaluation", total=1.0, info="", done="", visible=False)
+        eval_lines: list[ProgressLines] = []
         train = bar.add_task("GRPO", total=1.0, info="", done=f"0/{total_steps}")
         last = [time.monotonic()]
         started = time.monotonic()
@@ -88,7 +131,15 @@ def training_progress(total_steps: int, time_budget_minutes: float | None = None
         def update(kind: str, value: Any) -> None:
             from skyrl_tool_agent.eval.metrics import format_rate
 
-            if kind == "step":
+            if kind == "eval":  # (episodes done, total) of an evaluation
+                done_n, total_n = value
+                bar.update(evaluation, visible=done_n < total_n, completed=done_n / max(1, total_n),
+                           done=f"{done_n}/{total_n}")
+                if to_log:
+                    if done_n == 1 or not eval_lines:
+                        eval_lines[:] = [ProgressLines("evaluation", total_n)]
+                    eval_lines[0].advance()
+            elif kind == "step":
                 m = value
                 info = (f"reward {format_rate(m['reward/mean'])}  train EX {format_rate(m['train/execution_accuracy'], digits=2)}"
                         + (f" ({m['train/infra_errors']:.0f} infra errors)" if m.get("train/infra_errors") else ""))

@@ -16,7 +16,8 @@ from skyrl_tool_agent.config import Config, UserInputError, default_build_dir
 from skyrl_tool_agent.data.batching import TaskBatcher, fixed_subset
 from skyrl_tool_agent.data.curriculum import CurriculumSampler
 from skyrl_tool_agent.data.loader import TaskDataLoader
-from skyrl_tool_agent.data.tasks import Task, load_tasks
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.data.validation import load_checked_tasks
 from skyrl_tool_agent.env.families import resolve_family
 
 if TYPE_CHECKING:
@@ -25,8 +26,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def load_task_splits(config: Config) -> tuple[list[Task], list[Task], Path]:
-    """(train tasks, dev tasks, db root) for `training.data`; missing files are user errors."""
+def load_task_splits(config: Config, *, skip_bad_records: bool = False) -> tuple[list[Task], list[Task], Path]:
+    """(train tasks, dev tasks, db root) for `training.data`; missing files are user errors, and
+    the task files are checked as they load (`data.validation`: fields, sizes, db_ids, each
+    distinct gold query run once): a bad record is one `error:` line before anything starts,
+    unless `skip_bad_records` leaves it out (a warning per record)."""
     data = config.training.data
     from skyrl_tool_agent.data.builtin.location import ensure_builtin_data
 
@@ -46,17 +50,16 @@ def load_task_splits(config: Config) -> tuple[list[Task], list[Task], Path]:
         if not path.is_file():
             raise UserInputError(f"task file not found: {path} (training.data.{knob}); "
                                  "run `skyrl-tool-agent build-data` (or python training/scripts/build_data.py in a checkout)")
-    try:
-        splits = [load_tasks(train_file), load_tasks(dev_file)]
+    from skyrl_tool_agent.eval.selection import gold_check
+
+    family = resolve_family(config.env.task_family)
+    try:  # else a bad record fails its episodes one by one, mid-run
+        (train, dev), _ = load_checked_tasks([train_file, dev_file], db_root=db_root if family.uses_databases else None,
+                                             skip_bad_records=skip_bad_records,
+                                             gold_check=gold_check(config.env.sql_timeout_s))
     except ValueError as exc:
         raise UserInputError(str(exc)) from exc
-    family = resolve_family(config.env.task_family)
-    for path, tasks in zip((train_file, dev_file), splits):
-        missing = next((t.task_id for t in tasks if not t.db_id), None) if family.uses_databases else None
-        if missing is not None:  # else every episode of it fails, one by one, mid-run
-            raise UserInputError(f"{path}: task {missing} has no db_id, which task family {family.name!r} needs "
-                                 "(another family? set env.task_family)")
-    return splits[0], splits[1], db_root
+    return train, dev, db_root
 
 
 def pool_and_validation(config: Config, train_tasks: list[Task], dev_tasks: list[Task],
@@ -306,11 +309,12 @@ class LocalBackend:
 
 
 def run_training(config: Config, *, resume: str | None = None, rebuild: bool = False,
-                 progress: Any = None, backend: Any = None) -> RunSummary | None:
+                 progress: Any = None, backend: Any = None, skip_bad_records: bool = False) -> RunSummary | None:
     """Train with GRPO as configured; evaluates the fixed eval tasks before and after. `rebuild`:
     build the embedded model anew first (see `ensure_embedded_model`). `backend`: `LocalBackend()`
     (default) or, on every rank of a DeepSpeed launch, `distributed.run.DeepSpeedBackend(config)`;
     rank 0 writes the files and returns the summary, the other ranks return None.
+    `skip_bad_records`: leave out task records that fail the load-time checks (`load_task_splits`).
 
     Writes into `training.output_dir`: metrics.jsonl, rollouts.jsonl, checkpoints/, final/
     (save_pretrained), before.json, before_after.json, config.yaml (resolved) and training_curves.png.
@@ -328,7 +332,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     t = config.training
     if config.model.name_or_path != EMBEDDED:
         resolve_model_path(config.model)  # a missing model directory is an error before anything is written
-    train_tasks, dev_tasks, db_root = load_task_splits(config)
+    train_tasks, dev_tasks, db_root = load_task_splits(config, skip_bad_records=skip_bad_records)
     out = t.resolved_output_dir()
     lock = None
     if ctx.is_main:
@@ -349,6 +353,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             seed_everything(t.seed)
             trainer = backend.build_trainer(config, runtime, build_loader(config, train_tasks), eval_tasks, out)
             resumed = trainer.resume(resume)
+            if progress is not None and ctx.is_main:  # evaluations report as they go (lines in a log file)
+                trainer.eval_progress = lambda done, total: progress("eval", (done, total))
             run_logger: Any = (RunLogger(out, wandb_config=t.wandb, run_config=config.to_dict(), resume=resumed)
                                if ctx.is_main else NullRunLogger())
             before_path = out / "before.json"
@@ -361,8 +367,10 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                     before_path.write_text(json.dumps(before, indent=1) + "\n")
                 run_logger.truncate_after(0)
                 run_logger.log({"step": 0, **eval_metrics(before)})
-            # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides).
-            deadline = time.monotonic() + 60 * t.time_budget_minutes if t.time_budget_minutes else None
+            # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
+            # and a resumed run has spent what its checkpoint says.
+            deadline = (time.monotonic() + 60 * t.time_budget_minutes - getattr(trainer, "prior_elapsed_s", 0.0)
+                        if t.time_budget_minutes else None)
             on_step = (lambda m: progress("step", m)) if progress is not None and ctx.is_main else None
             try:
                 history = trainer.train(run_logger, on_step=on_step, deadline=deadline)

@@ -16,8 +16,10 @@ def print_before_after(summary: Any) -> None:
     from rich.table import Table
 
     n = int(summary.before.get("n", 0))
-    table = Table(title=f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
-                        f"{summary.seconds / 60:.1f} min")
+    # The title on its own line: as a table title it would wrap to the (narrow) table's width.
+    title = (f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
+             f"{summary.seconds / 60:.1f} min")
+    table = Table()
     table.add_column("metric")
     table.add_column("before GRPO", justify="right")
     table.add_column("after GRPO", justify="right")
@@ -30,6 +32,7 @@ def print_before_after(summary: Any) -> None:
     for key in ("scored", "infra_errors"):  # what every rate above is over
         if key in summary.before or key in summary.after:
             table.add_row(key, f"{summary.before.get(key, 0):.0f}", f"{summary.after.get(key, 0):.0f}", "")
+    Console().print(title)
     Console().print(table)
     Console().print(delta_sentence(summary.delta, summary.before, summary.after))
     if summary.stop_reason:

@@ -67,14 +67,14 @@ def _port_open(port: int) -> bool:
 
 
 class ServedModel:
-    """`transformers serve MODEL_DIR` on a free loopback port, offline, with its own empty HF cache
-    (its /v1/models scans the hub cache and answers 500 when there is none)."""
+    """`transformers serve MODEL_DIR` on a free loopback port, offline, with an empty HF_HOME: no hub
+    cache, the state of a fresh machine (its /v1/models then answers 500 and closes the connection)."""
 
     def __init__(self, model_dir: str, home: Path) -> None:
         self.model = model_dir
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        (home / "hub").mkdir(parents=True)
+        assert not (home / "hub").exists()
         self.log_path = home / "serve.log"
         # One thread: on a shared 2-core machine torch's default two threads make each turn ~50x slower.
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(home), "OMP_NUM_THREADS": "1",
@@ -213,6 +213,19 @@ def test_a_turn_the_server_cannot_produce_is_a_format_error(server, config, task
         assert sample["format_errors"] >= 1 and sample["done_reason"] == "max_turns" and not sample["solved"]
     stats = run.results["endpoint"]
     assert stats["failed_turns"] >= len(failed) and stats["retries"] >= stats["failed_turns"]
+
+
+def test_model_may_be_named_as_the_server_reports_it(server):
+    """`transformers serve DIR` answers as `DIR@main`; `--model DIR@main` or `--model <DIR's name>` serve too."""
+    from skyrl_tool_agent.rollout.openai_agent import probe_endpoint, resolve_endpoint
+
+    server.wait_ready()
+    reported = probe_endpoint(Endpoint(server.url, server.model))["served_model"]
+    assert reported == f"{server.model}@main"
+    for name in (reported, Path(server.model).name):
+        endpoint = Endpoint(server.url, name)
+        assert resolve_endpoint(endpoint).model == server.model, name
+        assert probe_endpoint(endpoint)["models"] is None  # no hub cache: the listing failed (HTTP 500)
 
 
 def test_dead_server_or_unknown_model_is_one_error_line(server, tmp_path, capsys):
@@ -354,7 +367,7 @@ def test_probe_and_settings(monkeypatch):
     with ScriptedServer([(200, _completion("ok"), 0.0)], models=("a", "b")) as http:
         with pytest.raises(EndpointError, match="model 'c' is not served at .*; it serves: a, b"):
             probe_endpoint(Endpoint(http.url, "c"))
-        assert probe_endpoint(Endpoint(http.url, "b")) == {"models": ["a", "b"], "served_model": "m"}
+        assert probe_endpoint(Endpoint(http.url, "b")) == {"models": ["a", "b"], "served_model": "m", "model": "b"}
         assert http.hits[-1][2]["max_tokens"] == 1
     with ScriptedServer([(200, "not json", 0.0)]) as http, pytest.raises(EndpointError, match="chat-completions format"):
         probe_endpoint(Endpoint(http.url, "m"))

@@ -290,14 +290,14 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
         "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
         "training.data.db_root": root / "dbs", "training.data.train_pool": "file", "training.mode": "lora",
         "training.max_steps": 2, "training.tasks_per_step": 2, "training.checkpoint_every": 0, "training.eval_every": 0,
-        "training.eval_num_tasks": 3, "training.rollouts_every": 1, "training.rollouts_per_step": 3,
+        "training.eval_num_tasks": 3, "training.rollouts_every": 1, "training.rollout_groups_per_step": 1,
         "training.wandb.mode": "disabled", "training.output_dir": out, "grpo.group_size": 2, "grpo.max_turns": 3,
         "grpo.max_new_tokens_per_turn": 32, "grpo.max_total_tokens": 1000,
     }
     summary = run_training(load_config(overrides=[f"{k}={v}" for k, v in sets.items()]))
     html = (out / "report.html").read_text(encoding="utf-8")
     rollouts = load_rollouts(out / "rollouts.jsonl")
-    assert [r["step"] for r in rollouts] == [1, 1, 1, 2, 2, 2]
+    assert [(r["step"], r["group_member"]) for r in rollouts] == [(1, 0), (1, 1), (2, 0), (2, 1)]  # one whole group
     assert [e["data-task"] for e in items(viewer(html, "rollouts"))] == [r["task_id"] for r in rollouts]
     evaluated = items(viewer(html, "eval"))
     assert [e["data-failed"] == "0" for e in evaluated] == [bool(s) for s in summary.after["solved"]]

@@ -98,7 +98,7 @@ def test_bad_family_values_are_one_line_errors(runtime: EnvRuntime) -> None:
     as_sql = load_config(config_file=EXAMPLE, overrides=["env.task_family=sql", f"training.data.train_file={TASKS_FILE}",
                                                          f"training.data.dev_file={TASKS_FILE}",
                                                          f"training.data.db_root={runtime.db_root}"])
-    with pytest.raises(UserInputError, match="task inventory-00 has no db_id, which task family 'sql' needs"):
+    with pytest.raises(UserInputError, match=r"record 0 \(inventory-00\): no db_id, which task family 'sql' needs"):
         load_task_splits(as_sql)
     # The command line: one `error:` line, no traceback.
     done = subprocess.run([sys.executable, "-m", "skyrl_tool_agent.config", "show", "--config", str(EXAMPLE),

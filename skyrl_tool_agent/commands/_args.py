@@ -21,3 +21,19 @@ def add_output_dir(parser: argparse.ArgumentParser | Any, help: str, *, default:
     for flag in legacy:
         parser.add_argument(flag, dest="output_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return action
+
+
+def add_task_file(parser: argparse.ArgumentParser | Any) -> argparse.Action:
+    """`--task-file my_task.py`: a task family declared in one Python file (`examples.one_file`)."""
+    return parser.add_argument("--task-file", metavar="FILE.py",
+                               help="a task family in one Python file (TOOLS, TASKS, its verdict term, FAMILY; see "
+                                    "examples/price_lookup.py): served, scored and loaded without other files; "
+                                    "--set still wins")
+
+
+def task_file_args(args: argparse.Namespace) -> None:
+    """Put `--task-file`'s overrides before the command's own (`args.overrides`)."""
+    if getattr(args, "task_file", None):
+        from skyrl_tool_agent.examples.one_file import task_file_overrides
+
+        args.overrides = [*task_file_overrides(args.task_file), *args.overrides]

@@ -24,8 +24,8 @@ import argparse
 import json
 from pathlib import Path
 
-from skyrl_tool_agent.cli import setup_logging
-from skyrl_tool_agent.commands._args import add_output_dir, new_parser
+from skyrl_tool_agent.cli import ProgressLines, setup_logging
+from skyrl_tool_agent.commands._args import add_output_dir, add_task_file, new_parser, task_file_args
 from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args
 
 #: The results file's name inside --output-dir (and the default --output).
@@ -50,9 +50,13 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
                         help="retries of a request that got 429/408/5xx or no answer (default 4)")
     served.add_argument("--retry-backoff", type=float, default=1.0, metavar="S",
                         help="first wait before a retry, doubled each time up to 30 s (default 1)")
-    p.add_argument("--dataset", choices=["builtin", "spider"], default="builtin", help="task family (default builtin)")
+    p.add_argument("--dataset", choices=["builtin", "spider"], help="SQL dataset (default: training.data.dataset of "
+                   "the config, builtin); the task family is env.task_family (e.g. --config configs/examples/inventory.yaml)")
     p.add_argument("--split", choices=["dev", "train"], default="dev")
     p.add_argument("--spider-root", help="Spider directory (default: training.data.spider_root, ../shared/spider)")
+    p.add_argument("--skip-bad-records", action="store_true",
+                   help="leave out task records that fail the checks at load (a missing field, an unknown db_id, "
+                        "gold SQL that fails, ...; each is reported) instead of refusing to start")
     p.add_argument("--limit", type=int, help="evaluate a stratified subset of N questions")
     p.add_argument("--seed", type=int, default=0, help="seed of the --limit subset and of sampling")
     p.add_argument("--num-samples", type=int, default=1, help="episodes per question; > 1 reports pass@k")
@@ -73,6 +77,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
                    "(<output_dir>/rollouts.jsonl) to the report, as a Training rollouts view")
     p.add_argument("--name", help="evaluation name (Weave); default <dataset>-<split>")
     add_config_args(p)
+    add_task_file(p)
     args = p.parse_args(argv)
     if args.output and args.output_dir:
         p.error("--output FILE and --output-dir DIR both name the results file; give one")
@@ -95,17 +100,21 @@ def _print_summary(results: dict, paths) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from skyrl_tool_agent.eval.vocabulary import vocabulary_of
+
+    words = vocabulary_of(results)
     table = Table(title=f"{results['name']} — {results['policy']} (n={results['n']}, skipped={results['skipped']}, "
                         f"{results['seconds']:.1f} s)")
     from skyrl_tool_agent.eval.metrics import format_rate
 
-    for col in ("", "n", "scored", "infra err", "EX", "exact", "valid SQL", "turns", "tool calls", "tool err"):
+    sql = ("exact", "valid SQL") if words.sql else ()
+    for col in ("", "n", "scored", "infra err", words.short, *sql, "turns", "tool calls", "tool err"):
         table.add_column(col, justify="left" if not col else "right")
 
     def row(name: str, m: dict) -> None:  # rates are over the scored episodes; None: nothing scored
+        sql = (format_rate(m["exact_match"]), format_rate(m.get("valid_sql_rate"))) if words.sql else ()
         table.add_row(name, str(m["n"]), f"{m.get('scored', 0):.0f}", f"{m.get('infra_errors', 0):.0f}",
-                      format_rate(m["execution_accuracy"]), format_rate(m["exact_match"]),
-                      format_rate(m.get("valid_sql_rate")), format_rate(m["mean_turns"], digits=2),
+                      format_rate(m[words.accuracy]), *sql, format_rate(m["mean_turns"], digits=2),
                       format_rate(m["mean_tool_calls"], digits=2), format_rate(m["tool_error_rate"]))
 
     row("overall", results)
@@ -118,7 +127,7 @@ def _print_summary(results: dict, paths) -> None:
     if endpoint := results.get("endpoint"):
         console.print(f"endpoint {endpoint['base_url']} · model {endpoint['model']} · {endpoint['requests']} requests, "
                       f"{endpoint['retries']} retries, {endpoint['failed_turns']} turns the server could not produce")
-    console.print(f"EX {format_rate(results['execution_accuracy'], results)} · results {paths.results} · trajectories {paths.trajectories}"
+    console.print(f"{words.short} {format_rate(results[words.accuracy], results)} · results {paths.results} · trajectories {paths.trajectories}"
                   + (f" · report {paths.report}" if "report" in results.get("files", {}) else ""))
 
 
@@ -127,8 +136,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.config import UserInputError
+        from skyrl_tool_agent.env.families import family_oracle, resolve_family
         from skyrl_tool_agent.env.pools import EnvRuntime
-        from skyrl_tool_agent.eval.compare import load_results, print_comparison
+        from skyrl_tool_agent.eval.compare import load_results, print_comparison, run_labels
         from skyrl_tool_agent.eval.evaluate import (
             OPENAI,
             ORACLE,
@@ -140,12 +150,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         )
         from skyrl_tool_agent.eval.report_rollouts import load_rollouts
         from skyrl_tool_agent.eval.selection import load_eval_tasks
+        from skyrl_tool_agent.eval.vocabulary import vocabulary
         from skyrl_tool_agent.eval.weave_setup import weave_mode
 
-        extra = [f"training.data.dataset={args.dataset}"]
+        extra = [f"training.data.dataset={args.dataset}"] if args.dataset else []
         if args.spider_root:
             extra.append(f"training.data.spider_root={json.dumps(args.spider_root)}")
         args.overrides = [*extra, *args.overrides]
+        task_file_args(args)
         config = config_from_args(args)
         baseline = load_results(args.compare) if args.compare else None  # fail before the run, not after
         rollouts = load_rollouts(args.rollouts) if args.rollouts else None
@@ -153,18 +165,23 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             raise UserInputError("--model-path is for --policy model")
         temperature = args.temperature if args.temperature is not None else (
             config.grpo.temperature if args.num_samples > 1 else 0.0)
-        selection = load_eval_tasks(config.training.data, args.split, limit=args.limit, seed=args.seed)
+        family = resolve_family(config.env.task_family)
+        selection = load_eval_tasks(config.training.data, args.split, limit=args.limit, seed=args.seed,
+                                    uses_databases=family.uses_databases, skip_bad_records=args.skip_bad_records,
+                                    gold_timeout_s=config.env.sql_timeout_s)
         w = config.training.wandb
         options = EvalOptions(
             num_samples=args.num_samples, temperature=temperature, top_p=args.top_p,
-            name=args.name or f"{args.dataset}-{args.split}", weave_project=w.weave_project(),
+            name=args.name or f"{config.training.data.dataset if family.uses_databases else family.name}-{args.split}", weave_project=w.weave_project(),
             weave_mode=weave_mode(w.mode), seed=args.seed,
             model_path={"model": args.model_path or config.model.name_or_path, OPENAI: args.model}.get(args.policy),
+            family=family.name,
         )
+        words = vocabulary(family.name)
         # Requests to a server are independent: no lockstep batches (their order cannot change a result).
         settings = collector_settings(config, max_turns=args.max_turns, concurrency=args.concurrency, evaluation=True,
                                       deterministic=args.policy != OPENAI)
-        policy = ORACLE
+        policy = family_oracle(family) or ORACLE if args.policy == ORACLE else ORACLE
         if args.policy == OPENAI:
             from skyrl_tool_agent.rollout.openai_agent import Endpoint, probe_endpoint
 
@@ -181,7 +198,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             policy = load_eval_policy(args.model_path, config.model)
         paths = OutputPaths.beside(args.results, trajectories=args.trajectories and Path(args.trajectories),
                                    report=args.report and Path(args.report))
-        metadata = {"dataset": selection.dataset, "split": selection.split, "available": selection.available,
+        metadata = {"policy": args.policy, "family": family.name, "dataset": selection.dataset, "split": selection.split, "available": selection.available,
                     "skipped_reasons": selection.skipped_reasons, "limit": args.limit, "seed": args.seed}
         runtime = EnvRuntime(config.env, selection.db_root)
         try:
@@ -189,11 +206,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             with _progress() as bar:
                 job = bar.add_task(f"eval {options.name}", total=total, info="")
                 solved = [0, 0]
+                # In a log file the bar is invisible: lines with done/total and the ETA instead.
+                lines = None if bar.console.is_terminal else ProgressLines(f"eval {options.name}", total)
 
                 def on_episode(traj) -> None:
                     solved[0] += traj.result.solved
                     solved[1] += 1
-                    bar.update(job, advance=1, info=f"EX {solved[0] / solved[1]:.3f}")
+                    info = f"{words.short} {solved[0] / solved[1]:.3f}"
+                    bar.update(job, advance=1, info=info)
+                    if lines is not None:
+                        lines.advance(info=info)
 
                 run = run_evaluation(selection.tasks, runtime, policy, settings, options, skipped=selection.skipped,
                                      metadata=metadata, on_episode=on_episode)
@@ -202,7 +224,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         write_outputs(run, paths, baseline=baseline, report=not args.no_report, rollouts=rollouts, db_root=selection.db_root)
         _print_summary(run.results, paths)
         if baseline is not None:
-            print_comparison(baseline, run.results, base_label=Path(args.compare).stem, current_label=args.results.stem)
+            base_label, current_label = run_labels(args.compare, args.results)
+            print_comparison(baseline, run.results, base_label=base_label, current_label=current_label,
+                             records=run.records)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import os
 import shlex
 import sys
 
-from skyrl_tool_agent.commands._args import add_output_dir, new_parser
+from skyrl_tool_agent.commands._args import add_output_dir, add_task_file, new_parser, task_file_args
 from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
 
 
@@ -33,26 +33,34 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     p = new_parser(__doc__, prog)
     p.add_argument("--mode", choices=["lora", "full"], help="training.mode (LoRA adapters or all parameters)")
     add_config_args(p)
+    add_task_file(p)
     add_output_dir(p, "run directory: training.output_dir")
     p.add_argument("--max-steps", type=int, help="training.max_steps")
     p.add_argument("--resume", help="'auto' (latest checkpoint in the output dir, if any) or a checkpoint dir")
     p.add_argument("--rebuild", action="store_true",
                    help="build the embedded model anew (into model.embedded_dir, else the cache) and train from it "
                         "instead of the shipped one (e.g. after changing its shape)")
+    p.add_argument("--skip-bad-records", action="store_true",
+                   help="leave out task records that fail the checks at load (a missing field, an unknown db_id, "
+                        "gold SQL that fails, ...; each is reported) instead of refusing to start")
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the final adapter/model to this Hub repo")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # set by deepspeed
     return p.parse_args(argv)
 
 
 def resume_command(argv: list[str] | None, prog: str | None) -> str:
-    """This command line again with `--resume auto`, shell-quoted and ready to paste. `prog` is
-    how the dispatcher named us ("skyrl-tool-agent train"); None means a script run by python."""
+    """This command line again with `--resume auto`, shell-quoted and ready to paste, run by this
+    very interpreter (`sys.executable`: it works without an activated venv). `prog` is how the
+    dispatcher named us ("skyrl-tool-agent train": `python -m skyrl_tool_agent.commands.main train`);
+    None means a script run by python."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--resume" in args:
         i = args.index("--resume")
         del args[i:i + 2]
     args = [a for a in args if not a.startswith("--resume=")]
-    head = shlex.split(prog) if prog else ["python", sys.argv[0]]
+    command = shlex.split(prog)[1:] if prog else []
+    head = ([sys.executable, "-m", "skyrl_tool_agent.commands.main", *command] if prog
+            else [sys.executable, sys.argv[0]])
     return shlex.join([*head, *args, "--resume", "auto"])
 
 
@@ -76,6 +84,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
             extra.append(f"model.embedded_dir={default_build_dir()}")  # an explicit --set still wins
         args.overrides = [*extra, *args.overrides]  # explicit --set wins over the shortcuts
+        task_file_args(args)
         config = config_from_args(args)
         repo = config.training.push_to_hub.repo_id
         if repo:
@@ -104,7 +113,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         try:
             with bar as progress:
                 summary = run_training(config, resume=args.resume, rebuild=args.rebuild, progress=progress,
-                                       backend=backend)
+                                       backend=backend, skip_bad_records=args.skip_bad_records)
         except TrainingInterrupted as stop:
             if main_rank:
                 print(f"{stop}\nresume with: {resume_command(argv, prog)}", file=sys.stderr)

@@ -30,7 +30,7 @@ TASK_FAMILIES: dict[str, str] = {
     "sql": "skyrl_tool_agent.env.families:SQL",
     "inventory": "skyrl_tool_agent.examples.inventory:FAMILY",
 }
-_FAMILY_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_FAMILY_PATH = re.compile(r"^([A-Za-z_][\w.]*|.+\.py):[A-Za-z_]\w*$")  # module:object or path/to/file.py:object
 
 #: Placeholder names `${...}` understood in MCP server specs.
 PLACEHOLDERS: tuple[str, ...] = ("db_root", "sql_timeout_s")

@@ -211,7 +211,9 @@ class TrainingConfig(Section):
     rollouts_every: int = knob(
         1, "Save sampled training episodes (conversation, tool calls, reward terms, advantage, final vs gold "
         "SQL) to rollouts.jsonl, and a W&B table when W&B is on, every N steps; 0 = never.", h100=10, ge=0)
-    rollouts_per_step: int = knob(4, "Episodes saved per saved step, one from each task's group in turn.", ge=1)
+    rollout_groups_per_step: int = knob(
+        2, "GRPO groups saved per saved step, whole: every episode of each, with its reward terms and advantage "
+        "(a group's contrast is what the update learns from).", ge=1)
     seed: int = knob(42, "Seed for data order, sampling and initialisation.")
     output_dir: str = knob("outputs/grpo", "Run directory: checkpoints, metrics, resolved config.")
     time_budget_minutes: float | None = knob(

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 Difficulty = Literal["easy", "medium", "hard"]
 SpiderHardness = Literal["easy", "medium", "hard", "extra"]
@@ -54,8 +54,21 @@ def task_user_message(db_id: str, question: str) -> dict[str, str]:
     return {"role": "user", "content": f"Database: {db_id}\nQuestion: {question}"}
 
 
+def field_problem(exc: ValidationError) -> str:
+    """The first of pydantic's errors about a task record, in a few words: "missing field 'question'"."""
+    error = exc.errors()[0]
+    name = ".".join(str(p) for p in error.get("loc", ())) or "record"
+    kind = error.get("type", "")
+    if kind == "missing":
+        return f"missing field '{name}'" + (" (or 'ground_truth')" if name == "gold_sql" else "")
+    if kind == "extra_forbidden":
+        return f"unknown field '{name}' (a task has {', '.join(Task.model_fields)})"
+    return f"field '{name}': {error.get('msg', kind)}"
+
+
 def load_tasks(path: str | Path) -> list[Task]:
-    """Read a task file (JSON list). Raises FileNotFoundError / ValueError with the path in the message."""
+    """Read a task file (JSON list). Raises FileNotFoundError / ValueError with the path in the
+    message (and the record's index for a bad record). `data.validation` checks files in full."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
@@ -65,7 +78,13 @@ def load_tasks(path: str | Path) -> list[Task]:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(raw, list):
         raise ValueError(f"{path}: expected a JSON list of task objects")
-    return [Task.model_validate(item) for item in raw]
+    tasks = []
+    for index, item in enumerate(raw):
+        try:
+            tasks.append(Task.model_validate(item))
+        except ValidationError as exc:
+            raise ValueError(f"{path}: record {index}: {field_problem(exc)}") from None
+    return tasks
 
 
 def save_tasks(tasks: list[Task], path: str | Path) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +98,15 @@ class DistributedGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------- rollouts
     def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
-                settings: CollectorSettings | None = None) -> list[Trajectory]:
-        """This rank's share of `tasks` rolled out, then everyone's, in task-major order."""
+                settings: CollectorSettings | None = None,
+                on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        """This rank's share of `tasks` rolled out, then everyone's, in task-major order
+        (`on_episode_done`: this rank's episodes)."""
         ctx = self.ctx
         mine = list(tasks[ctx.rank :: ctx.world_size])
         # Same step seed on every rank (set by train_step), offset so ranks sample independently.
         torch.manual_seed(torch.initial_seed() + 1_000_003 * ctx.rank)
-        local = super().collect(mine, group_size, params, settings) if mine else []
+        local = super().collect(mine, group_size, params, settings, on_episode_done) if mine else []
         self.policy.finish_generation()
         gathered = ctx.all_gather_object(local)
         out: list[Trajectory] = []

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from skyrl_tool_agent.config.env import TASK_FAMILIES
+from skyrl_tool_agent.config.reward_terms import _load_file as load_module_file
 from skyrl_tool_agent.config.errors import UserInputError
 from skyrl_tool_agent.env.chat_format import DEFAULT_SYSTEM_PROMPT
 
-__all__ = ["SQL", "TaskFamily", "resolve_family"]
+__all__ = ["SQL", "TaskFamily", "family_oracle", "resolve_family"]
 
 
 @dataclass(frozen=True)
@@ -40,19 +42,36 @@ class TaskFamily:
     #: Rows name a database (db_id) the env resolves under the database root; schema_in_prompt and
     #: bind_db_id apply. False: rows carry only a question and their ground truth.
     uses_databases: bool = False
+    #: 'module:object' of the family's scripted oracle, an agent class built with no arguments
+    #: (`eval --policy oracle`); None: the SQL oracle, which answers each task's gold field.
+    oracle: str | None = None
 
 
 #: Text-to-SQL over SQLite: the default, and the only family of the skyrl_sql turn format.
 SQL = TaskFamily("sql", DEFAULT_SYSTEM_PROMPT, answer_hint="SQL", verdict_term=None, uses_databases=True)
 
 
+def family_oracle(family: TaskFamily) -> object | None:
+    """A new instance of `family.oracle` (None when the family has none). UserInputError when it cannot be imported."""
+    if family.oracle is None:
+        return None
+    module_name, _, attr = family.oracle.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)()
+    except Exception as exc:  # noqa: BLE001 - the family's own module
+        raise UserInputError(f"task family {family.name!r}: cannot build its oracle {family.oracle} "
+                             f"({type(exc).__name__}: {exc})") from None
+
+
 def resolve_family(value: str) -> TaskFamily:
-    """The family `env.task_family` names: a name of `config.env.TASK_FAMILIES`, or 'module:object'.
+    """The family `env.task_family` names: a name of `config.env.TASK_FAMILIES`, 'module:object' or
+    'path/to/file.py:object' (the file loaded as reward terms' files are, once per process).
     Raises UserInputError (one line) when it cannot be imported or is not a `TaskFamily`."""
     target = TASK_FAMILIES.get(value, value)
-    module_name, _, attr = target.partition(":")
+    module_name, _, attr = target.rpartition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = (load_module_file(Path(module_name).expanduser().resolve()) if module_name.endswith(".py")
+                  else importlib.import_module(module_name))
     except Exception as exc:  # noqa: BLE001 - any failure in the user's module is a config error
         raise UserInputError(f"env.task_family {value!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
     family = getattr(module, attr, None)

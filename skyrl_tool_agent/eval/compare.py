@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_tool_agent.config import UserInputError
+from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
 #: (results key, label) compared overall, in display order.
 METRICS: tuple[tuple[str, str], ...] = (
@@ -57,8 +58,10 @@ def load_results(path: str | Path) -> dict[str, Any]:
         raise UserInputError(f"--compare: no such file: {path}") from exc
     except (OSError, json.JSONDecodeError) as exc:
         raise UserInputError(f"--compare {path}: not a results.json ({exc})") from exc
-    if not isinstance(data, dict) or "execution_accuracy" not in data:
-        raise UserInputError(f"--compare {path}: not a results.json (no execution_accuracy)")
+    if not isinstance(data, dict):
+        raise UserInputError(f"--compare {path}: not a results.json (not a JSON object)")
+    if (key := vocabulary_of(data).accuracy) not in data:
+        raise UserInputError(f"--compare {path}: not a results.json (no {key})")
     files = data.get("files")
     if isinstance(files, dict) and isinstance(files.get("trajectories"), str):
         # Written relative to where that evaluation ran: look beside the results file too.
@@ -124,23 +127,26 @@ def _num(value: Any) -> float | None:
 
 
 def comparison_rows(base: Mapping[str, Any], current: Mapping[str, Any]) -> list[ComparisonRow]:
-    """Overall metrics, pass@k (levels in either run), then execution accuracy per difficulty."""
-    rows = [ComparisonRow(label, _num(base.get(key)), _num(current.get(key))) for key, label in METRICS
-            if key in base or key in current]
+    """Overall metrics, pass@k (levels in either run), then accuracy per difficulty, in the task
+    family's words (`eval.vocabulary`: execution accuracy and the SQL-only metrics for SQL)."""
+    b_words, c_words = vocabulary_of(base), vocabulary_of(current)
+    rows = [ComparisonRow(c_words.accuracy_label, _num(base.get(b_words.accuracy)), _num(current.get(c_words.accuracy)))]
+    rows += [ComparisonRow(label, _num(base.get(key)), _num(current.get(key))) for key, label in METRICS[1:]
+             if (key in base or key in current) and (c_words.sql or key not in SQL_ONLY)]
     b_pass, c_pass = base.get("pass_at_k") or {}, current.get("pass_at_k") or {}
     for k in sorted({*b_pass, *c_pass}, key=int):
         rows.append(ComparisonRow(f"pass@{k}", _num(b_pass.get(k)), _num(c_pass.get(k))))
     b_diff, c_diff = base.get("by_difficulty") or {}, current.get("by_difficulty") or {}
     for name in sorted_difficulties({*b_diff, *c_diff}):
-        rows.append(ComparisonRow(f"EX {name}", _num((b_diff.get(name) or {}).get("execution_accuracy")),
-                                  _num((c_diff.get(name) or {}).get("execution_accuracy"))))
+        rows.append(ComparisonRow(f"{c_words.short} {name}", _num((b_diff.get(name) or {}).get(b_words.accuracy)),
+                                  _num((c_diff.get(name) or {}).get(c_words.accuracy))))
     return rows
 
 
 def comparison_warnings(base: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Why the two runs may not be comparable (different questions, dataset or sampling)."""
     out = []
-    for key in ("dataset", "split"):
+    for key in ("family", "dataset", "split"):
         if base.get(key) != current.get(key):
             out.append(f"{key} differs: {base.get(key)} vs {current.get(key)}")
     if base.get("task_ids_sha1") and current.get("task_ids_sha1") and base["task_ids_sha1"] != current["task_ids_sha1"]:
@@ -150,9 +156,38 @@ def comparison_warnings(base: Mapping[str, Any], current: Mapping[str, Any]) -> 
     return out
 
 
+def run_labels(base_path: str | Path, current_path: str | Path) -> tuple[str, str]:
+    """Column names for two results files: the file's stem, or its directory's name for the usual
+    `<run>/results.json`; the paths themselves when those are the same."""
+    def label(path: Path) -> str:
+        return path.parent.name if path.stem == "results" and path.parent.name else path.stem
+
+    b, c = Path(base_path), Path(current_path)
+    if label(b) != label(c):
+        return label(b), label(c)
+    return (str(b), str(c)) if b.resolve() != c.resolve() else (f"{b} (baseline)", f"{c} (this run)")
+
+
+def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, seed: int = 0) -> Any:
+    """The change of the solved rate on the questions both runs have (`records`: this run's
+    per-question records), with its 95% paired-bootstrap interval (`stats.PairedDelta`); None when
+    the baseline's per-question outcomes are not there or no question is shared."""
+    from skyrl_tool_agent.eval.stats import paired_bootstrap
+
+    outcomes = baseline_outcomes(base)
+    pairs = [(float(outcomes[str(r["task_id"])]), float(bool(r.get("solved")))) for r in records
+             if outcomes is not None and str(r.get("task_id")) in outcomes]
+    if not pairs:
+        return None
+    return paired_bootstrap([b for b, _ in pairs], [a for _, a in pairs], seed=seed)
+
+
 def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, base_label: str = "baseline",
-                     current_label: str = "this run", console: Any = None) -> None:
-    """A rich table: metric | baseline | this run | delta (green up, red down), then any warnings."""
+                     current_label: str = "this run", console: Any = None,
+                     records: Sequence[Mapping[str, Any]] | None = None) -> None:
+    """A rich table: metric | baseline | this run | delta (green up, red down), then the change of
+    the headline with its paired-bootstrap interval (given this run's per-question `records`), then
+    any warnings."""
     from rich.console import Console
     from rich.table import Table
 
@@ -167,6 +202,13 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
         table.add_row(row.label, _fmt(row.base), _fmt(row.current),
                       f"[{style}]{row.delta:+.3f}[/]" if style else _fmt(row.delta, signed=True))
     console.print(table)
+    change = paired_change(base, records) if records is not None else None
+    if change is not None:
+        console.print(f"{vocabulary_of(current).accuracy_label} change ({current_label} - {base_label}): "
+                      f"{100 * change.delta:+.1f} points, {100 * change.confidence:.0f}% paired-bootstrap interval "
+                      f"[{100 * change.low:+.1f}, {100 * change.high:+.1f}] over {change.n} questions in both")
+    elif records is not None:
+        console.print(f"no paired interval: {base_label} has no per-question outcomes for these questions")
     for warning in comparison_warnings(base, current):
         console.print(f"[yellow]warning:[/] {warning}")
 

@@ -26,6 +26,7 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, is_exact_match
+from skyrl_tool_agent.eval.vocabulary import localise, vocabulary, vocabulary_of
 from skyrl_tool_agent.rollout.agents import Agent, make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from skyrl_tool_agent.rollout.openai_agent import Endpoint, probe_endpoint
@@ -55,6 +56,7 @@ class EvalOptions:
     model_path: str | None = None
     step: int | None = None
     seed: int = 0  # seeds sampled requests to a served model (local models: torch.manual_seed)
+    family: str = "sql"  # the task family's name (`TaskFamily.name`): the words of the outputs (`eval.vocabulary`)
 
     def __post_init__(self) -> None:
         if self.num_samples < 1:
@@ -157,7 +159,8 @@ async def _run_episodes(runner: EpisodeRunner, options: EvalOptions, policy_name
                                 model_path=options.model_path, step=options.step, num_samples=options.num_samples,
                                 temperature=options.temperature)
             try:
-                weave_info["summary"] = await run_weave_evaluation(runner.tasks, runner, model, name=options.name)
+                weave_info["summary"] = await run_weave_evaluation(runner.tasks, runner, model, name=options.name,
+                                                                 sql=options.family == "sql")
             except Exception as exc:  # noqa: BLE001 - Weave trouble must not lose the evaluation itself
                 logger.warning("weave.Evaluation failed (%s: %s); results come from the episodes alone",
                                type(exc).__name__, exc)
@@ -198,6 +201,9 @@ def run_evaluation(
     if not tasks:
         raise UserInputError("no tasks to evaluate")
     served = probe_endpoint(policy) if isinstance(policy, Endpoint) else None
+    if served is not None and served["model"] != policy.model:  # the name the server takes for --model
+        served["requested_model"] = policy.model
+        policy = replace(policy, model=served["model"])
     if served is not None and options.model_path is None:
         options = replace(options, model_path=policy.model)
     agent, tokenizer = make_eval_agent(policy, settings, options)
@@ -207,16 +213,17 @@ def run_evaluation(
     start = time.monotonic()
     trajectories, weave_info = asyncio.run(_run_episodes(runner, options, policy_name))
     seconds = time.monotonic() - start
-    results = compute_results(tasks, trajectories, num_samples=options.num_samples, skipped=skipped)
-    results.update(
-        name=options.name, policy=policy_name, model_path=options.model_path, step=options.step,
-        temperature=options.temperature, top_p=options.top_p, max_turns=settings.max_turns,
-        seconds=seconds, episodes_per_s=len(trajectories) / seconds if seconds > 0 else 0.0,
-        weave=weave_info, **(metadata or {}),
-    )
+    results = compute_results(tasks, trajectories, num_samples=options.num_samples, skipped=skipped,
+                              family=options.family)
+    results.update({  # metadata last: it may name the policy (a task family's oracle is an agent)
+        "name": options.name, "policy": policy_name, "model_path": options.model_path, "step": options.step,
+        "temperature": options.temperature, "top_p": options.top_p, "max_turns": settings.max_turns,
+        "seconds": seconds, "episodes_per_s": len(trajectories) / seconds if seconds > 0 else 0.0,
+        "weave": weave_info, **(metadata or {}),
+    })
     if served is not None:
         results["endpoint"] = {**policy.describe(), **served, **agent.stats}
-    return EvaluationRun(results, build_records(tasks, trajectories), trajectories)
+    return EvaluationRun(results, build_records(tasks, trajectories, family=options.family), trajectories)
 
 
 def difficulty_of(task: Task) -> str:
@@ -229,8 +236,10 @@ def _difficulty_rank(name: str) -> tuple[int, str]:
 
 
 def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *, num_samples: int = 1,
-                    skipped: int = 0) -> dict[str, Any]:
-    """Metrics overall, `by_difficulty` and `by_db` (see `metrics.evaluation_metrics`)."""
+                    skipped: int = 0, family: str = "sql") -> dict[str, Any]:
+    """Metrics overall, `by_difficulty` and `by_db` (see `metrics.evaluation_metrics`), in the
+    words of task family `family` (`eval.vocabulary`: `accuracy` and no SQL-only metric for a
+    family other than SQL; `by_db` only for families with databases)."""
     by_id = {t.task_id: t for t in tasks}
     gold = {t.task_id: t.gold_sql for t in tasks}
     results = evaluation_metrics(trajectories, gold, num_samples)
@@ -239,14 +248,25 @@ def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *
     by_difficulty = evaluation_breakdown(trajectories, gold, lambda t: difficulty_of(by_id[t.task_id]), num_samples)
     results["by_difficulty"] = {k: by_difficulty[k] for k in sorted(by_difficulty, key=_difficulty_rank)}
     results["by_db"] = evaluation_breakdown(trajectories, gold, lambda t: t.result.db_id, num_samples)
+    words = vocabulary(family)
+    if not words.sql:
+        localise(results, words)
+        for group in results["by_difficulty"].values():
+            localise(group, words)
+        by_db = {db: localise(group, words) for db, group in results["by_db"].items() if db}
+        results["by_db"] = by_db
+    results["family"], results["headline"] = family, words.accuracy
     # Compare only like with like: `--compare` checks this fingerprint of the question set.
     results["task_ids_sha1"] = hashlib.sha1("\n".join(sorted(by_id)).encode()).hexdigest()
     return results
 
 
-def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
-    """One JSON-friendly record per question: the task, its samples (full trajectories with exact
-    match) and its pass counts. Order follows `tasks`."""
+def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *,
+                  family: str = "sql") -> list[dict[str, Any]]:
+    """One JSON-friendly record per question: the task, its samples (full trajectories, with exact
+    match for SQL) and its pass counts. Order follows `tasks`. A family other than SQL names the
+    reference `ground_truth` (`eval.vocabulary`) and has no db_id."""
+    words = vocabulary(family)
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for traj in trajectories:
         groups[traj.task_id].append(traj)
@@ -255,11 +275,13 @@ def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory]) -> 
         samples = []
         for traj in sorted(groups.get(task.task_id, []), key=lambda t: t.group_index):
             sample = traj.to_record()
-            sample["exact_match"] = is_exact_match(traj.result.final_sql, task.gold_sql)
+            if words.sql:
+                sample["exact_match"] = is_exact_match(traj.result.final_sql, task.gold_sql)
             samples.append(sample)
         correct = sum(bool(s["solved"]) for s in samples)
         records.append({
-            "task_id": task.task_id, "db_id": task.db_id, "question": task.question, "gold_sql": task.gold_sql,
+            "task_id": task.task_id, **({"db_id": task.db_id} if words.sql or task.db_id else {}),
+            "question": task.question, words.truth_key: task.gold_sql,
             "difficulty": difficulty_of(task), "source": task.source, "split": task.split,
             "num_samples": len(samples), "num_correct": correct,
             "solved": bool(samples) and bool(samples[0]["solved"]),
@@ -299,7 +321,9 @@ def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str,
     run.results["files"] = {"trajectories": str(paths.trajectories), "difficulty_png": str(paths.difficulty_png),
                             **({"report": str(paths.report)} if report else {})}
     title = f"{run.results.get('name', 'evaluation')}: {run.results.get('policy', '')}"
-    plot_accuracy_by_difficulty(run.results["by_difficulty"], paths.difficulty_png, title=title)
+    words = vocabulary_of(run.results)
+    plot_accuracy_by_difficulty(run.results["by_difficulty"], paths.difficulty_png, title=title, key=words.accuracy,
+                                label=words.accuracy_label)
     with paths.trajectories.open("w", encoding="utf-8") as f:
         for record in run.records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")

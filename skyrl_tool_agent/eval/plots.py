@@ -68,17 +68,18 @@ def plot_training_curves(metrics_path: Path, out_png: Path, *, eval_split: str =
     return out_png
 
 
-def plot_accuracy_by_difficulty(by_difficulty: Mapping[str, Mapping[str, float]], out_png: Path, title: str = "") -> Path:
-    """Bar chart of execution accuracy per difficulty bucket (with n in the labels)."""
+def plot_accuracy_by_difficulty(by_difficulty: Mapping[str, Mapping[str, float]], out_png: Path, title: str = "", *,
+                                key: str = "execution_accuracy", label: str = "execution accuracy") -> Path:
+    """Bar chart of accuracy (`key`, called `label`) per difficulty bucket (with n in the labels)."""
     names = [k for k in ("easy", "medium", "hard", "extra") if k in by_difficulty] or list(by_difficulty)
-    rates = [by_difficulty[k]["execution_accuracy"] for k in names]  # None: nothing scored (no bar, labelled)
+    rates = [by_difficulty[k][key] for k in names]  # None: nothing scored (no bar, labelled)
     values = [v or 0.0 for v in rates]
     labels = [f"{k}\n(n={int(by_difficulty[k].get('n', 0))})" for k in names]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(labels, values, color="#4c72b0")
     ax.set_ylim(0, 1.1)  # headroom for the value labels above full bars
-    ax.set_ylabel("execution accuracy")
-    ax.set_title(title or "Execution accuracy by difficulty")
+    ax.set_ylabel(label)
+    ax.set_title(title or f"{label.capitalize()} by difficulty")
     for i, v in enumerate(rates):
         ax.text(i, (v or 0.0) + 0.02, "unscored" if v is None else f"{v:.2f}", ha="center")
     fig.tight_layout()

@@ -38,6 +38,7 @@ from skyrl_tool_agent.eval.report_episodes import (
 from skyrl_tool_agent.eval.report_rollouts import rollouts_view
 from skyrl_tool_agent.eval.report_sql import ResultPreviewer
 from skyrl_tool_agent.eval.report_templates import environment, fmt
+from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
 __all__ = ["SUMMARY_METRICS", "render_report", "tool_names", "write_report"]
 
@@ -56,10 +57,13 @@ SUMMARY_METRICS: tuple[tuple[str, str, str], ...] = (  # key, label, format
 
 def _summary(results: Mapping[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(cards, table rows) of the summary."""
-    cards = [(label, fmt(results.get(k), kind)) for k, label, kind in SUMMARY_METRICS[:3]]
+    words = vocabulary_of(results)
+    metrics = SUMMARY_METRICS if words.sql else [(words.accuracy, words.accuracy_label, "pct"), *(
+        m for m in SUMMARY_METRICS[1:] if m[0] not in SQL_ONLY)]
+    cards = [(label, fmt(results.get(k), kind)) for k, label, kind in metrics[:3]]
     rows = [("questions", str(results.get("n", 0))), ("episodes", str(results.get("episodes", 0))),
-            ("skipped (no database)", str(results.get("skipped", 0)))]
-    rows += [(label, fmt(results.get(k), kind)) for k, label, kind in SUMMARY_METRICS]
+            ("skipped (no database)" if words.sql else "skipped", str(results.get("skipped", 0)))]
+    rows += [(label, fmt(results.get(k), kind)) for k, label, kind in metrics]
     rows += [(f"mean reward term: {name}", fmt(value)) for name, value in (results.get("reward_terms") or {}).items()]
     return cards, rows
 
@@ -74,6 +78,7 @@ def _comparison(baseline: Mapping[str, Any] | None, results: Mapping[str, Any], 
     name = baseline.get("name")
     return {
         "label": f"the baseline ({name})" if name else "the baseline",
+        "base_label": str(name or "baseline"),
         "rows": rows,
         "warnings": comparison_warnings(baseline, results),
         "changes": outcome_changes(outcomes, records) if outcomes is not None else None,
@@ -113,7 +118,7 @@ def _evaluation_view(records: Sequence[Mapping[str, Any]], multi: bool, previewe
         for sample in record.get("samples", []):
             outcome = (f"{sample.get('done_reason')}, {sample.get('turns', 0)} turns, {sample.get('tool_calls', 0)} tool "
                        f"calls, {sample.get('tool_errors', 0)} tool errors, {sample.get('format_errors', 0)} format "
-                       f"errors; exact match: {'yes' if sample.get('exact_match') else 'no'}")
+                       f"errors" + (f"; exact match: {'yes' if sample.get('exact_match') else 'no'}" if "exact_match" in sample else ""))
             tags = [f"sample {int(sample.get('group_index', 0))}"] if multi else []
             items.append(episode(f"e{len(items)}", record, sample, system_prompt=system_prompt, previewer=previewer,
                                  facts=[("outcome", outcome)], tags=tags))
@@ -156,6 +161,7 @@ def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any
         pass_at_k=sorted(levels.items(), key=lambda kv: int(kv[0])),
         num_samples=results.get("num_samples"),
         by_db=results.get("by_db") or {},
+        words=vocabulary_of(results),
         ev=ev,
         failed=sum(1 for item in ev["episodes"] if not item["solved"]),
         ro=ro,

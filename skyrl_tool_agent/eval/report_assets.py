@@ -39,6 +39,7 @@ th { background: #eef1f6; }
 header nav { margin-top: 6px; font-size: 13px; }
 header nav a { color: #dfe7f5; margin-right: 14px; }
 .group-head { margin: 14px 0 4px; padding: 4px 8px; background: #eef1f6; border-radius: 4px; font-weight: 600; }
+.sbs { margin: 4px 0; } .sbs-table td { vertical-align: top; } .sbs-table pre { white-space: pre-wrap; max-width: 48ch; margin: 0; }
 .gold-only { background: #fde2e2; color: #a01818; text-decoration: line-through; }
 .final-only { background: #dcf1dc; color: #1b5e20; }
 .legend { font-weight: 400; text-transform: none; margin-left: 8px; }

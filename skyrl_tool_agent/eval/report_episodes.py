@@ -102,7 +102,10 @@ def episode(ident: str, record: Mapping[str, Any], sample: Mapping[str, Any], *,
         "facts": list(facts),
         "error": sample.get("error"),
         "terms": reward_terms(sample),
-        "sql": previewer.sql_panel(db_id, sample.get("final_sql"), str(record.get("gold_sql", ""))),
+        "sql": (previewer.sql_panel(db_id, sample.get("final_sql"), str(record.get("gold_sql", "")))
+                if "ground_truth" not in record else  # a family other than SQL (eval.vocabulary): no SQL to run
+                {"plain": True, "final": sample.get("final_sql"), "gold": str(record["ground_truth"]),
+                 "answer_label": "final answer", "truth_label": "ground truth"}),
         "turns": turns(sample.get("messages") or [], system_prompt),
         "data": attributes,
     }

@@ -62,6 +62,33 @@ def _mean(values: Sequence[Any]) -> float | None:
     return mean(numbers) if numbers else None
 
 
+def side_by_side(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The GRPO groups of the rollouts (episodes of one task at one step, two or more), each as
+    columns of its members: reward, advantage, solved, used in the update, each reward term and
+    the final answer, so what set the advantages apart can be read across."""
+    groups: dict[tuple[int, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for record in records:
+        groups[(_step(record), str(record.get("task_id")))].append(record)
+    out = []
+    for (step, task_id), members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        members = sorted(members, key=lambda r: int(r.get("group_member") or 0))
+        terms = list(dict.fromkeys(k for r in members for k in (r.get("reward_terms") or {})))
+        rewards = [float(r["reward"]) for r in members if isinstance(r.get("reward"), (int, float))]
+        first = members[0]
+        out.append({
+            "step": step, "task_id": task_id, "question": str(first.get("question", "")),
+            "gold": str(first.get("gold_sql", first.get("ground_truth", ""))), "terms": terms,
+            "solved": sum(bool(r.get("solved")) for r in members),
+            "low": min(rewards, default=None), "high": max(rewards, default=None),
+            "members": [{"member": r.get("group_member", "?"), "reward": r.get("reward"), "advantage": r.get("advantage"),
+                         "solved": bool(r.get("solved")), "used": bool(r.get("used_in_update")),
+                         "terms": dict(r.get("reward_terms") or {}), "final": r.get("final_sql")} for r in members],
+        })
+    return out
+
+
 def rollouts_view(records: Sequence[Mapping[str, Any]], previewer: ResultPreviewer) -> dict[str, Any]:
     """The view's data: per-step groups (with their counts and means), the episodes, filter options."""
     system_prompt = shared_system_prompt(r.get("messages") or [] for r in records)
@@ -91,6 +118,7 @@ def rollouts_view(records: Sequence[Mapping[str, Any]], previewer: ResultPreview
             items.append(group["episodes"][-1])
     steps = sorted(by_step)
     return {
+        "side_by_side": side_by_side(records),
         "episodes": items,
         "groups": groups,
         "dbs": sorted({str(r.get("db_id", "")) for r in records}),

@@ -33,13 +33,14 @@ def bar(value: Any) -> Markup:
 
 
 MACROS = """
-{% macro metrics_table(groups, first, names) %}
-<table><tr><th>{{ first }}</th><th>n</th><th>execution accuracy</th><th></th><th>exact match</th><th>valid SQL</th>
+{% macro metrics_table(groups, first, names, words) %}
+<table><tr><th>{{ first }}</th><th>n</th><th>{{ words.accuracy_label }}</th><th></th>
+{% if words.sql %}<th>exact match</th><th>valid SQL</th>{% endif %}
 <th>mean turns</th><th>tool calls</th><th>tool error rate</th></tr>
 {% for name in names %}{% set m = groups[name] %}
-<tr><td>{{ name }}</td><td>{{ m.get('n', 0)|int }}</td><td>{{ m.get('execution_accuracy')|fmt('pct') }}</td>
-<td>{{ m.get('execution_accuracy')|bar }}</td><td>{{ m.get('exact_match')|fmt('pct') }}</td>
-<td>{{ m.get('valid_sql_rate')|fmt('pct') }}</td><td>{{ m.get('mean_turns')|fmt('f2') }}</td>
+<tr><td>{{ name }}</td><td>{{ m.get('n', 0)|int }}</td><td>{{ m.get(words.accuracy)|fmt('pct') }}</td>
+<td>{{ m.get(words.accuracy)|bar }}</td>{% if words.sql %}<td>{{ m.get('exact_match')|fmt('pct') }}</td>
+<td>{{ m.get('valid_sql_rate')|fmt('pct') }}</td>{% endif %}<td>{{ m.get('mean_turns')|fmt('f2') }}</td>
 <td>{{ m.get('mean_tool_calls')|fmt('f2') }}</td><td>{{ m.get('tool_error_rate')|fmt('pct') }}</td></tr>
 {% endfor %}</table>
 {% endmacro %}
@@ -65,6 +66,13 @@ MACROS = """
 </div>
 {% endmacro %}
 
+{% macro answer_panel(s) %}
+<div class="sqlcols">
+<div><div class="who">{{ s.answer_label }}</div><pre data-find>{{ s.final if s.final is not none else '(no answer)' }}</pre></div>
+<div><div class="who">{{ s.truth_label }}</div><pre data-find>{{ s.gold }}</pre></div>
+</div>
+{% endmacro %}
+
 {% macro episode(e) %}
 <details class="item episode {{ 'ok' if e.solved else 'failed' }}" id="{{ e.id }}" data-task="{{ e.task_id }}"
 {%- for k, v in e.data.items() %} data-{{ k }}="{{ v }}"{% endfor %}>
@@ -76,7 +84,7 @@ MACROS = """
 <div class="kv"><div>question</div><div>{{ e.question }}</div>
 {% for k, v in e.facts %}<div>{{ k }}</div><div>{{ v }}</div>{% endfor %}
 {% if e.error %}<div>error</div><div>{{ e.error }}</div>{% endif %}</div>
-{{ sql_panel(e.sql) }}
+{% if e.sql.get('plain') %}{{ answer_panel(e.sql) }}{% else %}{{ sql_panel(e.sql) }}{% endif %}
 <div class="who">reward terms</div><table class="comp">
 {% for k, v in e.terms.items() %}<tr><td>{{ k }}</td><td>{{ v|fmt('f3') }}</td></tr>{% endfor %}</table>
 <details class="conv"><summary>conversation ({{ e.turns|length }} messages)</summary>
@@ -92,7 +100,7 @@ MACROS = """
 <label>show <select data-ctl="status" name="status"><option value="">all</option>
 <option value="failed">failed ({{ n_failed }})</option><option value="solved">solved ({{ n_solved }})</option></select></label>
 <label>database <select data-ctl="eq" data-field="db" name="db">{{ options(dbs) }}</select></label>
-<label>search <input type="search" data-ctl="text" name="q" placeholder="question or SQL" size="22"></label>
+<label>search <input type="search" data-ctl="text" name="q" placeholder="question or answer" size="22"></label>
 {% endmacro %}
 
 {% macro tail_controls(total) %}
@@ -126,6 +134,21 @@ ROLLOUTS = """
 <p class="muted">{{ ro.episodes|length }} sampled training episodes from {{ ro.groups|length }} steps
 (steps {{ ro.first_step }}-{{ ro.last_step }}), {{ ro.solved }} solved; the advantage is the one the update used.</p>
 <details><summary class="muted">System prompt (shared by the rollouts)</summary><pre>{{ ro.system_prompt }}</pre></details>
+{% if ro.side_by_side %}<h3 id="groups">GRPO groups side by side ({{ ro.side_by_side|length }})</h3>
+<p class="muted">Each group: one task's episodes at one step, the contrast its advantages come from.</p>
+{% for g in ro.side_by_side %}<details class="sbs" data-step="{{ g.step }}" data-task="{{ g.task_id }}">
+<summary>step {{ g.step }} · {{ g.task_id }} · {{ g.members|length }} episodes · {{ g.solved }} solved ·
+reward {{ g.low|fmt('f3') }} to {{ g.high|fmt('f3') }} · {{ g.question }}</summary>
+<div class="kv"><div>gold</div><div><pre>{{ g.gold }}</pre></div></div>
+<table class="comp sbs-table"><tr><th></th>{% for m in g.members %}<th>member {{ m.member }}</th>{% endfor %}</tr>
+<tr><td>reward</td>{% for m in g.members %}<td>{{ m.reward|fmt('f3') }}</td>{% endfor %}</tr>
+<tr><td>advantage</td>{% for m in g.members %}<td>{{ m.advantage|fmt('+f3') }}</td>{% endfor %}</tr>
+<tr><td>solved</td>{% for m in g.members %}<td>{{ '✓' if m.solved else '✗' }}</td>{% endfor %}</tr>
+<tr><td>used in the update</td>{% for m in g.members %}<td>{{ 'yes' if m.used else 'no' }}</td>{% endfor %}</tr>
+{% for t in g.terms %}<tr><td>{{ t }}</td>{% for m in g.members %}<td>{{ m.terms.get(t)|fmt('f3') }}</td>{% endfor %}</tr>
+{% endfor %}<tr><td>final answer</td>{% for m in g.members %}<td><pre>{{ m.final if m.final is not none else '(no answer)' }}</pre></td>{% endfor %}</tr>
+</table></details>
+{% endfor %}{% endif %}
 <section class="viewer" data-viewer="rollouts" data-shown="{{ ro.episodes|length }}">
 <div class="controls">
 <label>steps <input type="number" data-ctl="min" data-field="step" name="step-min" min="{{ ro.first_step }}"
@@ -169,7 +192,7 @@ PAGE = """<!DOCTYPE html>
 <table>{% for label, value in summary %}<tr><td>{{ label }}</td><td>{{ value }}</td></tr>{% endfor %}</table>
 {% if comparison %}
 <h2 id="comparison">Compared with {{ comparison.label }}</h2>
-<table><tr><th>metric</th><th>baseline</th><th>this run</th><th>delta</th></tr>
+<table><tr><th>metric</th><th>{{ comparison.base_label }}</th><th>this run</th><th>delta</th></tr>
 {% for row in comparison.rows %}<tr><td>{{ row.label }}</td><td>{{ row.base|fmt }}</td><td>{{ row.current|fmt }}</td>
 <td class="{{ row.cls }}">{{ row.delta|fmt('+f3') }}</td></tr>{% endfor %}</table>
 {% for w in comparison.warnings %}<div class="warn">warning: {{ w }}</div>{% endfor %}
@@ -182,12 +205,12 @@ PAGE = """<!DOCTYPE html>
 {% endfor %}</div>{% endif %}
 {% endif %}
 <h2 id="by-difficulty">By difficulty</h2>
-<div class="split">{{ metrics_table(by_difficulty, 'difficulty', difficulties) }}
-{% if image %}<img alt="execution accuracy by difficulty" src="{{ image }}">{% endif %}</div>
+<div class="split">{{ metrics_table(by_difficulty, 'difficulty', difficulties, words) }}
+{% if image %}<img alt="{{ words.accuracy_label }} by difficulty" src="{{ image }}">{% endif %}</div>
 {% if pass_at_k %}<h2>pass@k ({{ num_samples }} samples per question)</h2><table>
 {% for k, v in pass_at_k %}<tr><td>pass@{{ k }}</td><td>{{ v|fmt('pct') }}</td><td>{{ v|bar }}</td></tr>{% endfor %}</table>{% endif %}
-<h2>By database</h2>
-<details><summary>per-database table ({{ by_db|length }} databases)</summary>{{ metrics_table(by_db, 'database', by_db|sort) }}</details>
+{% if by_db %}<h2>By database</h2>
+<details><summary>per-database table ({{ by_db|length }} databases)</summary>{{ metrics_table(by_db, 'database', by_db|sort, words) }}</details>{% endif %}
 {% include "episodes.html" %}
 {% if ro %}{% include "rollouts.html" %}{% endif %}
 </main>

@@ -25,6 +25,8 @@ from skyrl_tool_agent.eval.evaluate import (
     difficulty_of,
     write_outputs,
 )
+from skyrl_tool_agent.env.families import resolve_family
+from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
 from skyrl_tool_agent.eval.report_rollouts import ROLLOUTS_FILE, load_rollouts
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.rollout.trajectory import Trajectory
@@ -41,11 +43,13 @@ def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectori
     docstring). `trajectories`: the final evaluation's episodes of `eval_tasks` after `step` steps;
     `before`: the evaluation before training (its `solved` list follows `eval_tasks`)."""
     out = config.training.resolved_output_dir()
-    results = compute_results(eval_tasks, trajectories)
+    family = resolve_family(config.env.task_family).name
+    words = vocabulary(family)
+    results = compute_results(eval_tasks, trajectories, family=family)
     results.update(name="final evaluation", policy="model", model_path=str(out / "final"), step=step, temperature=0.0,
                    dataset=config.training.data.dataset, split=config.training.eval_split,
                    max_turns=CollectorSettings.from_config(config, evaluation=True).max_turns)
-    run = EvaluationRun(results, build_records(eval_tasks, trajectories), list(trajectories))
+    run = EvaluationRun(results, build_records(eval_tasks, trajectories, family=family), list(trajectories))
     # The evaluation before training has per-task outcomes (`solved`), not per-difficulty metrics.
     by_difficulty: dict[str, list[float]] = defaultdict(list)
     for task, solved in zip(eval_tasks, before.get("solved") or []):
@@ -53,7 +57,8 @@ def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectori
             by_difficulty[difficulty_of(task)].append(float(solved))
     baseline = {**before, "name": "before training", "dataset": results["dataset"], "split": results["split"],
                 "task_ids": [t.task_id for t in eval_tasks],
-                "by_difficulty": {d: {"execution_accuracy": mean(v)} for d, v in by_difficulty.items()}}
+                "by_difficulty": {d: {words.accuracy: mean(v)} for d, v in by_difficulty.items()}}
+    baseline = {**localise(baseline, words), "family": family}
     rollouts = None
     if (out / ROLLOUTS_FILE).is_file():
         try:

@@ -20,7 +20,8 @@ from typing import Literal
 from skyrl_tool_agent.config import DataConfig, UserInputError
 from skyrl_tool_agent.config.base import expand_path
 from skyrl_tool_agent.data.batching import fixed_subset
-from skyrl_tool_agent.data.tasks import Task, db_path_for, load_tasks
+from skyrl_tool_agent.data.tasks import Task, db_path_for
+from skyrl_tool_agent.data.validation import GOLD_TIMEOUT_S, GoldCheck, load_checked_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +69,36 @@ def gold_sql_errors(tasks: Sequence[Task], db_root: Path) -> dict[str, str]:
     return errors
 
 
-def load_eval_tasks(data: DataConfig, split: Split = "dev", *, limit: int | None = None, seed: int = 0) -> EvalTaskSet:
+def gold_check(timeout_s: float = GOLD_TIMEOUT_S) -> GoldCheck:
+    """A `data.validation.GoldCheck`: the gold query run once, as the reward runs it
+    (`rewards.limits.run_bounded`: sandboxed, read-only, `timeout_s`)."""
+    from mcp_tools.sandbox import SandboxError
+    from skyrl_tool_agent.rewards.limits import run_bounded
+
+    def check(db_path: Path, sql: str) -> str | None:
+        try:
+            run_bounded(db_path, sql, timeout_s=timeout_s, max_rows=None)
+        except SandboxError as exc:
+            if exc.kind == "timeout":
+                return f"runs over {timeout_s:g} s"
+            return f"fails ({' '.join(str(exc).split())[:200]})"
+        return None
+
+    return check
+
+
+def load_eval_tasks(data: DataConfig, split: Split = "dev", *, limit: int | None = None, seed: int = 0,
+                    uses_databases: bool = True, skip_bad_records: bool = False,
+                    gold_timeout_s: float = GOLD_TIMEOUT_S) -> EvalTaskSet:
     """The `split` of `data.dataset` (files and database root resolved as in training).
+
+    `uses_databases`: the task family's (`TaskFamily.uses_databases`); a family without databases
+    (e.g. the inventory example) has no database root to check and no gold query to run.
+    A task file is checked as it loads (`data.validation`): a bad record is a `BadRecordsError`
+    (one line, before anything runs) unless `skip_bad_records`, which leaves it out and counts it
+    (`skipped_reasons["bad_record"]`). Spider keeps its own rule: the official files' few broken
+    questions are skipped with a warning. `gold_timeout_s`: a gold query's limit (`env.sql_timeout_s`,
+    the scoring runs' own).
 
     `limit`: a stratified-by-difficulty subset of that size chosen by `data.batching.fixed_subset`
     (deterministic for a seed; the same limit and seed give the same questions, so two runs compare).
@@ -79,7 +108,7 @@ def load_eval_tasks(data: DataConfig, split: Split = "dev", *, limit: int | None
 
     ensure_builtin_data(data.dataset)
     db_root = data.resolved_db_root()
-    skipped = 0
+    skipped = file_skipped = 0
     if data.dataset == "spider":
         from skyrl_tool_agent.data.spider import load_spider, split_file
 
@@ -92,16 +121,24 @@ def load_eval_tasks(data: DataConfig, split: Split = "dev", *, limit: int | None
         tasks, skipped = loaded.tasks, loaded.skipped
     else:
         path = data.resolved_train_file() if split == "train" else data.resolved_dev_file()
+        if uses_databases and not db_root.is_dir():
+            raise UserInputError(f"database root not found: {db_root}")
         try:
-            tasks = load_tasks(path)
+            [tasks], bad = load_checked_tasks([path], db_root=db_root if uses_databases else None,
+                                              skip_bad_records=skip_bad_records,
+                                              gold_check=gold_check(gold_timeout_s))
         except FileNotFoundError as exc:
             raise UserInputError(f"{exc}; run `skyrl-tool-agent build-data` (or python training/scripts/build_data.py in a checkout)") from exc
         except ValueError as exc:
             raise UserInputError(str(exc)) from exc
-    if not db_root.is_dir():
+        file_skipped = len(bad)
+    if uses_databases and not db_root.is_dir():
         raise UserInputError(f"database root not found: {db_root}")
     reasons = {"missing_database": skipped} if skipped else {}
-    broken = gold_sql_errors(tasks, db_root)
+    if file_skipped:
+        reasons["bad_record"] = file_skipped
+        skipped += file_skipped
+    broken = gold_sql_errors(tasks, db_root) if uses_databases and data.dataset == "spider" else {}
     if broken:
         logger.warning("skipping %d questions whose gold SQL fails on its database: %s", len(broken),
                        "; ".join(f"{k}: {v}" for k, v in sorted(broken.items())))

@@ -144,7 +144,15 @@ def turns(output: dict[str, Any]) -> dict[str, Any]:
     return {"turns": s["turns"], "tool_calls": s["tool_calls"], "tool_errors": s["tool_errors"]}
 
 
+@weave.op
+def solved(output: dict[str, Any]) -> dict[str, Any]:
+    """A family other than SQL: whether the first sample's answer was right (its verifier), and the pass rate."""
+    return execution_match(output)
+
+
 SCORERS = [execution_match, exact_match, turns]
+#: The scorers of a task family other than SQL (no SQL words, `eval.vocabulary`).
+FAMILY_SCORERS = [solved, turns]
 
 
 def task_rows(tasks: Sequence[Task]) -> list[dict[str, Any]]:
@@ -158,11 +166,12 @@ def object_name(text: str) -> str:
 
 
 async def run_weave_evaluation(
-    tasks: Sequence[Task], source: EpisodeSource, model: PolicyModel, *, name: str
+    tasks: Sequence[Task], source: EpisodeSource, model: PolicyModel, *, name: str, sql: bool = True
 ) -> dict[str, Any]:
     """Run the `weave.Evaluation` named `name` of `model` over `tasks`; returns Weave's summary
     (per scorer: `correct` true_fraction, means of the numbers; `model_latency`)."""
     name = object_name(name)
     dataset = weave.Dataset(name=f"{name}-tasks", rows=task_rows(tasks))
-    evaluation = weave.Evaluation(name=name, dataset=dataset, scorers=SCORERS, evaluation_name=name)
+    evaluation = weave.Evaluation(name=name, dataset=dataset, scorers=SCORERS if sql else FAMILY_SCORERS,
+                                 evaluation_name=name)
     return await evaluation.evaluate(model.bind(source))

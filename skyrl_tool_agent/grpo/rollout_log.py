@@ -1,9 +1,10 @@
 """Sampled training episodes a person can read: which ones a step keeps, and as what record.
 
 TRL's `log_completions` and SkyRL's `dump_data_batch` habit: every `training.rollouts_every` steps
-the trainer writes `training.rollouts_per_step` of the step's episodes to `rollouts.jsonl` (and a
-W&B table when W&B is on): the whole conversation with tool calls and results, the reward and its
-terms, the advantage the update used, and the final SQL beside the gold SQL.
+the trainer writes `training.rollout_groups_per_step` whole GRPO groups of the step (every episode
+of each task's group, so the contrast the advantages come from can be seen) to `rollouts.jsonl`
+(and a W&B table when W&B is on): the whole conversation with tool calls and results, the reward
+and its terms, the advantage the update used, and the final SQL beside the gold SQL.
 """
 
 from __future__ import annotations
@@ -15,21 +16,21 @@ from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 
-def spread_indices(num_groups: int, group_size: int, k: int) -> list[int]:
-    """`k` episode indices of a step laid out as `num_groups` groups of `group_size`: one from each
-    group in turn (first members, then second members, ...), so a few records show many tasks."""
-    order = [g * group_size + m for m in range(group_size) for g in range(num_groups)]
-    return order[: max(0, k)]
+def spread_groups(num_groups: int, groups: int) -> list[int]:
+    """`groups` of a step's `num_groups` group indices, evenly spread (the first always among them)."""
+    groups = max(0, min(groups, num_groups))
+    return sorted({i * num_groups // groups for i in range(groups)}) if groups else []
 
 
 def rollout_records(step: int, tasks: Sequence[Task], trajectories: Sequence[Trajectory],
-                    advantages: Sequence[float], kept: Sequence[bool], k: int) -> list[dict[str, Any]]:
-    """Records of `k` of a step's episodes (`trajectories` in group order, `group_size` per task)."""
+                    advantages: Sequence[float], kept: Sequence[bool], groups: int) -> list[dict[str, Any]]:
+    """Records of every episode of `groups` of a step's groups (`trajectories` in group order,
+    `group_size` per task); `group` is the group's index in the step, `group_member` the episode's."""
     if not tasks or not trajectories:
         return []
     group_size = len(trajectories) // len(tasks)
     records = []
-    for i in spread_indices(len(tasks), group_size, k):
+    for i in (g * group_size + m for g in spread_groups(len(tasks), groups) for m in range(group_size)):
         task, tr = tasks[i // group_size], trajectories[i]
         records.append({
             "step": step,
@@ -44,6 +45,7 @@ def rollout_records(step: int, tasks: Sequence[Task], trajectories: Sequence[Tra
             "reward_terms": dict(tr.result.components),
             "advantage": float(advantages[i]),
             "used_in_update": bool(kept[i]),
+            "group": i // group_size,
             "group_member": tr.group_index,
             "turns": tr.result.turns,
             "tool_calls": tr.result.tool_calls,
@@ -53,4 +55,4 @@ def rollout_records(step: int, tasks: Sequence[Task], trajectories: Sequence[Tra
     return records
 
 
-__all__ = ["rollout_records", "spread_indices"]
+__all__ = ["rollout_records", "spread_groups"]

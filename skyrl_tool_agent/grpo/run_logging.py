@@ -63,6 +63,9 @@ class RunLogger:
                                type(exc).__name__, exc, output_dir / "wandb")
                 self._wandb = start("offline")
             id_file.write_text(json.dumps({"id": self._wandb.id}) + "\n")
+            if self._wandb.settings.mode == "offline":  # say once where it goes and how to upload it
+                logger.info("W&B offline: run written to %s; upload with `wandb sync %s` (after `wandb login`)",
+                            self._wandb.dir, Path(self._wandb.dir).parent)
         except Exception as exc:  # noqa: BLE001 - logging must never stop training
             logger.warning("W&B disabled for this run (%s: %s); metrics.jsonl still written", type(exc).__name__, exc)
             self._wandb = None

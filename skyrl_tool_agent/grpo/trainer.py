@@ -103,6 +103,11 @@ class GRPOTrainer:
         self.last_eval_seconds = 0.0  # how long it took (benchmarks keep evaluation off the clock)
         self.stop_reason = ""  # why `train` returned, in words (logged)
         self.train_seconds = 0.0  # time in training steps (rollouts + updates) in this process, evaluations excluded
+        # The time budget's clock (`time/elapsed_s`) before this process: a resumed run goes on counting.
+        self.prior_elapsed_s = 0.0
+        #: Called with (episodes done, total) as an evaluation's episodes finish (progress lines).
+        self.eval_progress: Callable[[int, int], None] | None = None
+        self._clock_started: float | None = None  # monotonic time at which the clock read 0, while training
         g = config.grpo
         # Lockstep turns (deterministic): generation batches (hence sampling RNG use) do not depend on
         # tool latency, so a resumed run samples exactly what an uninterrupted one would.
@@ -121,7 +126,9 @@ class GRPOTrainer:
             return False
         state = load_checkpoint(ckpt, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = self._restore_trainer_state(ckpt, state)
-        logger.info("resumed from %s at step %d", ckpt, self.step)
+        self.prior_elapsed_s = float(state.get("elapsed_s", 0.0))
+        logger.info("resumed from %s at step %d (%.1f min of the time budget spent)", ckpt, self.step,
+                    self.prior_elapsed_s / 60)
         return True
 
     def _restore_trainer_state(self, ckpt: Path, state: Any) -> int:
@@ -150,24 +157,40 @@ class GRPOTrainer:
     def save(self) -> Path:
         return save_checkpoint(
             self.checkpoint_dir, self.step, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-            trainer_state={"loader": self.loader.state_dict()}, keep=self.config.training.keep_checkpoints,
+            trainer_state={"loader": self.loader.state_dict(), "elapsed_s": self.elapsed_s()},
+            keep=self.config.training.keep_checkpoints,
         )
+
+    def elapsed_s(self) -> float:
+        """The time budget's clock: seconds of GRPO so far, over every process of a resumed run."""
+        if self._clock_started is None:
+            return self.prior_elapsed_s
+        return time.monotonic() - self._clock_started
 
     # ------------------------------------------------------------- rollouts
     def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
-                settings: CollectorSettings | None = None) -> list[Trajectory]:
+                settings: CollectorSettings | None = None,
+                on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """Episodes through the env (`settings`: the training ones unless given)."""
         agent = make_agent(self.policy, temperature=params.temperature, top_p=params.top_p,
                            max_new_tokens=params.max_new_tokens)
         collector = TrajectoryCollector(self.runtime, agent, tokenizer=self.policy.tokenizer,
                                         settings=settings or self.collector_settings)
-        return asyncio.run(collector.collect(tasks, group_size))
+        return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
 
     def evaluate(self) -> dict[str, Any]:
         """Greedy execution accuracy etc. on the fixed dev subset, with `solved`: 1/0 per eval task
         in `eval_tasks` order (for paired confidence intervals between two evaluations)."""
         params = SamplingParams(temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
-        trajectories = self.last_eval_trajectories = self.collect(self.eval_tasks, 1, params, self.eval_settings)
+        done, report = [0], self.eval_progress
+
+        def episode_done(_: Trajectory) -> None:
+            done[0] += 1
+            if report is not None:
+                report(done[0], len(self.eval_tasks))
+
+        trajectories = self.last_eval_trajectories = self.collect(self.eval_tasks, 1, params, self.eval_settings,
+                                                                  on_episode_done=episode_done)
         return evaluation_record(trajectories)
 
     # --------------------------------------------------------------- update
@@ -342,7 +365,7 @@ class GRPOTrainer:
         and `TrainingInterrupted` is raised; see `grpo.interrupts`."""
         t = self.config.training
         history = []
-        started = time.monotonic()
+        started = self._clock_started = time.monotonic() - self.prior_elapsed_s  # the budget counts across --resume
         self.stop_reason = f"max_steps ({t.max_steps}) reached"
         interrupted: str | None = None
         checkpoint: Path | None = None
@@ -378,7 +401,7 @@ class GRPOTrainer:
                     run_logger.log(metrics)
                 if t.rollouts_every and self.step % t.rollouts_every == 0:
                     run_logger.log_rollouts(rollout_records(self.step, out.tasks, out.trajectories, out.advantages,
-                                                            out.kept, t.rollouts_per_step))
+                                                            out.kept, t.rollout_groups_per_step))
                 history.append(metrics)
                 if on_step is not None:
                     on_step(metrics)

@@ -28,9 +28,10 @@ import functools
 import json
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -159,45 +160,86 @@ def probe_endpoint(endpoint: Endpoint) -> dict[str, Any]:
     """Check, before any episode, that `endpoint` answers chat completions for its model: lists
     `/models` (a listed set that lacks the model is an error) and asks for one token with the same
     request shape the episodes use. Returns {"models": listed ids or None, "served_model": the name
-    the server answered with}; raises `EndpointError` (one line) otherwise. A success is remembered
-    for the process, so a command can probe before starting anything and the evaluation again."""
+    the server answered with, "model": the name to request}; raises `EndpointError` (one line)
+    otherwise. A success is remembered for the process, so a command can probe before starting
+    anything and the evaluation again.
+
+    Each request goes over its own connection: a server that cannot list its models (`transformers
+    serve` on a machine with no Hugging Face cache answers `/models` with HTTP 500) may close the
+    connection after that answer. `model` may be the name the server reports rather than the one it
+    was started with: `transformers serve DIR` answers as `DIR@main` and is pinned to `DIR`; either
+    that name or `DIR`'s last path part is taken for `DIR` (`"model"` in the answer; `resolve_endpoint`)."""
     return dict(_probe(endpoint))
+
+
+def resolve_endpoint(endpoint: Endpoint) -> Endpoint:
+    """`endpoint`, probed, with `model` the name the server takes (see `probe_endpoint`)."""
+    model = _probe(endpoint)["model"]
+    return endpoint if model == endpoint.model else replace(endpoint, model=model)
+
+
+def _same_model(requested: str, name: str) -> bool:
+    """Whether `requested` names the served `name`: the same, either with a `@revision`, or `name`'s last path part."""
+    def bare(x: str) -> str:
+        return x.rsplit("@", 1)[0] if "@" in x else x
+    return bare(requested).rstrip("/") in (bare(name).rstrip("/"), bare(name).rstrip("/").rsplit("/", 1)[-1])
+
+
+#: `transformers serve MODEL`'s answer to a request for another model (HTTP 400).
+_PINNED = re.compile(r"Server is pinned to '(?P<name>[^']+)'")
 
 
 @functools.lru_cache(maxsize=16)
 def _probe(endpoint: Endpoint) -> dict[str, Any]:
     url = endpoint.base_url
-    with httpx.Client(**endpoint.client_kwargs()) as client:
-        try:
+    try:  # its own connection: a failed listing may close it (see probe_endpoint)
+        with httpx.Client(**endpoint.client_kwargs()) as client:
             listing = client.get(f"{url}/models")
-        except httpx.TransportError as exc:
-            raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'no answer'}): is the "
-                                "server running, and is --base-url its API root (e.g. http://localhost:8000/v1)?") from exc
-        if listing.status_code in (401, 403):
-            raise EndpointError(f"{url}/models refused the API key (HTTP {listing.status_code}: {error_detail(listing)})")
-        models = None
-        if listing.status_code == 200:  # some servers cannot list (transformers serve lists only its hub cache)
-            try:
-                models = [m["id"] for m in listing.json().get("data", [])]
-            except (ValueError, TypeError, KeyError, AttributeError):
-                models = None
-        if models and endpoint.model not in models:
-            raise EndpointError(f"model {endpoint.model!r} is not served at {url}; it serves: {', '.join(models)}")
+    except httpx.TransportError as exc:
+        raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'no answer'}): is the "
+                            "server running, and is --base-url its API root (e.g. http://localhost:8000/v1)?") from exc
+    if listing.status_code in (401, 403):
+        raise EndpointError(f"{url}/models refused the API key (HTTP {listing.status_code}: {error_detail(listing)})")
+    models = None
+    if listing.status_code == 200:  # some servers cannot list (transformers serve lists only its hub cache)
         try:
-            reply = client.post(f"{url}/chat/completions", json=_body(endpoint.model, [{"role": "user", "content": "Hi"}],
-                                                                     temperature=0.0, top_p=1.0, max_tokens=1))
-        except httpx.TransportError as exc:
-            raise EndpointError(f"{url}/chat/completions did not answer ({type(exc).__name__}: {exc})") from exc
-        if reply.status_code != 200:
-            raise EndpointError(f"{url}/chat/completions answered HTTP {reply.status_code} for model "
-                                f"{endpoint.model!r}: {error_detail(reply)}")
-        try:
-            served = reply.json()
-            served["choices"][0]["message"]
-        except (ValueError, TypeError, KeyError, IndexError) as exc:
-            raise EndpointError(f"{url}/chat/completions did not answer in the chat-completions format: "
-                                f"{reply.text[:200]!r}") from exc
-    return {"models": models, "served_model": served.get("model")}
+            models = [m["id"] for m in listing.json().get("data", [])]
+        except (ValueError, TypeError, KeyError, AttributeError):
+            models = None
+    model = endpoint.model
+    if models and model not in models:
+        matches = [m for m in models if _same_model(model, m)]
+        if len(matches) != 1:
+            raise EndpointError(f"model {model!r} is not served at {url}; it serves: {', '.join(models)}")
+        model = matches[0]
+    reply = _chat_probe(endpoint, model)
+    pinned = _PINNED.search(error_detail(reply)) if reply.status_code == 400 else None
+    if pinned and _same_model(model, pinned["name"]):  # the name it reports, or the directory's name
+        model = pinned["name"]
+        reply = _chat_probe(endpoint, model)
+    if reply.status_code != 200:
+        raise EndpointError(f"{url}/chat/completions answered HTTP {reply.status_code} for model "
+                            f"{model!r}: {error_detail(reply)}")
+    try:
+        served = reply.json()
+        served["choices"][0]["message"]
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise EndpointError(f"{url}/chat/completions did not answer in the chat-completions format: "
+                            f"{reply.text[:200]!r}") from exc
+    if model != endpoint.model:
+        logger.info("--model %r: the server serves it as %r", endpoint.model, model)
+    return {"models": models, "served_model": served.get("model"), "model": model}
+
+
+def _chat_probe(endpoint: Endpoint, model: str) -> httpx.Response:
+    """One 1-token chat completion for `model`, over a new connection."""
+    url = endpoint.base_url
+    try:
+        with httpx.Client(**endpoint.client_kwargs()) as client:
+            return client.post(f"{url}/chat/completions", json=_body(model, [{"role": "user", "content": "Hi"}],
+                                                                    temperature=0.0, top_p=1.0, max_tokens=1))
+    except httpx.TransportError as exc:
+        raise EndpointError(f"{url}/chat/completions did not answer ({type(exc).__name__}: {exc})") from exc
 
 
 def _body(model: str, messages: Sequence[dict[str, Any]], *, temperature: float, top_p: float, max_tokens: int,

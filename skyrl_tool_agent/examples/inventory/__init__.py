@@ -50,4 +50,5 @@ FAMILY = TaskFamily(
     ),
     answer_hint="ANSWER",
     verdict_term="inventory_match",
+    oracle="skyrl_tool_agent.examples.inventory.agent:ScriptedInventoryAgent",
 )
