@@ -27,6 +27,7 @@ thread hops).
 # No `from __future__ import annotations`: the SDK reads the tools' Annotated parameter types.
 import argparse
 import inspect
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -65,6 +66,8 @@ WATCHDOG_GRACE_S = 0.05
 MAX_RESULT_COLUMNS = 100
 #: Worker threads running queries at once; a query the watchdog gave up on frees its slot.
 MAX_QUERY_THREADS = 32
+#: Largest response of a query tool: its text and structured parts together, JSON-encoded.
+MAX_RESPONSE_BYTES = 64 * 1024
 #: Longest error text of a tool call (the SDK's own messages quote the tool name and arguments).
 MAX_ERROR_CHARS = 4 * MAX_ECHO_CHARS
 
@@ -132,8 +135,31 @@ def render_table(result: QueryResult, max_chars: int) -> str:
     return "\n".join(lines)
 
 
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=True, separators=(",", ":")))
+
+
 def query_tool_result(result: QueryResult, max_chars: int) -> CallToolResult:
-    """Text table for the model plus structured {columns, rows, row_count, truncated}."""
+    """Text table for the model plus structured {columns, rows, row_count, truncated}; rows are
+    dropped from the end until both parts together encode (JSON, ASCII) within
+    `MAX_RESPONSE_BYTES` (control characters escape to six bytes each: a 8,000-character answer
+    was a 144 KB response)."""
+    for _ in range(64):
+        response = _query_tool_result(result, max_chars)
+        size = _json_size(response.structured_content) + _json_size(response.content[0].text)
+        if size <= MAX_RESPONSE_BYTES:
+            return response
+        if result.rows:
+            keep = min(len(result.rows) - 1, len(result.rows) * MAX_RESPONSE_BYTES // size)
+            result = QueryResult(result.columns, result.rows[:keep], True, keep, result.omitted_columns)
+        else:  # no rows left: the column names themselves are too big
+            short = max(8, max_chars // 2 // max(1, len(result.columns)) // 6)
+            result = QueryResult([c[:short] for c in result.columns], [], True, 0, result.omitted_columns)
+            max_chars = max(1, max_chars // 2)
+    return text_result("too large: the result does not fit in a response", is_error=True)
+
+
+def _query_tool_result(result: QueryResult, max_chars: int) -> CallToolResult:
     structured: dict[str, Any] = {
         # Names can be expression text as long as the query itself.
         "columns": [_fit(c, MAX_CELL_CHARS) for c in result.columns],
