@@ -30,6 +30,7 @@ import inspect
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -62,6 +63,8 @@ MAX_CELL_CHARS = 200
 #: own deadline check normally answers first; on a starved machine the worker thread may not run
 #: for a while, and the rest of the 0.5 s the answer may take is left for delivering it.
 WATCHDOG_GRACE_S = 0.05
+#: How often the watchdog looks whether a queued call's worker has started.
+QUEUE_POLL_S = 0.05
 #: Result columns returned (the rest are dropped and the truncation note says how many).
 MAX_RESULT_COLUMNS = 100
 #: Worker threads running queries at once; a query the watchdog gave up on frees its slot.
@@ -239,18 +242,49 @@ class SqliteTools:
         self._limiter: anyio.CapacityLimiter | None = None  # made on the event loop, at first use
 
     async def _run(self, work: Callable[[float], CallToolResult], what: str) -> CallToolResult:
-        """`work(timeout_s)` on a worker thread; the watchdog answers if it overruns (class doc)."""
+        """`work(timeout_s)` on a worker thread; the watchdog answers if it overruns (class doc).
+
+        The watchdog's clock starts when the worker does, not when the call arrived: a cheap call
+        that waited for a thread behind slow ones still gets its whole time limit (its wait is
+        bounded: slow queries end at their own deadlines). A call that never gets a thread is
+        answered after twice the limit."""
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(MAX_QUERY_THREADS)
-        with anyio.move_on_after(self.timeout_s + WATCHDOG_GRACE_S):
+        started: list[float] = []
+        outcome: list[Any] = []
+        done = anyio.Event()
+
+        def timed(timeout_s: float) -> CallToolResult:
+            started.append(time.monotonic())
+            return work(timeout_s)
+
+        async def runner() -> None:
             try:
-                return await anyio.to_thread.run_sync(
-                    work, self.timeout_s, abandon_on_cancel=True, limiter=self._limiter
-                )
+                outcome.append(await anyio.to_thread.run_sync(
+                    timed, self.timeout_s, abandon_on_cancel=True, limiter=self._limiter))
             except (SandboxError, CatalogError) as exc:
-                return text_result(str(exc), is_error=True)
+                outcome.append(text_result(str(exc), is_error=True))
             except MemoryError:  # Python's side hit the address-space cap (apply_server_limits)
-                return text_result(f"too large: {memory_error_message()}", is_error=True)
+                outcome.append(text_result(f"too large: {memory_error_message()}", is_error=True))
+            finally:
+                done.set()
+
+        arrival = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            never_started = arrival + 2 * self.timeout_s + WATCHDOG_GRACE_S
+            while not done.is_set():
+                now = time.monotonic()
+                # Until the worker starts, look again every QUEUE_POLL_S (a thread usually starts at once).
+                limit = started[0] + self.timeout_s + WATCHDOG_GRACE_S if started else min(never_started,
+                                                                                            now + QUEUE_POLL_S)
+                if now >= limit and (started or now >= never_started):
+                    tg.cancel_scope.cancel()  # the thread finishes on its own (abandoned)
+                    break
+                with anyio.move_on_after(max(0.0, limit - now)):
+                    await done.wait()
+        if outcome:
+            return outcome[0]
         # Only reached when SQLite is stuck inside one operation (or the machine is starved); the
         # thread finishes on its own, and the operation's cost is bounded (sandbox_limits).
         return text_result(f"timeout: {what} ran longer than {self.timeout_s:g} s and was interrupted", is_error=True)
