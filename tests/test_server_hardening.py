@@ -5,21 +5,18 @@ not hide a refused keyword."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from mcp_tools.fast_stdio import MAX_LINE_BYTES
 from mcp_tools.sqlite_server import MAX_RESPONSE_BYTES
+from tests.fixtures.raw_server import raw_exchange
 from tests.hostile_sql import make_hostile_db
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
 
@@ -57,35 +54,7 @@ async def test_raw_faults_are_answered_and_bounded(db_root: Path) -> None:
         _line(_call(9, "execute_sql", {"db_id": "demo", "sql": controls})),
         _line(_call(10, "execute_sql", {"db_id": "demo", "sql": "SELECT count(*) FROM singer"})),
     ]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mcp_tools.sqlite_server", "--db-root", str(db_root), cwd=REPO_ROOT,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-        limit=2**24,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    answers: dict[Any, dict[str, Any]] = {}
-    sizes: dict[Any, int] = {}
-    try:
-        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
-        proc.stdin.write(_line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}))
-        proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
-        for line in requests:
-            proc.stdin.write(line)
-        await proc.stdin.drain()
-        with anyio.fail_after(90):  # start-up on a loaded 2-core box takes seconds; answers are immediate
-            while not set(range(1, 11)) <= set(answers):
-                line = await proc.stdout.readline()
-                assert line, f"server closed stdout; unanswered: {set(range(1, 11)) - set(answers)}"
-                message = json.loads(line)
-                answers[message.get("id")] = message
-                sizes[message.get("id")] = len(line)
-    finally:
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=30)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+    answers, sizes = await raw_exchange(["--db-root", str(db_root)], requests, set(range(1, 11)), timeout_s=90)
 
     def text(request_id: int) -> str:
         return answers[request_id]["result"]["content"][0]["text"]
