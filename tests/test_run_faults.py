@@ -244,3 +244,12 @@ def test_disk_full_during_training_is_one_line_and_keeps_the_finished_checkpoint
     latest = ckpt_module.latest_checkpoint(out / "checkpoints")
     assert latest is not None and latest.name == "step-000001"
     ckpt_module.verify_checkpoint(latest)
+
+
+def test_an_empty_dev_file_is_one_line(setup, tmp_path, capsys):
+    """Finding 8: an empty dev file was a KeyError traceback after the first evaluation."""
+    root, model_dir = setup
+    (tmp_path / "dev.json").write_text("[]\n")
+    sets = _sets(root, model_dir, **{"training.data.dev_file": tmp_path / "dev.json"})
+    code, err = _train_main(_argv(sets, tmp_path / "out"), capsys)
+    assert "no tasks to evaluate" in _expect_one_error_line(code, err)
