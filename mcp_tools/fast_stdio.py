@@ -7,7 +7,8 @@ transports instead (no threads). Like the SDK it moves the wire off fds 0/1 firs
 device, fd 1 -> stderr), so a stray print in a tool cannot corrupt the protocol stream.
 
 It also survives input the SDK transport would die on, and answers every request it can read: an
-over-long line is skipped (the session sees a parse error); a request with a lone-surrogate escape
+over-long line is skipped and answered with INVALID_REQUEST (for the id in its first 4 kB, else
+null); a JSON-RPC batch gets INVALID_REQUEST for each request in it (MCP takes no batches); a request with a lone-surrogate escape
 ("\ud800", which pydantic's JSON parser rejects but JSON allows) is parsed by Python's json and
 served (a request that is still not valid JSON-RPC gets a JSON-RPC error for its id); a response
 that cannot be encoded (a lone surrogate echoed back) is sent with U+FFFD in its place. When stdin ends,
@@ -68,19 +69,45 @@ def _is_stream_fd(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
 
 
-async def _read_line(reader: asyncio.StreamReader) -> bytes | None:
-    """Next line (without requiring the newline at EOF); None at EOF; b"" for a skipped over-long line."""
+class OverlongLine(Exception):
+    """A request line over `MAX_LINE_BYTES`, skipped; `head` is its first bytes (for its id)."""
+
+    def __init__(self, head: bytes) -> None:
+        super().__init__("request line too long; skipped")
+        self.head = head
+
+
+_ID_IN_HEAD = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
+
+
+def _overlong_error(head: bytes) -> types.JSONRPCError:
+    """The answer to a skipped over-long line: INVALID_REQUEST for the id found in its first bytes
+    (null if none is there)."""
+    match = _ID_IN_HEAD.search(head)
+    request_id: Any = None
+    if match:
+        try:
+            request_id = json.loads(match.group(1))
+        except ValueError:
+            request_id = None
+    return types.JSONRPCError(jsonrpc="2.0", id=_scrub(request_id), error=types.ErrorData(
+        code=types.INVALID_REQUEST, message=f"request line longer than {MAX_LINE_BYTES} bytes"))
+
+
+async def _read_line(reader: asyncio.StreamReader) -> bytes | OverlongLine | None:
+    """Next line (without requiring the newline at EOF); None at EOF; OverlongLine for a skipped
+    over-long line."""
     try:
         return await reader.readuntil(b"\n")
     except asyncio.IncompleteReadError as exc:
         return exc.partial or None
     except asyncio.LimitOverrunError as exc:
         # Drop the whole line: consume what is buffered, then keep going until its newline.
-        await reader.readexactly(exc.consumed)
+        head = (await reader.readexactly(exc.consumed))[:4096]
         while True:
             try:
                 await reader.readuntil(b"\n")
-                return b""
+                return OverlongLine(head)
             except asyncio.IncompleteReadError:
                 return None
             except asyncio.LimitOverrunError as more:
@@ -123,7 +150,17 @@ def _encode(message: types.JSONRPCMessage) -> bytes:
     return error.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8") + b"\n"
 
 
-def _parse(line: bytes) -> SessionMessage | types.JSONRPCError | Exception:
+def _batch_errors(batch: list[Any]) -> list[types.JSONRPCError]:
+    """INVALID_REQUEST for each request id in `batch` (at most 100), or one with a null id."""
+    ids = [m["id"] for m in batch[:100] if isinstance(m, dict) and "method" in m
+           and isinstance(m.get("id"), int | str) and not isinstance(m.get("id"), bool)]
+    message = "JSON-RPC batches are not supported: send one request per line"
+    return [types.JSONRPCError(jsonrpc="2.0", id=_scrub(i), error=types.ErrorData(code=types.INVALID_REQUEST,
+                                                                                   message=message))
+            for i in (ids or [None])]
+
+
+def _parse(line: bytes) -> SessionMessage | types.JSONRPCError | list[types.JSONRPCError] | Exception:
     """A request line as a message for the session, an error to send back, or the parse failure.
 
     pydantic's JSON parser rejects lone-surrogate escapes that JSON allows ("\ud800"); such a
@@ -142,6 +179,8 @@ def _parse(line: bytes) -> SessionMessage | types.JSONRPCError | Exception:
         return types.JSONRPCError(
             jsonrpc="2.0", id=None, error=types.ErrorData(code=types.PARSE_ERROR, message="parse error: invalid JSON")
         )
+    if isinstance(data, list):  # a JSON-RPC batch: MCP does not take them (2025-06-18 dropped batching)
+        return _batch_errors(data)
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_python(data, by_name=False))
     except Exception as exc:  # noqa: BLE001 - valid JSON, not a valid message: answer it if it is a request
@@ -193,13 +232,22 @@ async def fast_stdio_server() -> AsyncIterator[tuple[Any, Any]]:
 
     async def _read_messages() -> None:
         while (line := await _read_line(reader)) is not None:
-            if line == b"":
-                await read_send.send(ValueError("request line too long; skipped"))
+            if isinstance(line, OverlongLine):  # answered, so its client does not wait for its timeout
+                try:
+                    await write_send.send(SessionMessage(_overlong_error(line.head)))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
                 continue
             if not line.strip():
                 continue
             parsed = _parse(line)
-            if isinstance(parsed, types.JSONRPCError):
+            if isinstance(parsed, list):  # errors for a batch: one per request in it
+                try:
+                    for error in parsed:
+                        await write_send.send(SessionMessage(error))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+            elif isinstance(parsed, types.JSONRPCError):
                 try:
                     await write_send.send(SessionMessage(parsed))
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):

@@ -197,7 +197,10 @@ _MULTI = "only one SQL statement per call is allowed"
 
 # Whitespace or one comment (a block comment cannot contain "*/"; unterminated ones run to the end,
 # as in SQLite's tokenizer). Atomic groups and possessive repeats: linear time, no backtracking.
-_GAP = r"(?>\s++|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)"
+# Invisible characters count as gaps too: a leading U+FEFF (byte-order mark) hid `REINDEX` from
+# this check while SQLite still ran it.
+_INVISIBLE = "\ufeff\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\u180e\u00ad"
+_GAP = r"(?>[\s" + _INVISIBLE + r"]++|--[^\n]*+\n?|/\*(?:[^*]|\*(?!/))*+(?:\*/)?)"
 _FIRST_KEYWORD = re.compile(_GAP + r"*+([A-Za-z]+)")
 _REFUSED_KEYWORDS = {
     **dict.fromkeys(("INSERT", "UPDATE", "DELETE", "REPLACE", "UPSERT"), "write operations are not allowed ({})"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -157,7 +158,8 @@ class Catalog:
             ids = [self.db_path.stem]
         else:
             ids = sorted(
-                p.name for p in self.db_root.iterdir() if p.is_dir() and (p / f"{p.name}.sqlite").is_file()
+                p.name for p in self.db_root.iterdir()
+                if p.is_dir() and (p / f"{p.name}.sqlite").is_file() and self._inside_root(p / f"{p.name}.sqlite")
             )
         self._ids, self._id_set = ids, frozenset(ids)
 
@@ -173,8 +175,17 @@ class Catalog:
             self._scan()  # a database may have been added since start
             if db_id not in self._id_set:
                 raise CatalogError(names_hint("db_id", db_id, self._ids))
-        # db_id comes from the directory listing, so it cannot escape db_root.
-        return db_id, self.db_root / db_id / f"{db_id}.sqlite"
+        # db_id comes from the directory listing; its real path must still be inside db_root (a
+        # symlinked directory or file would serve a database from anywhere).
+        path = self.db_root / db_id / f"{db_id}.sqlite"
+        if not self._inside_root(path):
+            raise CatalogError(f"db_id {db_id!r} resolves outside the database root")
+        return db_id, path
+
+    def _inside_root(self, path: Path) -> bool:
+        assert self.db_root is not None
+        root = os.path.realpath(self.db_root)
+        return os.path.commonpath([root, os.path.realpath(path)]) == root
 
     def _entry(self, db_id: str) -> _OpenDb:
         key, path = self._resolve(db_id)

@@ -27,8 +27,10 @@ thread hops).
 # No `from __future__ import annotations`: the SDK reads the tools' Annotated parameter types.
 import argparse
 import inspect
+import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -61,10 +63,14 @@ MAX_CELL_CHARS = 200
 #: own deadline check normally answers first; on a starved machine the worker thread may not run
 #: for a while, and the rest of the 0.5 s the answer may take is left for delivering it.
 WATCHDOG_GRACE_S = 0.05
+#: How often the watchdog looks whether a queued call's worker has started.
+QUEUE_POLL_S = 0.05
 #: Result columns returned (the rest are dropped and the truncation note says how many).
 MAX_RESULT_COLUMNS = 100
 #: Worker threads running queries at once; a query the watchdog gave up on frees its slot.
 MAX_QUERY_THREADS = 32
+#: Largest response of a query tool: its text and structured parts together, JSON-encoded.
+MAX_RESPONSE_BYTES = 64 * 1024
 #: Longest error text of a tool call (the SDK's own messages quote the tool name and arguments).
 MAX_ERROR_CHARS = 4 * MAX_ECHO_CHARS
 
@@ -132,8 +138,31 @@ def render_table(result: QueryResult, max_chars: int) -> str:
     return "\n".join(lines)
 
 
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=True, separators=(",", ":")))
+
+
 def query_tool_result(result: QueryResult, max_chars: int) -> CallToolResult:
-    """Text table for the model plus structured {columns, rows, row_count, truncated}."""
+    """Text table for the model plus structured {columns, rows, row_count, truncated}; rows are
+    dropped from the end until both parts together encode (JSON, ASCII) within
+    `MAX_RESPONSE_BYTES` (control characters escape to six bytes each: a 8,000-character answer
+    was a 144 KB response)."""
+    for _ in range(64):
+        response = _query_tool_result(result, max_chars)
+        size = _json_size(response.structured_content) + _json_size(response.content[0].text)
+        if size <= MAX_RESPONSE_BYTES:
+            return response
+        if result.rows:
+            keep = min(len(result.rows) - 1, len(result.rows) * MAX_RESPONSE_BYTES // size)
+            result = QueryResult(result.columns, result.rows[:keep], True, keep, result.omitted_columns)
+        else:  # no rows left: the column names themselves are too big
+            short = max(8, max_chars // 2 // max(1, len(result.columns)) // 6)
+            result = QueryResult([c[:short] for c in result.columns], [], True, 0, result.omitted_columns)
+            max_chars = max(1, max_chars // 2)
+    return text_result("too large: the result does not fit in a response", is_error=True)
+
+
+def _query_tool_result(result: QueryResult, max_chars: int) -> CallToolResult:
     structured: dict[str, Any] = {
         # Names can be expression text as long as the query itself.
         "columns": [_fit(c, MAX_CELL_CHARS) for c in result.columns],
@@ -213,18 +242,49 @@ class SqliteTools:
         self._limiter: anyio.CapacityLimiter | None = None  # made on the event loop, at first use
 
     async def _run(self, work: Callable[[float], CallToolResult], what: str) -> CallToolResult:
-        """`work(timeout_s)` on a worker thread; the watchdog answers if it overruns (class doc)."""
+        """`work(timeout_s)` on a worker thread; the watchdog answers if it overruns (class doc).
+
+        The watchdog's clock starts when the worker does, not when the call arrived: a cheap call
+        that waited for a thread behind slow ones still gets its whole time limit (its wait is
+        bounded: slow queries end at their own deadlines). A call that never gets a thread is
+        answered after twice the limit."""
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(MAX_QUERY_THREADS)
-        with anyio.move_on_after(self.timeout_s + WATCHDOG_GRACE_S):
+        started: list[float] = []
+        outcome: list[Any] = []
+        done = anyio.Event()
+
+        def timed(timeout_s: float) -> CallToolResult:
+            started.append(time.monotonic())
+            return work(timeout_s)
+
+        async def runner() -> None:
             try:
-                return await anyio.to_thread.run_sync(
-                    work, self.timeout_s, abandon_on_cancel=True, limiter=self._limiter
-                )
+                outcome.append(await anyio.to_thread.run_sync(
+                    timed, self.timeout_s, abandon_on_cancel=True, limiter=self._limiter))
             except (SandboxError, CatalogError) as exc:
-                return text_result(str(exc), is_error=True)
+                outcome.append(text_result(str(exc), is_error=True))
             except MemoryError:  # Python's side hit the address-space cap (apply_server_limits)
-                return text_result(f"too large: {memory_error_message()}", is_error=True)
+                outcome.append(text_result(f"too large: {memory_error_message()}", is_error=True))
+            finally:
+                done.set()
+
+        arrival = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            never_started = arrival + 2 * self.timeout_s + WATCHDOG_GRACE_S
+            while not done.is_set():
+                now = time.monotonic()
+                # Until the worker starts, look again every QUEUE_POLL_S (a thread usually starts at once).
+                limit = started[0] + self.timeout_s + WATCHDOG_GRACE_S if started else min(never_started,
+                                                                                            now + QUEUE_POLL_S)
+                if now >= limit and (started or now >= never_started):
+                    tg.cancel_scope.cancel()  # the thread finishes on its own (abandoned)
+                    break
+                with anyio.move_on_after(max(0.0, limit - now)):
+                    await done.wait()
+        if outcome:
+            return outcome[0]
         # Only reached when SQLite is stuck inside one operation (or the machine is starved); the
         # thread finishes on its own, and the operation's cost is bounded (sandbox_limits).
         return text_result(f"timeout: {what} ran longer than {self.timeout_s:g} s and was interrupted", is_error=True)

@@ -344,6 +344,9 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             (out / "config.yaml").write_text(config.dump_yaml())
         ctx.barrier()  # the other ranks wait for the embedded model
         eval_tasks = run_eval_tasks(config, train_tasks, dev_tasks, db_root)  # deterministic: the same on every rank
+        if not eval_tasks:  # else the run trains, then fails on an evaluation of nothing
+            raise UserInputError(f"no tasks to evaluate: the {t.eval_split} split is empty "
+                                 f"(training.data.{'dev_file' if t.eval_split == 'dev' else 'validation_tasks'})")
         train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
         start = time.monotonic()
         runtime = EnvRuntime(config.env, db_root)

@@ -260,21 +260,9 @@ def test_evaluate_cli_rollouts_flag(report, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from skyrl_tool_agent.config import EnvConfig
-    from skyrl_tool_agent.data.tasks import save_tasks
-    from skyrl_tool_agent.env.pools import EnvRuntime
-    from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
-    from tests.fixtures.tiny_policy import build_tiny_model_dir
+    from tests.fixtures.tiny_policy import shop_training_root
 
-    root = tmp_path_factory.mktemp("train")
-    make_shop_db(root / "dbs")
-    save_tasks(SHOP_TASKS, root / "train.json")
-    save_tasks(SHOP_TASKS, root / "dev.json")
-    runtime = EnvRuntime(EnvConfig(), root / "dbs")
-    try:
-        return root, build_tiny_model_dir(runtime, SHOP_TASKS * 2, root / "model", sft_steps=10)
-    finally:
-        runtime.close()
+    return shop_training_root(tmp_path_factory.mktemp("train"), copies=2, sft_steps=10)
 
 
 def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):

@@ -14,28 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_tool_agent.config import EnvConfig
-from skyrl_tool_agent.data.tasks import save_tasks
-from skyrl_tool_agent.env.pools import EnvRuntime
-from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
-from tests.fixtures.tiny_policy import build_tiny_model_dir
+from tests.fixtures.tiny_policy import shop_training_root
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "training" / "scripts" / "train_grpo.py"
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("run")
-    make_shop_db(root / "dbs")
-    save_tasks(SHOP_TASKS, root / "train.json")
-    save_tasks(SHOP_TASKS, root / "dev.json")
-    rt = EnvRuntime(EnvConfig(), root / "dbs")
-    try:
-        model_dir = build_tiny_model_dir(rt, SHOP_TASKS * 4, root / "model")
-    finally:
-        rt.close()
-    return root, model_dir
+    return shop_training_root(tmp_path_factory.mktemp("run"))
 
 
 def _sets(root: Path, model_dir: Path, db_root: Path | None = None, **extra) -> dict:
@@ -83,19 +68,6 @@ class OracleBackend:
 
 def _overrides(sets: dict) -> list[str]:
     return [f"{k}={v}" for k, v in sets.items()]
-
-
-def _cli(sets: dict, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
-    env = {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(SCRIPT), "--mode", "lora", "--output-dir", str(out), *args, *extra],
-                          env=env, capture_output=True, text=True, timeout=300)
-
-
-def _one_error_line(res: subprocess.CompletedProcess) -> str:
-    err = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert res.returncode == 2 and len(err) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
-    return err[0]
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +244,12 @@ def test_disk_full_during_training_is_one_line_and_keeps_the_finished_checkpoint
     latest = ckpt_module.latest_checkpoint(out / "checkpoints")
     assert latest is not None and latest.name == "step-000001"
     ckpt_module.verify_checkpoint(latest)
+
+
+def test_an_empty_dev_file_is_one_line(setup, tmp_path, capsys):
+    """Finding 8: an empty dev file was a KeyError traceback after the first evaluation."""
+    root, model_dir = setup
+    (tmp_path / "dev.json").write_text("[]\n")
+    sets = _sets(root, model_dir, **{"training.data.dev_file": tmp_path / "dev.json"})
+    code, err = _train_main(_argv(sets, tmp_path / "out"), capsys)
+    assert "no tasks to evaluate" in _expect_one_error_line(code, err)

@@ -9,7 +9,6 @@ surrogates) and huge echoed inputs are answered, briefly.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from tests.fixtures.raw_server import raw_exchange
 from tests.hostile_sql import make_hostile_db, tree_state
 
 logger = logging.getLogger(__name__)
@@ -258,11 +258,6 @@ def _tools_call(request_id: Any, name: str, arguments: dict[str, Any]) -> bytes:
 
 async def test_every_request_is_answered_and_echoes_are_clipped(db_root: Path) -> None:
     """Lone surrogates (the official client cannot even send them) and megabyte inputs, raw."""
-    proc = await asyncio.create_subprocess_exec(
-        *SERVER, "--db-root", str(db_root), "--timeout-s", str(TIMEOUT_S), cwd=REPO_ROOT,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, limit=2**24,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
     big = "t" * 1_000_000
     requests: dict[Any, bytes] = {
         2: _tools_call(2, "execute_sql", {"db_id": "demo", "sql": "SELECT '\ud800'"}),
@@ -278,29 +273,8 @@ async def test_every_request_is_answered_and_echoes_are_clipped(db_root: Path) -
         12: _tools_call(12, "execute_sql", {"db_id": "demo", "sql": "SELECT * FROM " + "q" * 20_000}),
         13: _tools_call(13, "execute_sql", {"db_id": "demo", "sql": "SELECT count(*) FROM concert"}),
     }
-    try:
-        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
-        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}
-        proc.stdin.write(json.dumps(initialize).encode() + b"\n")
-        proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
-        for line in requests.values():
-            proc.stdin.write(line)
-        await proc.stdin.drain()
-        answers: dict[Any, dict[str, Any]] = {}
-        # Generous: the answers are immediate, but server start-up can be slow on a busy machine.
-        with anyio.fail_after(240):
-            while not set(requests) <= set(answers):
-                line = await proc.stdout.readline()
-                assert line, f"server closed stdout; unanswered: {set(requests) - set(answers)}"
-                message = json.loads(line)
-                answers[message.get("id")] = message
-    finally:
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=30)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+    answers, _ = await raw_exchange(["--db-root", str(db_root), "--timeout-s", str(TIMEOUT_S)],
+                                    requests.values(), set(requests))
 
     def text(request_id: Any) -> str:
         result = answers[request_id]["result"]
