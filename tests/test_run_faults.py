@@ -57,10 +57,10 @@ class OracleBackend:
         from skyrl_tool_agent.rollout.collector import TrajectoryCollector
 
         class OracleTrainer(GRPOTrainer):
-            def collect(self, tasks, group_size, params, settings=None):  # type: ignore[override]
+            def collect(self, tasks, group_size, params, settings=None, on_episode_done=None):  # type: ignore[override]
                 collector = TrajectoryCollector(self.runtime, OracleAgent(), tokenizer=self.policy.tokenizer,
                                                 settings=settings or self.collector_settings)
-                return asyncio.run(collector.collect(tasks, group_size))
+                return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
 
         policy = QwenPolicy.from_config(config.model, mode=config.training.mode)
         return OracleTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out)
