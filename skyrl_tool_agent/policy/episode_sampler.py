@@ -64,18 +64,19 @@ class _Row:
 
 def _prefix_tree(kernel: Qwen2Kernel, prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[KVCache, list[int]]:
     """A cache with one row per distinct prompt holding all of it but its last token, and the
-    index of each prompt's row. The distinct prompts' common prefix is run once."""
+    index of each prompt's row. The distinct prompts' common prefix is run once and becomes the
+    cache's root (kept once, not per row)."""
     distinct: dict[tuple[int, ...], int] = {}
     index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
     stems = [list(p[:-1]) for p in distinct]
     shared = common_prefix_length([list(p) for p in distinct]) if len(distinct) > 1 else len(stems[0])
-    capacity = max(len(s) for s in stems) + 1
     device = kernel.device
-    root = kernel.new_cache(1, capacity)
+    root = None
     if shared:
+        root = kernel.new_cache(1, shared)
         kernel.forward(root, torch.tensor([stems[0][:shared]], device=device), torch.zeros(1, dtype=torch.long, device=device))
-    tree = root.select(torch.zeros(len(stems), dtype=torch.long, device=device))
     rests = [s[shared:] for s in stems]
+    tree = kernel.new_cache(len(stems), max(len(r) for r in rests) + 1, root)
     if any(rests):  # an empty remainder gets a pad written past its row's length: harmless
         ids, _ = pad_rows([r or [pad_id] for r in rests], pad_id, device)
         kernel.forward(tree, ids, torch.full((len(stems),), shared, dtype=torch.long, device=device))
@@ -83,18 +84,31 @@ def _prefix_tree(kernel: Qwen2Kernel, prompts: Sequence[Sequence[int]], pad_id: 
 
 
 def _gather(kernel: Qwen2Kernel, rows: Sequence[_Row], capacity: int) -> KVCache:
-    """A cache of `capacity` positions per row, each row's first positions copied from its source."""
-    batch = kernel.new_cache(len(rows), capacity)
+    """A cache with room for `capacity` positions per row, each row's first positions copied from
+    its source. Rows whose sources all share one root keep it shared; otherwise each row gets its
+    source's root copied in (a mix of first turns and continued episodes in one batch)."""
+    roots = {id(r.source.root_keys): r.source for r in rows}
+    shared_root = len(roots) == 1 and next(iter(roots.values())).root_keys is not None
+    template = rows[0].source
+    offset = template.root_len if shared_root else 0
+    batch = kernel.new_cache(len(rows), capacity - offset)
+    if shared_root:
+        batch.root_keys, batch.root_values = template.root_keys, template.root_values
     by_source: dict[int, list[int]] = {}
     for i, row in enumerate(rows):
         by_source.setdefault(id(row.source), []).append(i)
     for members in by_source.values():
         source = rows[members[0]].source
-        length = max(rows[i].length for i in members)
+        start = source.root_len - offset  # where the source's own part goes in the batch's rows
+        length = max(rows[i].length for i in members) - source.root_len
         dst = torch.tensor(members, device=kernel.device)
         src = torch.tensor([rows[i].source_row for i in members], device=kernel.device)
-        for target, origin in zip(batch.keys + batch.values, source.keys + source.values):
-            target[dst, :, :length] = origin.index_select(0, src)[:, :, :length]
+        for layer in range(kernel.layers_n):
+            for target, origin, root in ((batch.keys[layer], source.keys[layer], source.root_keys),
+                                         (batch.values[layer], source.values[layer], source.root_values)):
+                target[dst, :, start:start + length] = origin.index_select(0, src)[:, :, :length]
+                if start:  # the source's root, copied into these rows
+                    target[dst, :, :start] = root[layer].unsqueeze(0)  # type: ignore[index]
     return batch
 
 

@@ -40,18 +40,27 @@ class _Layer:
 
 @dataclass
 class KVCache:
-    """Per-layer keys and values, `[rows, kv_heads, capacity, head_dim]` each."""
+    """Per-layer keys and values of each row, `[rows, kv_heads, capacity, head_dim]`, after an
+    optional `root` every row shares: per-layer `[kv_heads, root_len, head_dim]` keys and values of
+    positions 0..root_len-1, stored once (row position p is at index p - root_len)."""
 
     keys: list[Tensor]
     values: list[Tensor]
+    root_keys: list[Tensor] | None = None
+    root_values: list[Tensor] | None = None
 
     @property
     def rows(self) -> int:
         return self.keys[0].shape[0]
 
+    @property
+    def root_len(self) -> int:
+        return 0 if self.root_keys is None else self.root_keys[0].shape[1]
+
     def select(self, rows: Tensor) -> KVCache:
-        """A new cache holding `rows` of this one (in that order)."""
-        return KVCache([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values])
+        """A new cache holding `rows` of this one (in that order), on the same root."""
+        return KVCache([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values],
+                       self.root_keys, self.root_values)
 
 
 def _base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -137,12 +146,19 @@ class Qwen2Kernel:
             norm1=layer.input_layernorm.weight.detach(), norm2=layer.post_attention_layernorm.weight.detach(),
         )
 
-    def new_cache(self, rows: int, capacity: int) -> KVCache:
-        """Zeroed: masked-out positions still enter the attention matmuls, and uninitialised memory
+    def new_cache(self, rows: int, capacity: int, root: KVCache | None = None) -> KVCache:
+        """`capacity` positions per row after the first row of `root` (shared, not copied), if given.
+
+        Zeroed: masked-out positions still enter the attention matmuls, and uninitialised memory
         may hold NaN, which a mask does not cancel (NaN * 0 = NaN)."""
         shape = (rows, self.kv_heads, capacity, self.head_dim)
-        return KVCache([torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers_n)],
-                       [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers_n)])
+        cache = KVCache([torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers_n)],
+                        [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers_n)])
+        if root is not None:
+            assert root.root_keys is None, "a root is one cache row without a root of its own"
+            cache.root_keys = [k[0] for k in root.keys]
+            cache.root_values = [v[0] for v in root.values]
+        return cache
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         h = x.float()
@@ -154,35 +170,50 @@ class Qwen2Kernel:
         """Run `ids` [B, S] as the tokens at positions `starts[b] + j` of cache row b, writing their
         keys/values there; returns the logits [B, V] at column `last[b]` (default: the last column).
 
-        Query j of row b attends to the row's positions 0..starts[b]+j, so padding columns after a
-        row's own tokens only write to positions beyond them, which later tokens overwrite.
+        Query j of row b attends to the root and the row's positions up to starts[b]+j, so padding
+        columns after a row's own tokens only write to positions beyond them, which later tokens
+        overwrite.
         """
         batch, width = ids.shape
-        positions = starts.unsqueeze(1) + torch.arange(width, device=ids.device)  # [B, S]
-        used = int(positions.max()) + 1  # attend only to the used part of the cache
+        root = cache.root_len
+        positions = starts.unsqueeze(1) + torch.arange(width, device=ids.device)  # [B, S], absolute
+        slots = positions - root  # indices into the rows' own part
+        used = int(slots.max()) + 1  # attend only to the used part of the cache
         x = F.embedding(ids, self.embed)
         cos, sin = self.rotary(x, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, S, d]
         groups = self.heads // self.kv_heads
         # Queries of the `groups` heads sharing a KV head are stacked along the query axis (one
         # matmul per KV head, no repeated keys); each stacked row keeps its column's causal mask.
-        allowed = torch.arange(used, device=ids.device) <= positions.unsqueeze(-1)  # [B, S, T]
-        mask = allowed.unsqueeze(1).repeat(1, 1, groups, 1) if groups > 1 else allowed.unsqueeze(1)
+        hidden = torch.arange(used, device=ids.device) > slots.unsqueeze(-1)  # [B, S, T]
+        hidden = hidden.unsqueeze(1).repeat(1, 1, groups, 1) if groups > 1 else hidden.unsqueeze(1)
+        hidden = hidden.view(batch, 1, groups * width, used)
         rows = torch.arange(batch, device=ids.device).unsqueeze(1).expand(batch, width)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        for layer, k_cache, v_cache in zip(self.layers, cache.keys, cache.values):
+        for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, cache.keys, cache.values)):
             h = self._norm(x, layer.norm1)
             qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = q.view(batch, width, self.heads, self.head_dim).transpose(1, 2)
             k = k.view(batch, width, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            k_cache[rows, :, positions] = k.transpose(1, 2)
-            v_cache[rows, :, positions] = v.view(batch, width, self.kv_heads, self.head_dim)
-            q = q.reshape(batch, self.kv_heads, groups * width, self.head_dim)
-            attn = F.scaled_dot_product_attention(q, k_cache[:, :, :used], v_cache[:, :, :used], attn_mask=mask.view(
-                batch, 1, groups * width, used))
-            attn = attn.view(batch, self.heads, width, self.head_dim).transpose(1, 2).reshape(batch, width, q_size)
+            k_cache[rows, :, slots] = k.transpose(1, 2)
+            v_cache[rows, :, slots] = v.view(batch, width, self.kv_heads, self.head_dim)
+            q = q.reshape(batch, self.kv_heads, groups * width, self.head_dim) * self.head_dim ** -0.5
+            own = torch.matmul(q, k_cache[:, :, :used].transpose(-1, -2)).masked_fill_(hidden, float("-inf"))
+            if root:
+                # The shared root is read once for all rows: one [B*G*S, d] x [d, root] matmul per
+                # KV head (cascade attention), instead of a copy of it per row.
+                rk, rv = cache.root_keys[i], cache.root_values[i]  # type: ignore[index]
+                flat = q.transpose(0, 1).reshape(self.kv_heads, -1, self.head_dim)
+                shared = torch.matmul(flat, rk.transpose(-1, -2)).view(self.kv_heads, batch, -1, root).transpose(0, 1)
+                weights = torch.softmax(torch.cat([shared, own], dim=-1), dim=-1)
+                to_root = weights[..., :root].transpose(0, 1).reshape(self.kv_heads, -1, root)
+                attn = torch.matmul(to_root, rv).view(self.kv_heads, batch, -1, self.head_dim).transpose(0, 1)
+                attn = attn + torch.matmul(weights[..., root:], v_cache[:, :, :used])
+            else:
+                attn = torch.matmul(torch.softmax(own, dim=-1), v_cache[:, :, :used])
+            attn = attn.reshape(batch, self.heads, width, self.head_dim).transpose(1, 2).reshape(batch, width, q_size)
             x = x + F.linear(attn, layer.o_w)
             gate, up = F.linear(self._norm(x, layer.norm2), layer.gate_up_w).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down_w)
