@@ -108,15 +108,32 @@ def step_flops(trajectories: Sequence[Trajectory], group_size: int, micro_batch:
 
 
 class StepRunner:
-    """One trainer; each call restores the round's starting state and runs one step with a sampler."""
+    """One trainer; each call restores the round's starting state and runs one step with a sampler.
+
+    Besides the trainer's wall-clock `time/*`, the CPU seconds of this process (all its threads)
+    in the rollout and the update are recorded: beside other jobs on 2 cores wall-clock figures
+    swing by 2x from one step to the next, CPU time much less.
+    """
 
     def __init__(self, trainer: GRPOTrainer) -> None:
         self.trainer = trainer
         self.start = self._snapshot()
+        self.cpu = {"rollout": 0.0, "update": 0.0}
+        trainer.collect = self._cpu_timed("rollout", trainer.collect)  # type: ignore[method-assign]
+        trainer._update = self._cpu_timed("update", trainer._update)  # type: ignore[method-assign]
         self.seconds: dict[str, dict[str, Samples]] = {}
         self.last: dict[str, Any] = {}
         self.same_ids: Samples = Samples()
         self.flops: list[dict[str, float]] = []
+
+    def _cpu_timed(self, phase: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[phase] += time.process_time() - start
+        return run
 
     def _snapshot(self) -> dict[str, Any]:
         t = self.trainer
@@ -134,11 +151,16 @@ class StepRunner:
     def step(self, name: str) -> float:
         self._restore(self.start)
         self.trainer.policy.fast_sampling = VARIANTS[name]
-        t0 = time.perf_counter()
+        self.cpu = {"rollout": 0.0, "update": 0.0}
+        t0, cpu0 = time.perf_counter(), time.process_time()
         out = self.trainer.train_step()
-        total = time.perf_counter() - t0
+        total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         m = out.metrics
-        record = self.seconds.setdefault(name, {k: Samples() for k in ("step", "rollout", "update", "rest", "tok/s")})
+        record = self.seconds.setdefault(name, {k: Samples() for k in (
+            "step", "rollout", "update", "rest", "tok/s", "cpu step", "cpu rollout", "cpu update")})
+        record["cpu step"].add(cpu)
+        record["cpu rollout"].add(self.cpu["rollout"])
+        record["cpu update"].add(self.cpu["update"])
         record["step"].add(total)
         record["rollout"].add(m["time/rollout_s"])
         record["update"].add(m["time/update_s"])
@@ -231,16 +253,22 @@ def main(argv: list[str] | None = None) -> None:
                  paired_ratios(s["new"]["rest"], s["old"]["rest"]).median,
                  paired_ratios(s["new"]["tok/s"], s["old"]["tok/s"]).median])
     rows.append([f"FLOP floor at {peak:.0f} GFLOP/s", floor["total"], floor["rollout"], floor["update"], "-", "-"])
+    for row, name in zip(rows, VARIANTS):
+        row += [s[name][k].median for k in ("cpu step", "cpu rollout", "cpu update")]
+    rows[2] += [paired_ratios(s["new"][k], s["old"][k]).median for k in ("cpu step", "cpu rollout", "cpu update")]
+    rows[3] += [floor["total"], floor["rollout"], floor["update"]]
     print_table("GRPO step on this CPU: seconds (medians over rounds)",
-                ["sampler", "step s", "rollout s", "update s", "rest s", "policy tok/s"], rows,
+                ["sampler", "step s", "rollout s", "update s", "rest s", "policy tok/s", "CPU s step", "CPU s rollout",
+                 "CPU s update"], rows,
                 caption=f"{episodes} episodes/step; same sampled ids in {runner.same_ids.median:.0%} of episodes; "
                         f"load during rounds {loads}; {load_note(machine)}")
     if profile_text:
         console.print(profile_text, markup=False, highlight=False)
     results = {
         "variants": {name: {"label": LABELS[name], **{k: v.summary() for k, v in s[name].items()}} for name in VARIANTS},
-        "ratio_new_over_old": {"step": step_ratio.summary(), "rollout": rollout_ratio.summary()},
+        "ratio_new_over_old": {k: paired_ratios(s["new"][k], s["old"][k]).summary() for k in s["new"]},
         "speedup_step": 1 / step_ratio.median,
+        "speedup_step_cpu": 1 / paired_ratios(s["new"]["cpu step"], s["old"]["cpu step"]).median,
         "same_ids_fraction": runner.same_ids.summary(),
         "matmul_gflops": gflops,
         "flops_per_step": flops,
