@@ -85,7 +85,7 @@ def shared_prefix_logprobs(
     return logp, entropy
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """Sample ids from [B, V] logits (greedy when temperature <= 0), nucleus-truncated at top_p."""
     if temperature <= 0:
         return logits.argmax(-1)
@@ -148,7 +148,7 @@ def sample_with_shared_prefix(
     out_lp: list[list[float]] = [[] for _ in range(batch)]
     scale = temperature if temperature > 0 else 1.0
     for step in range(max_new_tokens):
-        token = _pick(next_logits, temperature, top_p)
+        token = pick_tokens(next_logits, temperature, top_p)
         logp = torch.log_softmax(next_logits.float() / scale, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
         hit = torch.isin(token, stop) & ~done
         for i in torch.nonzero(~done).flatten().tolist():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.policy.episode_sampler import EpisodeKV, sample_episodes
 from skyrl_tool_agent.policy.loading import (
     check_4bit_training_layout,
     load_model,
@@ -37,6 +38,7 @@ from skyrl_tool_agent.policy.prefix import (
     common_prefix_length,
     sample_with_shared_prefix,
 )
+from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, unsupported_reason, weights_version
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,14 @@ class QwenPolicy:
         self.is_4bit = any(getattr(p, "quant_state", None) is not None for p in model.parameters())
         # Extra `model.generate` arguments (the DeepSpeed policy adds synced_gpus=True).
         self.generate_kwargs: dict[str, Any] = {}
+        # Sample with `Qwen2Kernel` (merged LoRA, fused matmuls, prefix tree, caches kept across an
+        # episode's turns) where it can run the model; False = the HF-model samplers below, which
+        # are also the fallback for models it does not handle (see `fast_sampling_unsupported`).
+        self.fast_sampling = True
+        self._kernel: Qwen2Kernel | None = None
+        self._kernel_blocker: str | None = unsupported_reason(model)
+        if self._kernel_blocker:
+            logger.info("sampling through the HF model: %s", self._kernel_blocker)
         self.model.eval()
 
     @classmethod
@@ -95,15 +105,46 @@ class QwenPolicy:
         return ids
 
     # -------------------------------------------------------------- sampling
+    def fast_sampling_unsupported(self) -> str | None:
+        """Why `generate` uses the HF-model samplers (None: it uses `Qwen2Kernel`)."""
+        if not self.fast_sampling:
+            return "fast_sampling is off"
+        if self.generate_kwargs:  # sharded (ZeRO-3) weights: only the HF forward gathers them
+            return f"generate arguments {sorted(self.generate_kwargs)}"
+        return self._kernel_blocker
+
+    def new_episode_kv(self) -> EpisodeKV:
+        """A store for the KV caches of one collection's episodes between their turns (pass it to
+        `generate` with each prompt's episode key)."""
+        return EpisodeKV()
+
+    def _sampling_kernel(self) -> Qwen2Kernel:
+        """The kernel for the current weights: rebuilt after any in-place write to a parameter
+        (an optimizer step, a checkpoint load), i.e. once per training step."""
+        if self._kernel is None or self._kernel.version != weights_version(self.model):
+            self._kernel = Qwen2Kernel(self.model)
+        return self._kernel
+
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+                 episode_keys: Sequence[Hashable | None] | None = None,
+                 episode_kv: EpisodeKV | None = None) -> list[Generation]:
         """Sample one continuation per prompt (a GRPO group is G copies of a prompt).
 
-        Prompts sharing a long prefix (the system prompt) use the shared-prefix sampler; others
-        fall back to `model.generate` on a left-padded batch.
+        `Qwen2Kernel` samples when it can run the model (`fast_sampling_unsupported`); with
+        `episode_kv`, a prompt continuing the episode `episode_keys[i]` reuses that episode's cache.
+        Otherwise prompts sharing a long prefix (the system prompt) use the shared-prefix sampler,
+        and others `model.generate` on a left-padded batch.
         """
         if not prompts:
             return []
+        if self.fast_sampling_unsupported() is None and all(prompts):
+            ids, logps, stopped = sample_episodes(
+                self._sampling_kernel(), prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                top_p=params.top_p, stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id,
+                episode_keys=episode_keys, episode_kv=episode_kv,
+            )
+            return [Generation(i, lp, "stop" if s else "length") for i, lp, s in zip(ids, logps, stopped)]
         prefix_len = common_prefix_length(prompts)
         if prefix_len >= MIN_SHARED_PREFIX:
             ids, logps, stopped = sample_with_shared_prefix(

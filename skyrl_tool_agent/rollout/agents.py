@@ -32,13 +32,22 @@ class PolicyAgent:
         self.policy = policy
         self.params = params
         self.tokenizer = policy.tokenizer  # the collector records tokens with it
+        # A policy that can keep an episode's KV cache between its turns gets a store for this
+        # agent's episodes (one collection) and, with each prompt, the episode it continues.
+        new_store = getattr(policy, "new_episode_kv", None)
+        self.episode_kv = new_store() if callable(new_store) else None
 
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
         from dataclasses import replace
 
         prompts = [r.token_ids or [] for r in requests]
         params = replace(self.params, max_new_tokens=max(r.max_new_tokens for r in requests))
-        generations = await asyncio.to_thread(self.policy.generate, prompts, params)
+        generate: Callable[..., Any] = self.policy.generate
+        if self.episode_kv is not None:
+            # `seq` names the episode within the collection (a retried episode's new first prompt is
+            # no continuation of its old cache: the store checks the tokens, not only the key).
+            generate = functools.partial(generate, episode_keys=[r.seq for r in requests], episode_kv=self.episode_kv)
+        generations = await asyncio.to_thread(generate, prompts, params)
         turns = []
         for request, gen in zip(requests, generations):
             ids, logprobs = gen.token_ids[: request.max_new_tokens], gen.logprobs[: request.max_new_tokens]

@@ -1,0 +1,287 @@
+"""Seconds per GRPO step, today's sampler vs `Qwen2Kernel` (`QwenPolicy.fast_sampling`), on the same batches.
+
+    python benchmarks/bench_step.py [--reps 3] [--warmup 1] [--tasks-per-step 8] [--group-size 8]
+                                    [--profile] [--json-out FILE]
+
+The CPU quick start's trainer as configured by default (shipped embedded model, LoRA, generated
+train pool, lockstep collection), one `GRPOTrainer.train_step` per variant and round. Before each
+variant the trainer's whole state (weights, optimizer, scheduler, loader, step counter, hence the
+tasks and the sampling seed) is restored to the round's starting point, so both variants sample
+from the same policy on the same tasks; the round then continues from the new path's state.
+Variants alternate order every round (`common.interleaved`), medians over rounds.
+
+Per step: rollout (`time/rollout_s`), update (`time/update_s`) and the rest (advantages, curriculum,
+metrics); policy tokens/s = sampled tokens / step seconds; how many episodes sampled exactly the
+same ids on both sides. The FLOP floor is the step's model FLOPs (`step_flops`: a forward over
+every distinct token of the rollout, forward + backward (3x) over the update's tokens with each
+micro-batch's shared prefix once) divided by the best matmul GFLOP/s measured here. `--profile`
+adds a torch-profiler table of one step per variant. Not a unit test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402  (also puts the repo root on sys.path)
+    Samples,
+    add_common_args,
+    console,
+    interleaved,
+    load_note,
+    machine_info,
+    paired_ratios,
+    print_table,
+    write_json,
+)
+
+import torch  # noqa: E402
+
+from skyrl_tool_agent.config import Config  # noqa: E402
+from skyrl_tool_agent.env.pools import EnvRuntime  # noqa: E402
+from skyrl_tool_agent.grpo.trainer import GRPOTrainer  # noqa: E402
+from skyrl_tool_agent.pipeline import LocalBackend, build_loader, load_task_splits, rl_train_tasks  # noqa: E402
+from skyrl_tool_agent.policy.prefix import common_prefix_length  # noqa: E402
+from skyrl_tool_agent.rollout.trajectory import Trajectory  # noqa: E402
+
+VARIANTS = {"old": False, "new": True}  # name -> QwenPolicy.fast_sampling
+LABELS = {"old": "today (HF model, shared system prompt)", "new": "Qwen2Kernel sampler"}
+
+
+def matmul_gflops(shapes: Sequence[tuple[int, int, int]] = ((1024, 1024, 1024), (512, 256, 1024), (64, 256, 768)),
+                  reps: int = 20) -> dict[str, float]:
+    """Best-of-`reps` float32 GFLOP/s of `[m, k] @ [k, n]` per shape (the big one bounds the CPU;
+    the others are this model's prefill and decode shapes)."""
+    out = {}
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+        out[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
+    return out
+
+
+def forward_flops(tokens: int, context_start: int, config: Any, *, logits: int) -> float:
+    """FLOPs of a forward over `tokens` positions following `context_start` cached ones, with LM-head
+    logits at `logits` of them: 2 per weight per token, plus attention's QK^T and AV."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * (h // config.num_attention_heads)
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * config.intermediate_size
+    contexts = tokens * context_start + tokens * (tokens + 1) / 2  # sum of attended lengths
+    return 2 * layers * per_layer * tokens + 4 * layers * h * contexts + 2 * h * config.vocab_size * logits
+
+
+def step_flops(trajectories: Sequence[Trajectory], group_size: int, micro_batch: int, kept: Sequence[bool],
+               config: Any) -> dict[str, float]:
+    """The least model FLOPs of a step: the rollout runs each group's prompt once and every other
+    token once (logits only where a token is sampled); the update runs forward + backward (~3x a
+    forward) over its micro-batches, each micro-batch's common prefix once."""
+    rollout = 0.0
+    for g in range(0, len(trajectories), group_size):
+        group = [t for t in trajectories[g:g + group_size] if t.token_ids]
+        if not group:
+            continue
+        prompt = group[0].prompt_length
+        rollout += forward_flops(prompt, 0, config, logits=1)
+        for t in group:
+            rest = len(t.token_ids) - prompt
+            rollout += forward_flops(rest, prompt, config, logits=sum(t.loss_mask))
+    update = 0.0
+    used = [t for t, k in zip(trajectories, kept) if k and t.token_ids]
+    for m in range(0, len(used), micro_batch):
+        rows = [t.token_ids for t in used[m:m + micro_batch]]
+        shared = common_prefix_length(rows)
+        update += 3 * forward_flops(shared, 0, config, logits=shared)
+        for r in rows:
+            update += 3 * forward_flops(len(r) - shared, shared, config, logits=len(r) - shared)
+    return {"rollout": rollout, "update": update, "total": rollout + update}
+
+
+class StepRunner:
+    """One trainer; each call restores the round's starting state and runs one step with a sampler.
+
+    Besides the trainer's wall-clock `time/*`, the CPU seconds of this process (all its threads)
+    in the rollout and the update are recorded: beside other jobs on 2 cores wall-clock figures
+    swing by 2x from one step to the next, CPU time much less.
+    """
+
+    def __init__(self, trainer: GRPOTrainer) -> None:
+        self.trainer = trainer
+        self.start = self._snapshot()
+        self.cpu = {"rollout": 0.0, "update": 0.0}
+        trainer.collect = self._cpu_timed("rollout", trainer.collect)  # type: ignore[method-assign]
+        trainer._update = self._cpu_timed("update", trainer._update)  # type: ignore[method-assign]
+        self.seconds: dict[str, dict[str, Samples]] = {}
+        self.last: dict[str, Any] = {}
+        self.same_ids: Samples = Samples()
+        self.flops: list[dict[str, float]] = []
+
+    def _cpu_timed(self, phase: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[phase] += time.process_time() - start
+        return run
+
+    def _snapshot(self) -> dict[str, Any]:
+        t = self.trainer
+        return copy.deepcopy({"model": t.policy.model.state_dict(), "optimizer": t.optimizer.state_dict(),
+                              "scheduler": t.scheduler.state_dict(), "loader": t.loader.state_dict(), "step": t.step})
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        t = self.trainer
+        t.policy.model.load_state_dict(state["model"])
+        t.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        t.scheduler.load_state_dict(state["scheduler"])
+        t.loader.load_state_dict(copy.deepcopy(state["loader"]))
+        t.step = state["step"]
+
+    def step(self, name: str) -> float:
+        self._restore(self.start)
+        self.trainer.policy.fast_sampling = VARIANTS[name]
+        self.cpu = {"rollout": 0.0, "update": 0.0}
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        out = self.trainer.train_step()
+        total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        m = out.metrics
+        record = self.seconds.setdefault(name, {k: Samples() for k in (
+            "step", "rollout", "update", "rest", "tok/s", "cpu step", "cpu rollout", "cpu update")})
+        record["cpu step"].add(cpu)
+        record["cpu rollout"].add(self.cpu["rollout"])
+        record["cpu update"].add(self.cpu["update"])
+        record["step"].add(total)
+        record["rollout"].add(m["time/rollout_s"])
+        record["update"].add(m["time/update_s"])
+        record["rest"].add(total - m["time/rollout_s"] - m["time/update_s"])
+        record["tok/s"].add(m["policy_tokens"] / total)
+        self.last[name] = out
+        return total
+
+    def end_round(self) -> None:
+        """Compare the two sides' episodes, count the step's FLOPs, continue from the new path's state."""
+        old, new = self.last["old"], self.last["new"]
+        same = sum(a.token_ids == b.token_ids for a, b in zip(old.trajectories, new.trajectories))
+        self.same_ids.add(same / len(new.trajectories))
+        cfg = self.trainer.config
+        model_cfg = getattr(self.trainer.policy.model, "get_base_model", lambda: self.trainer.policy.model)().config
+        self.flops.append(step_flops(new.trajectories, cfg.grpo.group_size, cfg.training.micro_batch_size, new.kept,
+                                     model_cfg))
+        self.start = self._snapshot()
+
+
+def profile_step(runner: StepRunner, name: str, top: int = 15) -> str:
+    """torch-profiler table (by self CPU time) of one step with sampler `name`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        runner.step(name)
+    return f"==== torch profiler, one step, {LABELS[name]}\n" + prof.key_averages().table(
+        sort_by="self_cpu_time_total", row_limit=top)
+
+
+def build_trainer(tasks_per_step: int, group_size: int, out: Path) -> tuple[GRPOTrainer, EnvRuntime]:
+    config = Config.model_validate({"training": {"tasks_per_step": tasks_per_step, "output_dir": str(out)},
+                                    "grpo": {"group_size": group_size}})
+    train_tasks, dev_tasks, db_root = load_task_splits(config)
+    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
+    runtime = EnvRuntime(config.env, db_root)
+    trainer = LocalBackend().build_trainer(config, runtime, build_loader(config, train_tasks), [], out)
+    return trainer, runtime
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--profile", action="store_true", help="also a torch-profiler table of one step per variant")
+    add_common_args(parser, "bench_step", reps=3)
+    args = parser.parse_args(argv)
+    import tempfile
+
+    torch.manual_seed(0)
+    gflops = matmul_gflops()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer, runtime = build_trainer(args.tasks_per_step, args.group_size, Path(tmp))
+        try:
+            runner = StepRunner(trainer)
+            episodes = args.tasks_per_step * args.group_size
+            console.print(f"{episodes} episodes per step; {args.reps} rounds + {args.warmup} warm-up; "
+                          f"matmul GFLOP/s {', '.join(f'{k} {v:.1f}' for k, v in gflops.items())}")
+            loads = []
+
+            def on_round(rep: int, values: dict[str, float]) -> None:
+                runner.end_round()
+                loads.append(machine_info()["load_average"][0])
+                console.print(f"  round {rep + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in values.items())
+                              + f"; same ids {runner.same_ids.values[-1]:.0%}; load {loads[-1]}")
+
+            for _ in range(args.warmup):  # untimed: first-use costs (kernels, MCP sessions)
+                runner.step("old"), runner.step("new"), runner.end_round()
+            runner.seconds.clear()
+            runner.same_ids, runner.flops = Samples(), []
+            interleaved({n: (lambda n=n: runner.step(n)) for n in VARIANTS}, args.reps, warmup=0, on_rep=on_round)
+            profile_text = "\n".join(profile_step(runner, n) for n in VARIANTS) if args.profile else None
+        finally:
+            runtime.close()
+
+    machine = machine_info()
+    peak = max(gflops.values())
+    flops = {k: Samples([f[k] for f in runner.flops]).median for k in ("rollout", "update", "total")}
+    floor = {k: v / (peak * 1e9) for k, v in flops.items()}
+    s = runner.seconds
+    rows = []
+    for name in VARIANTS:
+        r = s[name]
+        rows.append([LABELS[name], r["step"].median, r["rollout"].median, r["update"].median, r["rest"].median,
+                     r["tok/s"].median])
+    step_ratio = paired_ratios(s["new"]["step"], s["old"]["step"])
+    rollout_ratio = paired_ratios(s["new"]["rollout"], s["old"]["rollout"])
+    rows.append(["ratio new/old (paired median)", step_ratio.median, rollout_ratio.median,
+                 paired_ratios(s["new"]["update"], s["old"]["update"]).median,
+                 paired_ratios(s["new"]["rest"], s["old"]["rest"]).median,
+                 paired_ratios(s["new"]["tok/s"], s["old"]["tok/s"]).median])
+    rows.append([f"FLOP floor at {peak:.0f} GFLOP/s", floor["total"], floor["rollout"], floor["update"], "-", "-"])
+    for row, name in zip(rows, VARIANTS):
+        row += [s[name][k].median for k in ("cpu step", "cpu rollout", "cpu update")]
+    rows[2] += [paired_ratios(s["new"][k], s["old"][k]).median for k in ("cpu step", "cpu rollout", "cpu update")]
+    rows[3] += [floor["total"], floor["rollout"], floor["update"]]
+    print_table("GRPO step on this CPU: seconds (medians over rounds)",
+                ["sampler", "step s", "rollout s", "update s", "rest s", "policy tok/s", "CPU s step", "CPU s rollout",
+                 "CPU s update"], rows,
+                caption=f"{episodes} episodes/step; same sampled ids in {runner.same_ids.median:.0%} of episodes; "
+                        f"load during rounds {loads}; {load_note(machine)}")
+    if profile_text:
+        console.print(profile_text, markup=False, highlight=False)
+    results = {
+        "variants": {name: {"label": LABELS[name], **{k: v.summary() for k, v in s[name].items()}} for name in VARIANTS},
+        "ratio_new_over_old": {k: paired_ratios(s["new"][k], s["old"][k]).summary() for k in s["new"]},
+        "speedup_step": 1 / step_ratio.median,
+        "speedup_step_cpu": 1 / paired_ratios(s["new"]["cpu step"], s["old"]["cpu step"]).median,
+        "same_ids_fraction": runner.same_ids.summary(),
+        "matmul_gflops": gflops,
+        "flops_per_step": flops,
+        "flop_floor_s": floor,
+        "load_average_per_round": loads,
+        "profile_top": profile_text,
+    }
+    settings = {"tasks_per_step": args.tasks_per_step, "group_size": args.group_size, "reps": args.reps,
+                "warmup": args.warmup, "config": "defaults (cpu profile): shipped embedded model, LoRA, lockstep"}
+    path = write_json(args.json_out, "bench_step", settings, results, machine)
+    if path:
+        console.print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The `Qwen2Kernel` sampler samples what the model says: its per-token sampling log-probs equal the
+model's own teacher-forced log-probs of the sampled ids (LoRA folded in, a prefix tree over groups,
+a second turn continuing each episode's kept cache), and greedy episodes on built-in tasks with the
+shipped model are token for token those of the HF-model sampler."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, EnvConfig, ModelConfig
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.policy.episode_sampler import EpisodeKV, sample_episodes
+from skyrl_tool_agent.policy.logprobs import token_logprobs
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, unsupported_reason
+from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.warmstart.build import greedy_trajectories
+from tests.fixtures.config_files import REPO
+
+STOP = 2
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _lora_model() -> torch.nn.Module:
+    """A tiny Qwen2 with LoRA adapters that change its outputs (lora_B is zero at init)."""
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512)
+    model = get_peft_model(Qwen2ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.2)
+    return model.eval()
+
+
+def _teacher_forced(model: torch.nn.Module, prompt: list[int], sampled: list[int], temperature: float) -> torch.Tensor:
+    """The model's own log-probs of `sampled` after `prompt` (one plain forward)."""
+    full = torch.tensor([prompt + sampled])
+    with torch.no_grad():
+        logits = model(input_ids=full).logits
+    return token_logprobs(logits[:, len(prompt) - 1:-1], full[:, len(prompt):], temperature)[0]
+
+
+def test_sampled_logprobs_match_the_models_forward_over_two_turns():
+    model = _lora_model()
+    kernel = Qwen2Kernel(model)
+    g = torch.Generator().manual_seed(1)
+    system = torch.randint(3, 97, (40,), generator=g).tolist()
+    groups = [system + torch.randint(3, 97, (n,), generator=g).tolist() for n in (9, 14, 4)]
+    prompts = [p for p in groups for _ in range(3)]  # 3 tasks x 3 samples: the prefix tree's case
+    keys = list(range(len(prompts)))
+    store = EpisodeKV()
+    torch.manual_seed(2)
+    ids, logps, _ = sample_episodes(kernel, prompts, max_new_tokens=12, temperature=0.8, top_p=1.0, stop_ids=[STOP],
+                                    pad_id=0, episode_keys=keys, episode_kv=store)
+    assert len(store) == len(prompts)
+    for prompt, out, lp in zip(prompts, ids, logps):
+        assert len(out) == len(lp) >= 1
+        assert torch.allclose(torch.tensor(lp), _teacher_forced(model, prompt, out, 0.8), atol=1e-4)
+    # Turn 2: each episode appends an observation; its kept cache must stand for everything before.
+    second = [p + out + torch.randint(3, 97, (5 + i % 4,), generator=g).tolist() for i, (p, out) in enumerate(zip(prompts, ids))]
+    torch.manual_seed(3)
+    ids2, logps2, _ = sample_episodes(kernel, second, max_new_tokens=10, temperature=1.0, top_p=1.0, stop_ids=[STOP],
+                                      pad_id=0, episode_keys=keys, episode_kv=store)
+    for prompt, out, lp in zip(second, ids2, logps2):
+        assert torch.allclose(torch.tensor(lp), _teacher_forced(model, prompt, out, 1.0), atol=1e-4)
+
+
+def test_a_kept_cache_is_used_only_for_its_own_continuation():
+    store = EpisodeKV()
+    store.keep("e", cache=None, row=0, ids=[1, 2, 3])  # type: ignore[arg-type]
+    assert store.take("e", [1, 2, 9, 4]) is None  # not a continuation: starts afresh (and is consumed)
+    store.keep("e", cache=None, row=0, ids=[1, 2, 3])  # type: ignore[arg-type]
+    assert store.take("e", [1, 2, 3]) is None  # nothing new to run
+    store.keep("e", cache=None, row=0, ids=[1, 2, 3])  # type: ignore[arg-type]
+    assert store.take("e", [1, 2, 3, 4]).ids == [1, 2, 3]
+
+
+def test_policy_rebuilds_the_kernel_after_a_weight_update_and_falls_back_when_unsupported():
+    model = _lora_model()
+    kernel = Qwen2Kernel(model)
+    x = torch.tensor([[5, 6, 7, 8]])
+    before = kernel.forward(kernel.new_cache(1, 8), x, torch.zeros(1, dtype=torch.long))
+    assert torch.allclose(before, model(input_ids=x).logits[0, -1].detach(), atol=1e-5)
+    with torch.no_grad():  # an optimizer step writes the adapters in place
+        next(p for n, p in model.named_parameters() if "lora_A" in n).add_(0.5)
+    policy = QwenPolicy.__new__(QwenPolicy)
+    policy.model, policy._kernel = model, kernel
+    rebuilt = policy._sampling_kernel()
+    after = rebuilt.forward(rebuilt.new_cache(1, 8), x, torch.zeros(1, dtype=torch.long))
+    assert torch.allclose(after, model(input_ids=x).logits[0, -1].detach(), atol=1e-5)
+    assert not torch.allclose(after, before, atol=1e-3)
+    dora = get_peft_model(Qwen2ForCausalLM(model.get_base_model().config),
+                          LoraConfig(r=4, target_modules=TARGETS, use_dora=True))
+    assert "DoRA" in unsupported_reason(dora)
+
+
+@pytest.mark.slow
+def test_greedy_episodes_on_builtin_tasks_equal_the_hf_sampler():
+    """The shipped model (LoRA adapters perturbed so the merge matters), the tasks of its recorded
+    greedy check through the real env: same ids in every turn, multi-turn episodes included."""
+    check = json.loads((SHIPPED_EMBEDDED_DIR / MANIFEST_FILE).read_text())["greedy_check"]
+    tasks = [Task(**t) for t in check["tasks"]][:8]
+    settings = CollectorSettings(**check["collector"])
+    policy = QwenPolicy.from_config(ModelConfig(), mode="lora")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.01)
+    assert policy.fast_sampling_unsupported() is None
+    runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
+    try:
+        policy.fast_sampling = False
+        old = greedy_trajectories(policy, runtime, tasks, settings)
+        policy.fast_sampling = True
+        new = greedy_trajectories(policy, runtime, tasks, settings)
+    finally:
+        runtime.close()
+    assert max(t.result.turns for t in new) >= 2  # the kept caches were used
+    assert [t.token_ids for t in new] == [t.token_ids for t in old]
+    for a, b in zip(new, old):
+        assert torch.allclose(torch.tensor(a.sampling_logprobs), torch.tensor(b.sampling_logprobs), atol=1e-4)
