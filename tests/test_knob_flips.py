@@ -65,7 +65,8 @@ NOT_FLIPPED: dict[str, str] = {
     **{f"env.{name}": "an MCP server episode per flip (seconds); tests/test_environment.py and the env tests"
        for name in ("task_family", "mcp_servers", "call_timeout_s", "sql_timeout_s", "sessions_per_server",
                     "tool_call_format", "offered_tools", "schema_in_prompt", "bind_db_id", "shaping_rewards",
-                    "shaping_penalty", "reward.terms", "reward.keep_distinct", "reward.gold_cache_size")},
+                    "shaping_penalty", "reward.terms", "reward.keep_distinct")},
+    "env.reward.gold_cache_size": "an LRU size: changes memory and speed, never a result (no test flips it)",
 }
 
 

@@ -2,8 +2,10 @@
 
 One step: take a batch of tasks from the curriculum loader, collect `group_size` episodes per task
 (the collector batches generation across all of them), turn final rewards into group-relative
-advantages, drop groups with no spread (DAPO dynamic sampling), then update on the policy tokens
-only (micro-batched, gradient accumulation with one normaliser for the whole batch). Per-task pass
+advantages, drop groups with no spread (DAPO dynamic sampling) and groups with an infrastructure
+failure (`decide_episodes`), then update on the policy tokens only (micro-batched: one optimizer
+step per pass with the whole batch's normaliser, or one every `training.gradient_accumulation`
+micro-batches; `model.gradient_checkpointing` recomputes activations there). Per-task pass
 rates go back to the curriculum. Evaluation (greedy, fixed dev subset) and checkpoints on cadence.
 """
 
