@@ -84,7 +84,7 @@ class PreparedEpisodes(GRPOTrainer):
 
     episodes: list[Trajectory] = []
 
-    def collect(self, tasks, group_size, params, settings=None):  # type: ignore[no-untyped-def]
+    def collect(self, tasks, group_size, params, settings=None, on_episode_done=None):  # type: ignore[no-untyped-def]
         return list(self.episodes)
 
 

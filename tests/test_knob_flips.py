@@ -110,7 +110,7 @@ def flip_output_dir(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("RUNS", str(kit.tmp / "runs"))
     monkeypatch.chdir(kit.tmp)
-    monkeypatch.setattr(pipeline, "load_task_splits", lambda config: ([], [], kit.tmp))
+    monkeypatch.setattr(pipeline, "load_task_splits", lambda config, **_:  ([], [], kit.tmp))
     monkeypatch.setattr(pipeline, "ensure_embedded_model", stop)  # right after the run directory is made
     with pytest.raises(Stop):
         pipeline.run_training(kit.config(training__output_dir="$RUNS/a"))
@@ -155,13 +155,17 @@ def flip_log_every(kit: Kit) -> None:
 def flip_rollouts_every(kit: Kit) -> None:
     _, out = kit.loop(training__rollouts_every=0)
     assert not (out / "rollouts.jsonl").exists()
-    _, out = kit.loop(training__rollouts_every=2, training__rollouts_per_step=1)
-    assert [row["step"] for row in read_metrics(out / "rollouts.jsonl")] == [2, 4]
+    _, out = kit.loop(training__rollouts_every=2, training__rollout_groups_per_step=1)
+    assert sorted({row["step"] for row in read_metrics(out / "rollouts.jsonl")}) == [2, 4]
 
 
-def flip_rollouts_per_step(kit: Kit) -> None:
-    _, out = kit.loop(max_steps=1, training__rollouts_per_step=5)
-    assert len(read_metrics(out / "rollouts.jsonl")) == 5
+def flip_rollout_groups_per_step(kit: Kit) -> None:
+    _, out = kit.loop(max_steps=1, training__rollout_groups_per_step=1)
+    one = read_metrics(out / "rollouts.jsonl")
+    _, out = kit.loop(max_steps=1, training__rollout_groups_per_step=2)
+    two = read_metrics(out / "rollouts.jsonl")
+    assert len(one) > 1 and len({r["group"] for r in one}) == 1  # a whole group: every member
+    assert len(two) == 2 * len(one) and len({r["group"] for r in two}) == 2
 
 
 def flip_data_paths(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -298,7 +302,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "training.keep_checkpoints": flip_keep_checkpoints,
     "training.log_every": flip_log_every,
     "training.rollouts_every": flip_rollouts_every,
-    "training.rollouts_per_step": flip_rollouts_per_step,
+    "training.rollout_groups_per_step": flip_rollout_groups_per_step,
     **dict.fromkeys(("training.data.train_file", "training.data.dev_file", "training.data.db_root"), flip_data_paths),
     **dict.fromkeys(("training.data.dataset", "training.data.spider_root"), flip_dataset),
     "training.data.train_pool": flip_train_pool,
