@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from skyrl_tool_agent.policy.prefix import common_prefix_length, pick_tokens
+from skyrl_tool_agent.policy.prefix import SampledTokens, common_prefix_length
 from skyrl_tool_agent.policy.qwen2_kernel import KVCache, Qwen2Kernel, pad_rows
 
 
@@ -145,10 +145,7 @@ def sample_episodes(
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     alive = list(range(batch))  # original index of each row still in the batch
     done = torch.zeros(batch, dtype=torch.bool, device=device)
-    stopped = [False] * batch
-    out_ids: list[list[int]] = [[] for _ in range(batch)]
-    out_lp: list[list[float]] = [[] for _ in range(batch)]
-    scale = temperature if temperature > 0 else 1.0
+    sampled = SampledTokens(batch, temperature, top_p, stop)
 
     def keep_rows(which: Sequence[int]) -> None:
         """Keep the cache of rows `which` (positions in the current batch) for their next turn:
@@ -158,18 +155,10 @@ def sample_episodes(
         for r in which:
             i = alive[r]
             if keys[i] is not None:
-                episode_kv.keep(keys[i], cache, r, list(prompts[i]) + out_ids[i][:-1])
+                episode_kv.keep(keys[i], cache, r, list(prompts[i]) + sampled.ids[i][:-1])
 
     for step in range(max_new_tokens):
-        token = pick_tokens(next_logits, temperature, top_p)
-        logp = torch.log_softmax(next_logits.float() / scale, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
-        hit = torch.isin(token, stop) & ~done
-        for r in torch.nonzero(~done).flatten().tolist():
-            out_ids[alive[r]].append(int(token[r]))
-            out_lp[alive[r]].append(float(logp[r]))
-        for r in torch.nonzero(hit).flatten().tolist():
-            stopped[alive[r]] = True
-        done |= hit
+        token, done = sampled.take(next_logits, done, alive)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         if int((~done).sum()) <= len(alive) // 2:
@@ -184,4 +173,4 @@ def sample_episodes(
         next_logits = kernel.forward(cache, token.unsqueeze(1), positions)
         positions = positions + 1
     keep_rows(range(len(alive)))
-    return out_ids, out_lp, stopped
+    return sampled.result()

@@ -99,6 +99,36 @@ def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch
     return torch.multinomial(probs, 1).squeeze(-1)
 
 
+class SampledTokens:
+    """What a sampler returns per original row: sampled ids, their log-probs under
+    softmax(logits / temperature) (before top-p truncation: what the trainer's ratio compares
+    against), and whether the row stopped on a stop id. Both samplers (the HF-cache one here and
+    `episode_sampler`) record their decode steps with `take`, so they draw and keep tokens alike."""
+
+    def __init__(self, batch: int, temperature: float, top_p: float, stop: torch.Tensor) -> None:
+        self.ids: list[list[int]] = [[] for _ in range(batch)]
+        self.logprobs: list[list[float]] = [[] for _ in range(batch)]
+        self.stopped = [False] * batch
+        self.temperature, self.top_p, self.stop = temperature, top_p, stop
+        self._scale = temperature if temperature > 0 else 1.0
+
+    def take(self, next_logits: torch.Tensor, done: torch.Tensor, rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample a token for each row of the batch (`rows[i]`: row i's original index) and record it
+        for the rows not `done`; returns (tokens, `done` with the rows that hit a stop id)."""
+        token = pick_tokens(next_logits, self.temperature, self.top_p)
+        logp = torch.log_softmax(next_logits.float() / self._scale, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+        hit = torch.isin(token, self.stop) & ~done
+        for i in torch.nonzero(~done).flatten().tolist():
+            self.ids[rows[i]].append(int(token[i]))
+            self.logprobs[rows[i]].append(float(logp[i]))
+        for i in torch.nonzero(hit).flatten().tolist():
+            self.stopped[rows[i]] = True
+        return token, done | hit
+
+    def result(self) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        return self.ids, self.logprobs, self.stopped
+
+
 def static_cache_with_prefix(model: torch.nn.Module, kv: list[tuple[torch.Tensor, torch.Tensor]], batch: int,
                              max_len: int) -> StaticCache:
     """A pre-allocated cache of `max_len` positions per row, holding the shared prefix in every row.
@@ -143,20 +173,9 @@ def sample_with_shared_prefix(
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     rows = list(range(batch))  # original index of each row still in the batch
     done = torch.zeros(batch, dtype=torch.bool, device=device)
-    stopped = [False] * batch
-    out_ids: list[list[int]] = [[] for _ in range(batch)]
-    out_lp: list[list[float]] = [[] for _ in range(batch)]
-    scale = temperature if temperature > 0 else 1.0
+    sampled = SampledTokens(batch, temperature, top_p, stop)
     for step in range(max_new_tokens):
-        token = pick_tokens(next_logits, temperature, top_p)
-        logp = torch.log_softmax(next_logits.float() / scale, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
-        hit = torch.isin(token, stop) & ~done
-        for i in torch.nonzero(~done).flatten().tolist():
-            out_ids[rows[i]].append(int(token[i]))
-            out_lp[rows[i]].append(float(logp[i]))
-        for i in torch.nonzero(hit).flatten().tolist():
-            stopped[rows[i]] = True
-        done |= hit
+        token, done = sampled.take(next_logits, done, rows)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         if int((~done).sum()) <= len(rows) // 2:
@@ -173,7 +192,7 @@ def sample_with_shared_prefix(
         out = model(input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=positions.unsqueeze(1),
                     past_key_values=cache, cache_position=torch.tensor([slot], device=device), use_cache=True)
         next_logits = out.logits[:, -1]
-    return out_ids, out_lp, stopped
+    return sampled.result()
 
 
 def batch_logprobs(
