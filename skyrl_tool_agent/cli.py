@@ -105,7 +105,7 @@ class ProgressLines:
 
 @contextlib.contextmanager
 def training_progress(total_steps: int, time_budget_minutes: float | None = None, *,
-                      eval_split: str = "dev") -> Iterator[Any]:
+                      eval_split: str = "dev", accuracy_short: str = "EX") -> Iterator[Any]:
     """A rich progress bar; the yielded callback takes ('step', metrics) or (phase text, fraction).
 
     With a time budget the bar fills by whichever ends training first, steps or minutes (the
@@ -141,10 +141,10 @@ def training_progress(total_steps: int, time_budget_minutes: float | None = None
                     eval_lines[0].advance()
             elif kind == "step":
                 m = value
-                info = (f"reward {format_rate(m['reward/mean'])}  train EX {format_rate(m['train/execution_accuracy'], digits=2)}"
+                info = (f"reward {format_rate(m['reward/mean'])}  train {accuracy_short} {format_rate(m['train/execution_accuracy'], digits=2)}"
                         + (f" ({m['train/infra_errors']:.0f} infra errors)" if m.get("train/infra_errors") else ""))
                 if "eval/execution_accuracy" in m:
-                    info += f"  {eval_split} EX {format_rate(m['eval/execution_accuracy'])}"
+                    info += f"  {eval_split} {accuracy_short} {format_rate(m['eval/execution_accuracy'])}"
                     if m.get("eval/infra_errors"):
                         info += f" ({m['eval/scored']:.0f} scored, {m['eval/infra_errors']:.0f} infra errors)"
                 done = f"step {m['step']}/{total_steps}"

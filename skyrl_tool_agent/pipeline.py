@@ -247,6 +247,8 @@ class RunSummary:
     stop_reason: str = ""
     #: Execution-accuracy change on the eval tasks with its paired-bootstrap 95% interval.
     delta: dict[str, float] | None = None
+    #: The task family (`TaskFamily.name`): the end-of-run table speaks its words.
+    family: str = "sql"
 
 
 def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
@@ -270,7 +272,10 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
                          kl_off=config.grpo.kl_coef == 0)
     if (out / "final").is_dir():
         write_model_card(out / "final", config, record)
-    return RunSummary(before, after, steps, seconds, out, history, stop_reason, delta)
+    from skyrl_tool_agent.env.families import resolve_family
+
+    return RunSummary(before, after, steps, seconds, out, history, stop_reason, delta,
+                      family=resolve_family(config.env.task_family).name)
 
 
 class LocalContext:

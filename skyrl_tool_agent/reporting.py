@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_tool_agent.eval.metrics import HEADLINE_KEYS, format_rate
+from skyrl_tool_agent.eval.vocabulary import vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -15,6 +16,7 @@ def print_before_after(summary: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    words = vocabulary(getattr(summary, "family", "sql"))  # SQL words only for SQL
     n = int(summary.before.get("n", 0))
     # The title on its own line: as a table title it would wrap to the (narrow) table's width.
     title = (f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
@@ -28,25 +30,27 @@ def print_before_after(summary: Any) -> None:
         if key not in summary.before or key not in summary.after:
             continue
         b, a = summary.before[key], summary.after[key]
-        table.add_row(key, format_rate(b), format_rate(a), "n/a" if a is None or b is None else f"{a - b:+.3f}")
+        label = words.accuracy if key == "execution_accuracy" else key
+        table.add_row(label, format_rate(b), format_rate(a), "n/a" if a is None or b is None else f"{a - b:+.3f}")
     for key in ("scored", "infra_errors"):  # what every rate above is over
         if key in summary.before or key in summary.after:
             table.add_row(key, f"{summary.before.get(key, 0):.0f}", f"{summary.after.get(key, 0):.0f}", "")
     Console().print(title)
     Console().print(table)
-    Console().print(delta_sentence(summary.delta, summary.before, summary.after))
+    Console().print(delta_sentence(summary.delta, summary.before, summary.after, label=words.accuracy_label))
     if summary.stop_reason:
         Console().print(f"training stopped: {summary.stop_reason}")
     Console().print(f"outputs: {summary.output_dir} (report.html, metrics.jsonl, training_curves.png, final/)")
 
 
-def delta_sentence(delta: dict[str, Any] | None, before: dict[str, Any], after: dict[str, Any]) -> str:
-    """The EX change with its interval and what it is over, or why there is none."""
+def delta_sentence(delta: dict[str, Any] | None, before: dict[str, Any], after: dict[str, Any], *,
+                   label: str = "execution accuracy") -> str:
+    """The change of the headline (`label`) with its interval and what it is over, or why there is none."""
     lost = f"{before.get('infra_errors', 0):.0f} before / {after.get('infra_errors', 0):.0f} after"
     if not delta:
-        return (f"execution accuracy change: not measured (no task scored both before and after; "
+        return (f"{label} change: not measured (no task scored both before and after; "
                 f"infra errors {lost})")
-    return (f"execution accuracy change: {100 * delta['delta']:+.1f} points, "
+    return (f"{label} change: {100 * delta['delta']:+.1f} points, "
             f"{100 * delta['confidence']:.0f}% paired-bootstrap interval "
             f"[{100 * delta['low']:+.1f}, {100 * delta['high']:+.1f}] over {delta['n']} tasks scored both times "
             f"({delta.get('unscored', 0)} left out as unscored; infra errors {lost})")

@@ -72,3 +72,6 @@ def test_one_file_evaluates_and_trains_two_steps(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2] and "reward/correct" in rows[1] and "reward/format" in rows[1]
     assert (out / "final" / "adapter_config.json").is_file() and (out / "report.html").is_file()
     assert "GRPO steps" in trained.stdout
+    # the family's own words, in the end-of-run table and the step lines: no SQL words
+    assert "accuracy change:" in trained.stdout and "execution" not in trained.stdout
+    assert " EX " not in trained.stdout + trained.stderr

@@ -108,8 +108,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             backend = deepspeed_backend(config)  # ZeRO-3, also on 1 GPU
         main_rank = backend is None or backend.ctx.is_main
         t = config.training
-        bar = (training_progress(t.max_steps, t.time_budget_minutes, eval_split=t.eval_split) if main_rank
-               else contextlib.nullcontext())
+        from skyrl_tool_agent.env.families import resolve_family
+        from skyrl_tool_agent.eval.vocabulary import vocabulary
+
+        words = vocabulary(resolve_family(config.env.task_family).name)  # SQL words only for SQL
+        bar = (training_progress(t.max_steps, t.time_budget_minutes, eval_split=t.eval_split, accuracy_short=words.short)
+               if main_rank else contextlib.nullcontext())
         try:
             with bar as progress:
                 summary = run_training(config, resume=args.resume, rebuild=args.rebuild, progress=progress,
