@@ -51,6 +51,7 @@ from mcp_tools.sandbox_limits import (
     apply_server_limits,
     clip_echo,
     memory_error_message,
+    release_freed_memory,
 )
 from mcp_tools.sqlite_catalog import Catalog, CatalogError, ColumnInfo, TableInfo, find_table, quote_ident
 
@@ -256,7 +257,12 @@ class SqliteTools:
 
         def timed(timeout_s: float) -> CallToolResult:
             started.append(time.monotonic())
-            return work(timeout_s)
+            try:
+                return work(timeout_s)
+            finally:
+                # What a large query freed goes back to the OS before this thread serves another
+                # call (only when RSS grew; sandbox_limits.release_freed_memory).
+                release_freed_memory()
 
         async def runner() -> None:
             try:
