@@ -127,7 +127,9 @@ class _FreedMemory:
         self.trims = 0
         if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
             try:
-                self._trim = ctypes.CDLL(None).malloc_trim
+                trim = ctypes.CDLL(None).malloc_trim
+                trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+                self._trim = trim
             except (OSError, AttributeError) as exc:
                 logger.info("malloc_trim unavailable: %s", exc)
 
