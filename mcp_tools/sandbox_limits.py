@@ -10,7 +10,9 @@
 * Memory: `apply_server_limits` caps SQLite's heap for the whole process (`PRAGMA
   hard_heap_limit`: every connection, sorters and in-memory temp tables included) and sets an
   address-space limit as a backstop for memory SQLite does not count. Process-wide, so only the
-  server calls it; a library user opts in.
+  server calls it; a library user opts in. The heap cap does not see what malloc keeps after
+  SQLite frees it: `release_freed_memory`, after each server call, returns that to the OS once
+  RSS has grown (glibc's `malloc_trim`).
 * Echoed input: `clip_echo` shortens user-supplied text quoted back in error messages.
 """
 
