@@ -9,6 +9,9 @@ over the processes) and each load, one task sends cheap `execute_sql` calls back
 flight (runaway recursive CTEs and big sorts that run into the query timeout, so each one holds a
 worker thread and a core for `--timeout-s`). Loads: `idle` (no slow queries) and `slow` (with
 them). Cells are interleaved within each repetition and the table shows medians over repetitions.
+Then, on a server of its own (query timeout `MEMORY_TIMEOUT_S`), the server's RSS before, at the
+peak of and after one large window-function query (`memory` in the JSON; issue 28: the allocator
+kept what SQLite freed, 71 -> 346 MiB for good, until the server trimmed it after the call).
 
 Before issue 17's fix a query started on the server's event loop, so a slow single operation
 froze every call of that process; now queries run on worker threads and the cheap calls' latency
@@ -21,10 +24,12 @@ import argparse
 import asyncio
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from bench_mcp_roundtrip import make_db, pct, queries
 from common import (  # also puts the repo root on sys.path
     REPO_ROOT,
@@ -44,6 +49,10 @@ SLOW_QUERIES = [
     "SELECT i FROM (WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 50000000) "
     "SELECT i FROM r) ORDER BY random() LIMIT 1",
 ]
+#: ~255 MiB of SQLite heap (the window's sorter; the server's default cap is 256 MiB), ~3 s of CPU.
+LARGE_QUERY = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 6000000) "
+               "SELECT x, sum(x) OVER (ORDER BY -x ROWS BETWEEN 1000 PRECEDING AND CURRENT ROW) FROM c")
+MEMORY_TIMEOUT_S = 30.0
 
 
 async def measure(pool: MCPClientPool, load: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -88,6 +97,44 @@ async def measure(pool: MCPClientPool, load: str, args: argparse.Namespace) -> d
     }
 
 
+async def measure_memory(spec: ServerSpec) -> dict[str, Any]:
+    """RSS (MiB) of a fresh server before, at the peak of and after `LARGE_QUERY`; the next cheap call's answer."""
+    pool = MCPClientPool([spec], sessions_per_server=1, call_timeout_s=MEMORY_TIMEOUT_S + 30, startup_timeout_s=600)
+    await pool.start()
+    try:
+        cheap_sql = queries(1)[0]
+        await pool.call_tool("execute_sql", {"sql": cheap_sql})
+        (pid,) = pool.server_pids()["sqlite"]
+        assert pid is not None
+        proc = psutil.Process(pid)
+        before = proc.memory_info().rss
+        peak = [before]
+        stop = threading.Event()
+
+        def sample() -> None:  # a thread: the event loop is busy with the call
+            while not stop.wait(0.01):
+                peak[0] = max(peak[0], proc.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            large = await pool.call_tool("execute_sql", {"sql": LARGE_QUERY})
+        finally:
+            stop.set()
+            sampler.join()
+        after = proc.memory_info().rss
+        cheap = await pool.call_tool("execute_sql", {"sql": cheap_sql})
+    finally:
+        await pool.close()
+    return {
+        "rss_before_mib": before / 2**20,
+        "rss_peak_mib": peak[0] / 2**20,
+        "rss_after_mib": after / 2**20,
+        "large_query_error": bool(large.is_error),
+        "cheap_call_after_error": bool(cheap.is_error),
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.sqlite"
@@ -121,6 +168,12 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             cell[key] = samples.median
             cell[f"{key}_all"] = samples.values
         out[f"{n}_{load}"] = cell
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.sqlite"
+        make_db(db)
+        server_args = ["-m", "mcp_tools.sqlite_server", "--db", str(db), "--timeout-s", str(MEMORY_TIMEOUT_S)]
+        out["memory"] = await measure_memory(
+            ServerSpec(name="sqlite", command=sys.executable, args=server_args, cwd=str(REPO_ROOT)))
     return out
 
 
@@ -149,6 +202,12 @@ def main() -> None:
         ["servers, load", "p50 ms", "p99 ms", "max ms", "calls/s", "errors", "slow answer max s", "p99 / idle"],
         rows,
         caption=f"{load_note(info)} before, {info_after['load_average'][0]:g} after",
+    )
+    mem = results["memory"]
+    console.print(
+        f"server RSS around one large window query: {mem['rss_before_mib']:.0f} MiB before, "
+        f"{mem['rss_peak_mib']:.0f} peak, {mem['rss_after_mib']:.0f} after the call "
+        f"(query error: {mem['large_query_error']}, next cheap call error: {mem['cheap_call_after_error']})"
     )
     path = write_json(args.json_out, "bench_sandbox_load", vars(args), results, info)
     if path is not None:

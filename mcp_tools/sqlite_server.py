@@ -16,7 +16,9 @@ split (both are read-only and sandboxed alike).
 Every query goes through `mcp_tools.sandbox` (the security boundary) on a worker thread, never on
 the event loop: one slow query must not hold up the calls beside it. A watchdog a little past the
 query timeout answers even if SQLite is stuck inside one operation. Started as a program, the
-server caps its own memory (`sandbox_limits.apply_server_limits`: SQLite heap, address space).
+server caps its own memory (`sandbox_limits.apply_server_limits`: SQLite heap, address space),
+and after a call that grew its RSS hands what the query freed back to the OS
+(`sandbox_limits.release_freed_memory`).
 Every refused or failed call is an MCP error result (`is_error=True`) whose text tells the model
 what went wrong and quotes at most a clipped piece of the input; the server itself never crashes
 on input. Text output is compact (a small model reads it): tables as `col | col` lines, at most
@@ -51,6 +53,7 @@ from mcp_tools.sandbox_limits import (
     apply_server_limits,
     clip_echo,
     memory_error_message,
+    release_freed_memory,
 )
 from mcp_tools.sqlite_catalog import Catalog, CatalogError, ColumnInfo, TableInfo, find_table, quote_ident
 
@@ -256,7 +259,12 @@ class SqliteTools:
 
         def timed(timeout_s: float) -> CallToolResult:
             started.append(time.monotonic())
-            return work(timeout_s)
+            try:
+                return work(timeout_s)
+            finally:
+                # What a large query freed goes back to the OS before this thread serves another
+                # call (only when RSS grew; sandbox_limits.release_freed_memory).
+                release_freed_memory()
 
         async def runner() -> None:
             try:
