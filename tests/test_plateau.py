@@ -14,11 +14,7 @@ from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
 from skyrl_tool_agent.warmstart.plateau import PlateauRule, continuation_settings, plateau_reached, tail_gain
 from skyrl_tool_agent.warmstart.sft import SFTSettings, supervised_finetune
 
-CORPUS = [
-    f"<|im_start|>user\nHow many rows in table t{i}?<|im_end|>\n<|im_start|>assistant\n"
-    f"<answer>SELECT COUNT(*) FROM t{i} WHERE x > {i}</answer><|im_end|>\n"
-    for i in range(24)
-]
+from tests.test_warmstart import CORPUS, _examples  # the same tiny chat corpus and masks
 
 
 def _curve(values: list[float], every: int = 100) -> list[dict]:
@@ -47,16 +43,6 @@ def test_continuation_settings_are_the_warm_starts_tail_rate_held_constant() -> 
     s = continuation_settings(seed=5, eval_every=300)
     assert s.learning_rate == pytest.approx(SFTSettings().learning_rate * 0.1)
     assert (s.warmup_steps, s.seed, s.eval_every, s.time_budget_minutes) == (0, 5, 300, None)
-
-
-def _examples(tokenizer) -> list[tuple[list[int], list[int]]]:
-    out = []
-    for text in CORPUS:
-        prompt, answer = text.split("<|im_start|>assistant\n")
-        p = tokenizer(prompt + "<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-        a = tokenizer(answer, add_special_tokens=False)["input_ids"]
-        out.append((p + a, [0] * len(p) + [1] * len(a)))
-    return out
 
 
 def test_a_run_stopped_at_an_evaluation_and_resumed_matches_the_uninterrupted_run() -> None:
