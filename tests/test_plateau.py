@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
-from skyrl_tool_agent.warmstart.plateau import PlateauRule, continuation_settings, plateau_reached, tail_gain
+from skyrl_tool_agent.warmstart.plateau import (PlateauRule, continuation_settings, plateau_reached, stop_reason,
+                                                 tail_gain)
 from skyrl_tool_agent.warmstart.sft import SFTSettings, supervised_finetune
 
 from tests.test_warmstart import CORPUS, _examples  # the same tiny chat corpus and masks
@@ -37,6 +38,14 @@ def test_no_plateau_before_min_steps_or_with_too_few_evaluations() -> None:
     assert plateau_reached(flat, PlateauRule(min_steps=1000)) is True
     assert tail_gain(_curve([0.5, 0.5, 0.5]), PlateauRule(smooth=2)) is None  # windows would overlap
     assert tail_gain([], PlateauRule()) is None
+
+
+def test_stop_reason_names_a_flat_curve_or_the_step_cap() -> None:
+    rule = PlateauRule(min_gain=0.01, smooth=2, min_steps=0)
+    rising = _curve([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert stop_reason(rising, rule, max_steps=None) is None
+    assert stop_reason(rising, rule, max_steps=500) == "max_steps 500 reached before the plateau"
+    assert stop_reason(_curve([0.5] * 10), rule, max_steps=500).startswith("plateau: the last 20% of steps added +0.0")
 
 
 def test_continuation_settings_are_the_warm_starts_tail_rate_held_constant() -> None:

@@ -83,6 +83,17 @@ def plateau_reached(evals: Sequence[dict[str, Any]], rule: PlateauRule) -> bool:
     return gain is not None and evals[-1]["step"] >= rule.min_steps and gain < rule.min_gain
 
 
+def stop_reason(evals: Sequence[dict[str, Any]], rule: PlateauRule, max_steps: int | None) -> str | None:
+    """Why the build stops after the last of `evals`, or None while it goes on: a flat curve by
+    `rule`, else `max_steps` reached."""
+    if plateau_reached(evals, rule):
+        return (f"plateau: the last {100 * rule.tail_fraction:.0f}% of steps added "
+                f"{100 * tail_gain(evals, rule):+.1f} points (< {100 * rule.min_gain:.1f})")
+    if evals and max_steps is not None and evals[-1]["step"] >= max_steps:
+        return f"max_steps {max_steps} reached before the plateau"
+    return None
+
+
 def continuation_settings(seed: int, **overrides: Any) -> SFTSettings:
     """The warm start's recipe continued at the tail learning rate of its cosine schedule (a
     tenth of the peak), with no warmup and no schedule of its own (a million planned steps: the
@@ -153,8 +164,10 @@ def train_to_plateau(
         logger.info("plateau build: resuming from %s at step %d (%d evaluations so far)",
                     resume_from, resume["step"], len(resume["history"]["evals"]))
 
+    # A checkpoint whose curve already ended the build (resumed after its last evaluation): no training.
+    stopped = [reason] if resume is not None and (reason := stop_reason(resume["history"]["evals"], rule, max_steps)) else []
     t0 = time.monotonic()
-    conversations = oracle_conversations(runtime, train_tasks, oracle_settings)
+    conversations = [] if stopped else oracle_conversations(runtime, train_tasks, oracle_settings)
     examples = [conversation_to_ids(c, policy.tokenizer) for c in conversations]
     logger.info("plateau build: %d oracle episodes of %d pool tasks in %.0f s; %d held-out tasks",
                 len(examples), len(train_tasks), time.monotonic() - t0, len(heldout_tasks))
@@ -164,28 +177,20 @@ def train_to_plateau(
         return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns", "solved") if k in figures}
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    stop_reason: list[str] = []
 
     def after_eval(history: SFTHistory, state: Callable[[], dict[str, Any]]) -> bool:
         _save_checkpoint(out_dir / CHECKPOINT_DIR, policy, state())
         gain = tail_gain(history.evals, rule)
-        step = history.evals[-1]["step"]
-        logger.info("plateau build step %d: held-out EX %s, last %.0f%% of steps added %s", step,
+        logger.info("plateau build step %d: held-out EX %s, last %.0f%% of steps added %s", history.evals[-1]["step"],
                     format_rate(history.evals[-1]["execution_accuracy"], history.evals[-1]), 100 * rule.tail_fraction,
                     "n/a" if gain is None else f"{100 * gain:+.1f} points")
-        if plateau_reached(history.evals, rule):
-            stop_reason.append(f"plateau: the last {100 * rule.tail_fraction:.0f}% of steps added "
-                               f"{100 * gain:+.1f} points (< {100 * rule.min_gain:.1f})")
-            return True
-        if max_steps is not None and step >= max_steps:
-            stop_reason.append(f"max_steps {max_steps} reached before the plateau")
-            return True
-        return False
+        reason = stop_reason(history.evals, rule, max_steps)
+        stopped.extend([reason] if reason else [])
+        return reason is not None
 
-    if resume is not None and resume["history"]["evals"] and after_eval_done(resume, rule, max_steps):
+    if stopped:
         history = SFTHistory(loss=[tuple(x) for x in resume["history"]["loss"]], evals=resume["history"]["evals"],
                              seconds=resume["history"]["seconds"])
-        stop_reason.append("already flat at the checkpoint")
     else:
         history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft, evaluate=evaluate,
                                       progress=progress, resume=resume, after_eval=after_eval)
@@ -202,7 +207,7 @@ def train_to_plateau(
                      "evals": [{k: v for k, v in e.items() if k != "solved"} for e in history.evals],
                      "seconds": history.seconds, "planned_steps": len(history.loss)}
     record["plateau"] = {"rule": asdict(rule), "tail_gain": tail_gain(history.evals, rule),
-                         "stopped": stop_reason[0] if stop_reason else "schedule ended"}
+                         "stopped": stopped[0] if stopped else "schedule ended"}
     model_dir = out_dir / MODEL_DIR
     staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR}-", dir=out_dir))
     try:
@@ -217,8 +222,3 @@ def train_to_plateau(
     logger.info("plateau build: %s; model in %s", record["plateau"]["stopped"], model_dir)
     return record
 
-
-def after_eval_done(state: dict[str, Any], rule: PlateauRule, max_steps: int | None) -> bool:
-    """Whether a checkpoint's curve already ended the build (a resume after the last evaluation)."""
-    evals = state["history"]["evals"]
-    return plateau_reached(evals, rule) or (max_steps is not None and evals[-1]["step"] >= max_steps)
