@@ -86,14 +86,19 @@ def set_heap_limit(limit_bytes: int) -> int:
     return int(hard)
 
 
-def _address_space_bytes() -> int | None:
-    """Bytes of address space mapped by this process now (Linux), else None."""
+def _statm_bytes(field: int) -> int | None:
+    """Field `field` of /proc/self/statm (0: address space mapped, 1: resident) in bytes (Linux), else None."""
     try:
         with open("/proc/self/statm", encoding="ascii") as f:
-            pages = int(f.read().split()[0])
+            pages = int(f.read().split()[field])
     except (OSError, ValueError, IndexError):
         return None
     return pages * resource.getpagesize()
+
+
+def _address_space_bytes() -> int | None:
+    """Bytes of address space mapped by this process now (Linux), else None."""
+    return _statm_bytes(0)
 
 
 def _limit_malloc_arenas(arenas: int) -> None:
@@ -158,12 +163,7 @@ class _FreedMemory:
 
 def rss_bytes() -> int | None:
     """Resident memory of this process (Linux), else None."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            pages = int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pages * resource.getpagesize()
+    return _statm_bytes(1)
 
 
 _freed_memory = _FreedMemory()
