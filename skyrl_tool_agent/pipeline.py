@@ -377,7 +377,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 run_logger.log({"step": 0, **eval_metrics(before)})
             # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
             # and a resumed run has spent what its checkpoint says.
-            deadline = (time.monotonic() + 60 * t.time_budget_minutes - getattr(trainer, "prior_elapsed_s", 0.0)
+            deadline = (time.monotonic() + 60 * t.time_budget_minutes - trainer.prior_elapsed_s
                         if t.time_budget_minutes else None)
             on_step = (lambda m: progress("step", m)) if progress is not None and ctx.is_main else None
             try:
