@@ -58,7 +58,7 @@ def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
             trainer.train(run_logger, deadline=t0 + 60 * mark - trained_s)
             trained_s += time.monotonic() - t0 - trainer.last_eval_seconds
             curve.append({"minutes": trained_s / 60, "step": trainer.step, **trainer.last_eval})
-            console.print(f"GRPO {trained_s / 60:.1f} min, step {trainer.step}: dev EX "
+            console.print(f"GRPO {trained_s / 60:.1f} min, step {trainer.step}: {config.training.eval_split} EX "
                           f"{trainer.last_eval['execution_accuracy']:.3f}")
             if trainer.step >= config.training.max_steps:
                 break

@@ -166,7 +166,7 @@ class TrainingConfig(Section):
     adam_eps: float = knob(1e-8, "AdamW epsilon.", gt=0)
     max_steps: int = knob(
         200, "Training steps (one rollout batch + its updates each). On CPU the time budget ends "
-        "the run first (~38 steps in 10.5 min).", h100=300, ge=1
+        "the run first (~70 steps in 10.5 min).", h100=300, ge=1
     )
     tasks_per_step: int = knob(
         8,
