@@ -6,7 +6,8 @@ where settings are chosen), with paired-bootstrap intervals against the start an
 
 `--set` applies to every variant (e.g. the start: `--set model.name_or_path=DIR`); each `--variant`
 adds its own overrides on top (`--variant baseline=` is the main job's settings). Without
-`--variant`, the levers of the learning issue: the baseline, an execution-only reward, per-turn
+`--variant`, the levers of the learning issue: the baseline, an execution-only reward, DAPO
+dynamic sampling (refilled groups), tasks with mixed recent outcomes (adaptive curriculum), per-turn
 credit, a hotter sampler, a larger LoRA step, two update epochs, full fine-tuning. Runs are
 sequential (one at a time is the only honest timing on 2 cores). Writes JSON (per-task outcomes
 included) and a PNG of validation accuracy change per variant with its interval. Not a unit test.
@@ -32,6 +33,8 @@ from skyrl_tool_agent.eval.stats import paired_bootstrap  # noqa: E402
 DEFAULT_VARIANTS: dict[str, list[str]] = {
     "baseline": [],
     "execution_only": ["env.reward.terms=[{name: execution, weight: 1.0}]"],
+    "refill_2": ["grpo.refill_rounds=2"],
+    "adaptive_curriculum": ["grpo.curriculum.mode=adaptive"],
     "turn_credit_0.9": ["grpo.turn_credit_discount=0.9"],
     "temperature_1.2": ["grpo.temperature=1.2"],
     "lr_3e-3": ["training.learning_rate=3e-3"],

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from skyrl_tool_agent.config import UserInputError
+from skyrl_tool_agent.grpo.trainer import GRPOTrainer
 from skyrl_tool_agent.grpo.run_logging import read_metrics
 from skyrl_tool_agent.pipeline import build_loader, run_eval_tasks
 from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -222,6 +223,32 @@ def flip_filter_uniform_groups(kit: Kit) -> None:
     assert (off.kept, off.groups_dropped) == ([True] * 4, 0)
 
 
+class AlternatingGroups(GRPOTrainer):
+    """A real trainer whose rollouts give a task with an even last digit a mixed group, others a uniform one."""
+
+    def collect(self, tasks, group_size, params, settings=None, on_episode_done=None):  # type: ignore[no-untyped-def]
+        vocab = self.policy.model.config.vocab_size
+        return [episode(t.task_id, m, float(m == 0) if int(t.task_id[-1]) % 2 == 0 else 0.0, vocab=vocab)
+                for t in tasks for m in range(group_size)]
+
+
+def flip_refill_rounds(kit: Kit) -> None:
+    outs = {}
+    for rounds in (0, 4):
+        config = kit.config(training__tasks_per_step=4, grpo__group_size=2, grpo__refill_rounds=rounds,
+                            grpo__curriculum__mode="uniform")
+        outs[rounds] = kit.trainer(config, build_loader(config, TASKS), AlternatingGroups).train_step()
+    off, on = outs[0], outs[4]
+    mixed = [int(t.task_id[-1]) % 2 == 0 for t in on.tasks]
+    assert len(off.tasks) == 4 and off.metrics["train/refill_rounds"] == 0
+    assert off.metrics["train/trajectories_used"] == 2 * sum(int(t.task_id[-1]) % 2 == 0 for t in off.tasks) < 8
+    assert on.tasks[:4] == off.tasks and len(on.tasks) > 4 and 1 <= on.metrics["train/refill_rounds"] <= 4
+    assert sum(mixed) == 4 and on.metrics["train/trajectories_used"] == 8  # a full step of informative groups
+    assert [on.kept[2 * i] for i in range(len(on.tasks))] == mixed  # exactly the informative groups train
+    with pytest.raises(ValueError, match="needs filter_uniform_groups"):
+        kit.config(grpo__refill_rounds=1, grpo__filter_uniform_groups=False)
+
+
 def flip_turn_credit_discount(kit: Kit) -> None:
     tr = episode("t", 0, 1.0, turn_rewards=(-0.05, 1.0))  # turn 0: ids 4-6, turn 1: ids 9-10
     off = kit.trainer(kit.config())._token_credit(tr, 0.5)
@@ -321,6 +348,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "grpo.scale_advantages_by_batch": flip_scale_advantages_by_batch,
     "grpo.filter_uniform_groups": flip_filter_uniform_groups,
     "grpo.turn_credit_discount": flip_turn_credit_discount,
+    "grpo.refill_rounds": flip_refill_rounds,
     "grpo.loss_aggregation": flip_loss_aggregation,
     "grpo.fixed_length_normalizer": flip_fixed_length_normalizer,
     "grpo.temperature": flip_temperature,

@@ -227,3 +227,25 @@ def test_resume_with_pending_task_and_discovered_empty_bucket() -> None:
     resumed = build()
     resumed.load_state_dict(state)
     assert run(resumed, 10, 1, False) == expected
+
+
+def test_extra_draws_keep_the_step_use_its_mix_and_resume_exactly() -> None:
+    """`draw_extra` (grpo.refill_rounds): tasks at the mix of the batch just returned, the step count
+    unchanged, and a loader restored after extra draws continues exactly."""
+    tasks = make_tasks(90)
+
+    def build() -> TaskDataLoader:
+        return TaskDataLoader(tasks, CurriculumSampler("linear", start_mix={"easy": 1.0, "medium": 0.0, "hard": 0.0},
+                                                       end_mix={"easy": 0.0, "medium": 0.0, "hard": 1.0}),
+                              TaskBatcher(target_turns=float("inf"), max_batch=4), seed=3, total_steps=2)
+
+    ref = build()
+    ref.next_batch()  # step 0's batch: progress 0, all easy
+    extra = ref.draw_extra(5)
+    assert ref.step == 1 and ref.position == 9
+    assert {t.difficulty for t in extra} == {"easy"}  # step 0's mix, not step 1's (half hard)
+    state = json.loads(json.dumps(ref.state_dict()))
+    expected = [[t.task_id for t in ref.next_batch()], [t.task_id for t in ref.draw_extra(3)]]
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert [[t.task_id for t in resumed.next_batch()], [t.task_id for t in resumed.draw_extra(3)]] == expected

@@ -164,6 +164,15 @@ class GRPOConfig(Section):
         "Drop groups whose episodes all got the same reward. DAPO dynamic sampling: they carry no "
         "gradient but dilute token_mean.",
     )
+    refill_rounds: int = knob(
+        0,
+        "DAPO dynamic sampling: up to this many extra rollout rounds per step replace the groups "
+        "dropped as uniform (or as infrastructure errors) with groups of new tasks from the loader "
+        "(as many new tasks as groups are missing), until the step has as many informative groups as "
+        "tasks. 0 = a step trains on the groups it has. Each round "
+        "is another rollout (on CPU ~0.5-0.8x a step's). Needs filter_uniform_groups.",
+        ge=0,
+    )
     loss_aggregation: Aggregation = knob(
         "token_mean",
         "Loss reduction. token_mean = over all policy tokens (DAPO); sequence_mean = per "
@@ -183,6 +192,9 @@ class GRPOConfig(Section):
                 f"max_total_tokens ({self.max_total_tokens}) must be >= max_new_tokens_per_turn "
                 f"({self.max_new_tokens_per_turn})"
             )
+        if self.refill_rounds and not self.filter_uniform_groups:
+            raise ValueError(f"refill_rounds ({self.refill_rounds}) replaces groups dropped as uniform: it needs "
+                             "filter_uniform_groups: true")
         return self
 
     def resolved_fixed_length(self) -> int:

@@ -110,9 +110,8 @@ class TaskDataLoader:
             raise ValueError("no tasks in any difficulty bucket")
         return available
 
-    def _draw_task(self) -> Task:
-        """One task: a difficulty from the mix at the current progress, then a (weighted) task from it."""
-        progress = self.progress
+    def _draw_task(self, progress: float) -> Task:
+        """One task: a difficulty from the mix at `progress`, then a (weighted) task from it."""
         while True:
             difficulty = self.sampler.sample_difficulty(self._rng, progress, self._available())
             stream = self.streams[difficulty]
@@ -135,7 +134,7 @@ class TaskDataLoader:
         batch: list[Task] = []
         cost = 0.0
         while len(batch) < self.batcher.max_batch:
-            task = self._pending if self._pending is not None else self._draw_task()
+            task = self._pending if self._pending is not None else self._draw_task(self.progress)
             self._pending = None
             task_cost = self.batcher.task_cost(task, self.group_size)
             if not self.batcher.can_add(len(batch), cost, task_cost):
@@ -146,6 +145,17 @@ class TaskDataLoader:
         self.step += 1
         self.position += len(batch)
         return batch
+
+    def draw_extra(self, count: int) -> list[Task]:
+        """`count` more tasks at this step's curriculum progress, outside the batching: the tasks
+        that replace a step's uninformative groups (`grpo.refill_rounds`). The step count is
+        unchanged; the draws are part of the saved state like any other."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        progress = min(1.0, max(0, self.step - 1) / self.total_steps)  # that of the batch just returned
+        tasks = [self._draw_task(progress) for _ in range(count)]
+        self.position += len(tasks)
+        return tasks
 
     def __iter__(self) -> Iterator[list[Task]]:
         """Batches until `total_steps` batches have been returned (continues from a restored step)."""

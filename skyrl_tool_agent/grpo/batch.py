@@ -74,6 +74,7 @@ class EpisodeDecisions:
     scored: list[bool]  # not an infrastructure failure: counts in reward/* and the curriculum
     groups_dropped: int  # groups without reward spread left out by `filter_uniform_groups`
     infra_groups: int  # groups left out because one of their episodes was never scored
+    kept_groups: int = 0  # groups that enter the update
 
 
 def decide_episodes(
@@ -104,4 +105,4 @@ def decide_episodes(
     keep_group = clean & informative if filter_uniform else clean
     kept = [bool(keep_group[i // group_size]) and bool(tr.token_ids) for i, tr in enumerate(trajectories)]
     dropped = int((clean & ~informative).sum()) if filter_uniform else 0
-    return EpisodeDecisions(adv.reshape(-1).tolist(), kept, scored, dropped, int((~clean).sum()))
+    return EpisodeDecisions(adv.reshape(-1).tolist(), kept, scored, dropped, int((~clean).sum()), int(keep_group.sum()))

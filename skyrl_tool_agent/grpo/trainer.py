@@ -30,7 +30,7 @@ from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import eval_metrics, evaluation_record, reward_term_means, summarize
 from skyrl_tool_agent.grpo.advantages import turn_token_advantages
-from skyrl_tool_agent.grpo.batch import TrainBatch, collate, decide_episodes
+from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
 from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -287,9 +287,15 @@ class GRPOTrainer:
         torch.manual_seed(self.config.training.seed * 100_003 + self.step)  # sampling RNG per step
         tasks = self.loader.next_batch()
         trajectories = self.collect(tasks, g.group_size, self.sampling)
+        decided = self._decide(trajectories)
+        target, refills = len(tasks), 0
+        # DAPO dynamic sampling: new tasks for the groups that carry no signal, until the step is full.
+        while refills < g.refill_rounds and decided.kept_groups < target:
+            extra = self.loader.draw_extra(target - decided.kept_groups)
+            tasks, refills = [*tasks, *extra], refills + 1
+            trajectories = [*trajectories, *self.collect(extra, g.group_size, self.sampling)]
+            decided = self._decide(trajectories)
         rollout_s = time.monotonic() - t0
-        decided = decide_episodes(trajectories, g.group_size, estimator=g.advantage_estimator,
-                                  scale_batch=g.scale_advantages_by_batch, filter_uniform=g.filter_uniform_groups)
         groups = [trajectories[i * g.group_size:(i + 1) * g.group_size] for i in range(len(tasks))]
         # Infrastructure failures (done_reason "error") were never scored: no attempts for the curriculum.
         self.loader.record_results({
@@ -328,6 +334,7 @@ class GRPOTrainer:
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/groups_dropped": decided.groups_dropped,
             "train/groups_infra_error": decided.infra_groups,
+            "train/refill_rounds": refills,
             "train/trajectories_used": len(kept),
             "train/scored": summary["scored"],
             "train/infra_errors": summary["infra_errors"],
@@ -341,6 +348,11 @@ class GRPOTrainer:
             "time/update_s": update_s,
         }
         return StepOutput(metrics, trajectories, list(tasks), decided.advantages, decided.kept)
+
+    def _decide(self, trajectories: Sequence[Trajectory]) -> EpisodeDecisions:
+        g = self.config.grpo
+        return decide_episodes(trajectories, g.group_size, estimator=g.advantage_estimator,
+                               scale_batch=g.scale_advantages_by_batch, filter_uniform=g.filter_uniform_groups)
 
     def _token_credit(self, trajectory: Trajectory, advantage: float) -> float | torch.Tensor:
         """The episode's advantage, or per id with per-turn credit (`grpo.turn_credit_discount`)."""
