@@ -59,3 +59,19 @@ def test_cli_profile_flag_and_auto_choice_without_cuda():
     assert len(said) == 1 and "model /tmp but no CUDA" in said[0] and "--profile gpu" in said[0], err
     rc, _, err = _show("--profile", "gpu", "--config-dir", "configs")
     assert rc == 2 and err.startswith("error: --profile gpu picks among the packaged defaults"), err
+
+
+def test_gpu_profile_micro_batch_fits_an_h100_by_the_memory_estimate():
+    """The gpu profile's micro-batch at its longest episodes (rows padded to max_total_tokens) fits
+    80 GB with 15% to spare for the CUDA context and fragmentation, for the profile's model in LoRA
+    and in full ZeRO-3 on 8 GPUs (the estimate of distributed/memory.py; the profile's old 16
+    episodes needed 75-76 GiB)."""
+    from skyrl_tool_agent.distributed.memory import GB, estimate, shapes
+
+    gpu = load_config(profile="gpu")
+    assert gpu.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct" and gpu.model.gradient_checkpointing
+    tokens = gpu.training.micro_batch_size * gpu.grpo.max_total_tokens
+    s = shapes("Qwen2.5-1.5B", lora_r=gpu.model.lora.r)
+    for mode, gpus in (("lora", 1), ("full", 8)):
+        total = estimate(s, mode=mode, tokens=tokens, gpus=gpus, kl=gpu.grpo.kl_coef > 0, checkpointing=True)["total"]
+        assert total < 0.85 * 80e9, (mode, total / GB)

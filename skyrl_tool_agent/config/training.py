@@ -178,7 +178,9 @@ class TrainingConfig(Section):
         ge=1,
     )
     micro_batch_size: int = knob(
-        8, "Sequences per forward/backward pass (per GPU).", h100=16, ge=1
+        8, "Sequences per forward/backward pass (per GPU). H100: 8 episodes at grpo.max_total_tokens need "
+        "~40 GiB for Qwen2.5-1.5B and 61-64 GiB for 7B (distributed/memory.py); 16 would need 75 / 108 GiB.",
+        h100=8, ge=1
     )
     gradient_accumulation: int | None = knob(
         None,
