@@ -74,29 +74,33 @@ def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
     from huggingface_hub import ModelCard, ModelCardData
 
     from skyrl_tool_agent.config import EMBEDDED
+    from skyrl_tool_agent.env.families import resolve_family
     from skyrl_tool_agent.rewards.rubric import Rubric
 
     m, t, g = config.model, config.training, config.grpo
+    words = vocabulary(resolve_family(config.env.task_family).name)  # SQL words only for SQL
     embedded = m.name_or_path == EMBEDDED
     base = "the embedded 3.5M-parameter Qwen2 shipped with skyrl-tool-agent (warm-started)" if embedded else m.name_or_path
     data = ModelCardData(
         base_model=None if embedded or Path(m.name_or_path).exists() else m.name_or_path,
         library_name="peft" if t.mode == "lora" else "transformers",
         pipeline_tag="text-generation",
-        tags=["skyrl-tool-agent", "grpo", "reinforcement-learning", "text-to-sql", "mcp", "tool-use",
-              *(["lora"] if t.mode == "lora" else [])],
+        tags=["skyrl-tool-agent", "grpo", "reinforcement-learning", *(["text-to-sql"] if words.sql else []), "mcp",
+              "tool-use", *(["lora"] if t.mode == "lora" else [])],
     )
     before, after, delta = record["before"], record["after"], record.get("execution_accuracy_delta")
-    rows = "\n".join(f"| {key} | {format_rate(before[key])} | {format_rate(after[key])} |"
-                     for key in HEADLINE_KEYS if key in before and key in after)
+    rows = "\n".join(f"| {words.accuracy if key == 'execution_accuracy' else key} | {format_rate(before[key])} | "
+                     f"{format_rate(after[key])} |" for key in HEADLINE_KEYS if key in before and key in after)
     rows += "".join(f"\n| {key} | {before.get(key, 0):.0f} | {after.get(key, 0):.0f} |" for key in ("scored", "infra_errors")
                     if key in before or key in after)
-    change = f"\n{delta_sentence(delta, before, after).capitalize()}.\n"
+    change = f"\n{delta_sentence(delta, before, after, label=words.accuracy_label).capitalize()}.\n"
+    what, tools, answer = (("Text-to-SQL agent", "SQLite tools", "SQL") if words.sql else
+                           (f"Tool-using agent for the `{words.family}` tasks", "tools", "its final answer"))
     body = f"""
-# Text-to-SQL agent trained with GRPO over MCP tools
+# {what} trained with GRPO over MCP tools
 
 A multi-turn tool-using policy trained with skyrl-tool-agent's GRPO: it calls
-SQLite tools served over the Model Context Protocol and ends with `<answer>SQL</answer>`.
+{tools} served over the Model Context Protocol and ends with `<answer>{answer}</answer>`.
 
 - **Base model:** {base}
 - **Training:** {t.mode}{f" (LoRA r={m.lora.r}, alpha={m.lora.alpha})" if t.mode == "lora" else ""}, {record["steps"]} GRPO steps

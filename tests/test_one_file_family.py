@@ -75,3 +75,5 @@ def test_one_file_evaluates_and_trains_two_steps(tmp_path):
     # the family's own words, in the end-of-run table and the step lines: no SQL words
     assert "accuracy change:" in trained.stdout and "execution" not in trained.stdout
     assert " EX " not in trained.stdout + trained.stderr
+    card = (out / "final" / "README.md").read_text()  # the model card too
+    assert "`prices` tasks" in card and "| accuracy |" in card and "SQL" not in card and "text-to-sql" not in card
