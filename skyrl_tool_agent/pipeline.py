@@ -298,9 +298,8 @@ class LocalContext:
 
 
 class LocalBackend:
-    """Builds a single-process trainer (LoRA, QLoRA or full, on CPU, MPS or one GPU). The launched
-    backends (`distributed.replicated.ReplicatedBackend`: LoRA/QLoRA; `distributed.run.DeepSpeedBackend`:
-    full ZeRO-3) have the same two members."""
+    """Builds a single-process trainer (LoRA, QLoRA or full, on CPU, MPS or one GPU). A launch's
+    backends (`distributed`: ReplicatedBackend for LoRA, DeepSpeedBackend for full) have the same two members."""
 
     def __init__(self) -> None:
         self.ctx = LocalContext()

@@ -10,7 +10,6 @@ launches (`__main__` at the bottom).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.distributed import REPO, SCRIPT, launch_env, synthetic_batch, tiny_run_args, tiny_run_root
+from tests.fixtures.distributed import (
+    REPO,
+    SCRIPT,
+    check_exact_resume,
+    launch_env,
+    launched_rows,
+    synthetic_batch,
+    tiny_run_args,
+    tiny_run_root,
+    update_config,
+)
 
 
 def _torchrun(script: Path, *args: str, timeout: int = 280) -> subprocess.CompletedProcess:
@@ -27,16 +36,8 @@ def _torchrun(script: Path, *args: str, timeout: int = 280) -> subprocess.Comple
 
 
 def _update_config(model_dir: Path):
-    from skyrl_tool_agent.config import Config
-
-    return Config.model_validate({
-        "model": {"name_or_path": str(model_dir), "device": "cpu", "dtype": "float32", "gradient_checkpointing": True,
-                  "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
-        # max_grad_norm below the gradient's norm: clipping acts on the summed gradient
-        "training": {"mode": "lora", "micro_batch_size": 2, "update_epochs": 2, "learning_rate": 1e-3,
-                     "max_grad_norm": 0.05, "wandb": {"mode": "disabled"}},
-        "grpo": {"kl_coef": 0.1, "entropy_coef": 0.01, "temperature": 1.0},
-    })
+    # max_grad_norm below the gradient's norm: clipping acts on the summed gradient
+    return update_config(model_dir, "lora", max_grad_norm=0.05, lora={"r": 4, "alpha": 8, "dropout": 0.0})
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +99,7 @@ def test_lora_two_ranks_trains_checkpoints_and_resumes_exactly(tiny, tmp_path):
     args = tiny_run_args(tiny, "lora", max_steps=3)
     full = tmp_path / "full"
     done = _torchrun(SCRIPT, *args, "--output-dir", str(full))
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    rows = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    rows = launched_rows(done, full)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert rows[1]["episode/tasks"] == 3 and rows[1]["train/trajectories_used"] == 6  # both ranks' groups gathered
     assert rows[1]["policy_tokens"] > 0 and rows[1]["train/grad_norm"] > 0 and rows[3]["train/kl"] > 0
@@ -107,22 +107,8 @@ def test_lora_two_ranks_trains_checkpoints_and_resumes_exactly(tiny, tmp_path):
     assert (full / "final" / "adapter_model.safetensors").is_file()
     assert "before GRPO" in done.stdout  # rank 0 printed the summary
 
-    # A run that stopped after its step-2 checkpoint (copy, minus later state), resumed with --resume auto.
-    part = tmp_path / "part"
-    shutil.copytree(full, part, ignore=shutil.ignore_patterns("step-000003", "final"))
-    resumed = _torchrun(SCRIPT, *args, "--output-dir", str(part), "--resume", "auto")
-    log = resumed.stdout + resumed.stderr
-    assert resumed.returncode == 0, log[-8000:]
-    assert "resumed from" in log and "step-000002" in log
-    again = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in again] == [0, 1, 2, 3]
-    for key in ("reward/mean", "train/loss", "train/kl", "train/entropy", "train/grad_norm", "policy_tokens",
-                "eval/execution_accuracy"):
-        assert again[3][key] == pytest.approx(rows[3][key], rel=1e-5, abs=1e-7), key
-    from safetensors.torch import load_file
-
-    a, b = (load_file(str(run / "final" / "adapter_model.safetensors")) for run in (full, part))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # A run that stopped after its step-2 checkpoint, resumed with --resume auto.
+    check_exact_resume(_torchrun, args, full, tmp_path / "part", steps=3, weights="adapter_model.safetensors")
 
 
 # ------------------------------------------------------------------ worker

@@ -13,7 +13,6 @@ This file is also the worker the update test launches (`__main__` at the bottom)
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.distributed import REPO, SCRIPT, free_port, launch_env, synthetic_batch, tiny_run_args, tiny_run_root
+from tests.fixtures.distributed import (
+    REPO,
+    SCRIPT,
+    check_exact_resume,
+    free_port,
+    launch_env,
+    launched_rows,
+    synthetic_batch,
+    tiny_run_args,
+    tiny_run_root,
+    update_config,
+)
 
 
 def _deepspeed(script: Path, *args: str, timeout: int = 420) -> subprocess.CompletedProcess:
@@ -31,16 +41,7 @@ def _deepspeed(script: Path, *args: str, timeout: int = 420) -> subprocess.Compl
 
 
 def _update_config(model_dir: Path):
-    from skyrl_tool_agent.config import Config
-
-    return Config.model_validate({
-        # Checkpointing changes no numbers; single-process LoRA/full trains in eval mode where it is
-        # inactive, the ZeRO-3 policy recomputes (the worker counts layer calls).
-        "model": {"name_or_path": str(model_dir), "device": "cpu", "dtype": "float32", "gradient_checkpointing": True},
-        "training": {"mode": "full", "micro_batch_size": 2, "update_epochs": 2, "learning_rate": 1e-3,
-                     "max_grad_norm": 1.0, "wandb": {"mode": "disabled"}},
-        "grpo": {"kl_coef": 0.1, "entropy_coef": 0.01, "temperature": 1.0},
-    })
+    return update_config(model_dir, "full")
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +159,7 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
     args = tiny_run_args(tiny, "full", max_steps=2)
     full = tmp_path / "full"
     done = _deepspeed(SCRIPT, *args, "--output-dir", str(full))
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    rows = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    rows = launched_rows(done, full)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[1]["episode/tasks"] == 3 and rows[1]["train/trajectories_used"] == 6  # both ranks' groups gathered
     assert rows[1]["policy_tokens"] > 0 and rows[1]["train/grad_norm"] > 0 and rows[2]["train/kl"] > 0
@@ -178,21 +178,8 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
     ids = torch.tensor([[1, 2, 3, 4]])
     assert torch.isfinite(exported(ids).logits).all()
 
-    # A run that stopped after its step-1 checkpoint (copy, minus later state), resumed with --resume auto.
-    part = tmp_path / "part"
-    shutil.copytree(full, part, ignore=shutil.ignore_patterns("step-000002", "final"))
-    resumed = _deepspeed(SCRIPT, *args, "--output-dir", str(part), "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
-    assert "resumed from" in resumed.stdout + resumed.stderr and "step-000001" in resumed.stdout + resumed.stderr
-    again = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in again] == [0, 1, 2]
-    for key in ("reward/mean", "train/loss", "train/kl", "train/entropy", "train/grad_norm", "eval/execution_accuracy"):
-        if key in rows[2]:
-            assert again[2][key] == pytest.approx(rows[2][key], rel=1e-5, abs=1e-7), key
-    from safetensors.torch import load_file
-
-    a, b = load_file(str(full / "final" / "model.safetensors")), load_file(str(part / "final" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # A run that stopped after its step-1 checkpoint, resumed with --resume auto.
+    check_exact_resume(_deepspeed, args, full, tmp_path / "part", steps=2, weights="model.safetensors")
 
 
 # ------------------------------------------------------------------ worker

@@ -87,8 +87,9 @@ class DistContext:
 
     @property
     def comm_device(self) -> torch.device:
-        """Where collective tensors live: the GPU under NCCL, the CPU under gloo (also for MPS)."""
-        return self.device if self.backend == "nccl" else torch.device("cpu")
+        """Where collective tensors live: the CPU under gloo (whatever the model's device, MPS
+        included), else the rank's accelerator (NCCL and DeepSpeed's other device backends)."""
+        return torch.device("cpu") if self.backend == "gloo" else self.device
 
     def close(self) -> None:
         """Leave the group together: all ranks meet, then tear the backend down. Exiting with the

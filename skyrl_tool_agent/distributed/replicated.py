@@ -14,6 +14,7 @@ rank 0 alone and loaded by every rank, so they resume under any number of proces
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from skyrl_tool_agent.config import Config
@@ -52,7 +53,7 @@ class ReplicatedGRPOTrainer(DataParallelTrainer):
     """GRPO over ranks that each hold a `ReplicatedPolicy` (module doc)."""
 
     def __init__(self, config: Config, policy: ReplicatedPolicy, runtime: EnvRuntime | None,
-                 loader: TaskDataLoader | None, eval_tasks: list[Task], *, output_dir: Path) -> None:
+                 loader: TaskDataLoader | None, eval_tasks: Sequence[Task], *, output_dir: Path) -> None:
         super().__init__(config, policy, runtime, loader, eval_tasks, output_dir=output_dir, ctx=policy.ctx)
         self.policy: ReplicatedPolicy = policy
         # Every rank seeded its LoRA initialisation alike; starting from rank 0's values makes
