@@ -279,7 +279,7 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
 
 
 class LocalContext:
-    """The process group of a single-process run: rank 0 of 1. A DeepSpeed run's
+    """The process group of a single-process run: rank 0 of 1. A launched run's
     `distributed.comm.DistContext` has the same methods, so `run_training` is one loop for both,
     gated on `is_main` (one writer of files, logs and W&B)."""
 
@@ -298,8 +298,8 @@ class LocalContext:
 
 
 class LocalBackend:
-    """Builds a single-process trainer (LoRA, QLoRA or full, on CPU, MPS or one GPU). The DeepSpeed
-    ZeRO-3 backend (`distributed.run.DeepSpeedBackend`) has the same two members."""
+    """Builds a single-process trainer (LoRA, QLoRA or full, on CPU, MPS or one GPU). A launch's
+    backends (`distributed`: ReplicatedBackend for LoRA, DeepSpeedBackend for full) have the same two members."""
 
     def __init__(self) -> None:
         self.ctx = LocalContext()
@@ -317,7 +317,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                  progress: Any = None, backend: Any = None, skip_bad_records: bool = False) -> RunSummary | None:
     """Train with GRPO as configured; evaluates the fixed eval tasks before and after. `rebuild`:
     build the embedded model anew first (see `ensure_embedded_model`). `backend`: `LocalBackend()`
-    (default) or, on every rank of a DeepSpeed launch, `distributed.run.DeepSpeedBackend(config)`;
+    (default) or, on every rank of a launch, `ReplicatedBackend(config)` / `DeepSpeedBackend(config)`;
     rank 0 writes the files and returns the summary, the other ranks return None.
     `skip_bad_records`: leave out task records that fail the load-time checks (`load_task_splits`).
 
@@ -356,8 +356,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         start = time.monotonic()
         runtime = EnvRuntime(config.env, db_root)
         try:
-            # The same on every rank (DeepSpeed partitions one initialisation); a resumed run then
-            # restores the checkpoint's RNG states.
+            # The same on every rank (LoRA replicas start alike; ZeRO-3 partitions one initialisation);
+            # a resumed run then restores the checkpoint's RNG states.
             seed_everything(t.seed)
             trainer = backend.build_trainer(config, runtime, build_loader(config, train_tasks), eval_tasks, out)
             resumed = trainer.resume(resume)
@@ -386,7 +386,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 run_logger.finish()
                 raise
             after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
-            trainer.policy.save(out / "final")  # collective under ZeRO-3 (it gathers the shards)
+            trainer.policy.save(out / "final")  # collective under a launcher (rank 0 writes; ZeRO-3 gathers shards)
             run_logger.finish()
         finally:
             runtime.close()

@@ -13,9 +13,6 @@ This file is also the worker the update test launches (`__main__` at the bottom)
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,100 +20,33 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "training" / "scripts" / "train_grpo.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch_env() -> dict[str, str]:
-    return {
-        **os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO),
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions")),
-    }
+from tests.fixtures.distributed import (
+    REPO,
+    SCRIPT,
+    check_exact_resume,
+    free_port,
+    launch_env,
+    launched_rows,
+    synthetic_batch,
+    tiny_run_args,
+    tiny_run_root,
+    update_config,
+)
 
 
 def _deepspeed(script: Path, *args: str, timeout: int = 420) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
            str(script), *args]
-    return subprocess.run(cmd, env=_launch_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def _update_config(model_dir: Path):
-    from skyrl_tool_agent.config import Config
-
-    return Config.model_validate({
-        # Checkpointing changes no numbers; single-process LoRA/full trains in eval mode where it is
-        # inactive, the ZeRO-3 policy recomputes (the worker counts layer calls).
-        "model": {"name_or_path": str(model_dir), "device": "cpu", "dtype": "float32", "gradient_checkpointing": True},
-        "training": {"mode": "full", "micro_batch_size": 2, "update_epochs": 2, "learning_rate": 1e-3,
-                     "max_grad_norm": 1.0, "wandb": {"mode": "disabled"}},
-        "grpo": {"kl_coef": 0.1, "entropy_coef": 0.01, "temperature": 1.0},
-    })
-
-
-def _synthetic_batch(policy, seed: int = 0):
-    """5 right-padded rows of different lengths (3 + 2 rows over 2 ranks at micro-batch 2, so one
-    rank runs an inert micro-batch), with advantages of both signs and near-on-policy old log-probs."""
-    from skyrl_tool_agent.grpo.batch import TrainBatch
-
-    gen = torch.Generator().manual_seed(seed)
-    lengths = [30, 22, 41, 17, 35]
-    width, vocab = max(lengths), policy.model.config.vocab_size
-    ids = torch.full((5, width), policy.tokenizer.pad_token_id, dtype=torch.long)
-    attention = torch.zeros((5, width), dtype=torch.long)
-    for row, n in enumerate(lengths):
-        ids[row, :n] = torch.randint(5, vocab, (n,), generator=gen)
-        attention[row, :n] = 1
-    loss_mask = torch.zeros((5, width - 1), dtype=torch.bool)
-    for row, n in enumerate(lengths):
-        loss_mask[row, 8 : n - 1] = True
-    with torch.no_grad():
-        logp, _ = policy.token_logprobs(ids, attention)
-    old = (logp + 0.05 * torch.randn(logp.shape, generator=gen)) * loss_mask
-    adv = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3]).unsqueeze(1) * loss_mask
-    return TrainBatch(ids, attention, loss_mask, old, adv)
+    return update_config(model_dir, "full")
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """Tasks, the shop database and a tiny randomly initialised Qwen2 (+ BPE tokenizer with the chat
-    template): these tests check the distributed machinery, not what the model learns."""
-    from skyrl_tool_agent.config import EnvConfig
-    from skyrl_tool_agent.data.tasks import save_tasks
-    from skyrl_tool_agent.env.chat_format import (
-        format_answer,
-        format_tool_call,
-        render_conversation,
-        system_prompt_with_tools,
-        tool_to_openai,
-    )
-    from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
-    from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
-
-    root = tmp_path_factory.mktemp("ds")
-    make_shop_db(root / "dbs")
-    save_tasks(SHOP_TASKS, root / "train.json")
-    save_tasks(SHOP_TASKS, root / "dev.json")
-    rt = EnvRuntime(EnvConfig(), root / "dbs")
-    try:  # the real system prompt (tool list from the MCP server), so prompts tokenise compactly
-        system = system_prompt_with_tools([tool_to_openai(t.name, t.description or "", t.input_schema) for t in rt.tools])
-    finally:
-        rt.close()
-    corpus = [render_conversation([{"role": "system", "content": system}, {"role": "user", "content": t.question},
-                                   {"role": "assistant", "content": format_tool_call("list_tables", {"db_id": t.db_id})},
-                                   {"role": "assistant", "content": format_answer(t.gold_sql)}]) for t in SHOP_TASKS]
-    tokenizer = train_tokenizer(corpus * 10, 400)
-    model = new_tiny_qwen2(tokenizer, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128)
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    return root
+    return tiny_run_root(tmp_path_factory.mktemp("ds"))
 
 
 # ------------------------------------------------------------------ no launch
@@ -160,7 +90,7 @@ def test_memory_estimates_use_exact_qwen_sizes_and_shard_full_mode():
 
 
 def test_update_shards_cover_every_row_once_and_balance_tokens():
-    from skyrl_tool_agent.distributed.trainer import balanced_shards
+    from skyrl_tool_agent.distributed.data_parallel import balanced_shards
 
     lengths = [41, 35, 30, 22, 17, 90, 5, 5]
     for parts in (1, 2, 3, 8, 10):
@@ -172,10 +102,10 @@ def test_update_shards_cover_every_row_once_and_balance_tokens():
 
 
 def test_inert_micro_batch_adds_no_loss_tokens(tiny):
-    from skyrl_tool_agent.distributed.trainer import inert_micro_batch
+    from skyrl_tool_agent.distributed.data_parallel import inert_micro_batch
     from tests.fixtures.tiny_policy import tiny_policy
 
-    batch = _synthetic_batch(tiny_policy(tiny / "model", "full"))
+    batch = synthetic_batch(tiny_policy(tiny / "model", "full"))
     inert = inert_micro_batch(batch)
     assert len(inert) == 1 and inert.input_ids.shape[1] == 17  # the shortest row, trimmed
     assert not inert.loss_mask.any() and not inert.advantages.any()
@@ -192,7 +122,7 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
 
     config = _update_config(tiny / "model")
     policy = QwenPolicy.from_config(config.model, mode="full")
-    batch = _synthetic_batch(policy)
+    batch = synthetic_batch(policy)
     torch.save(batch, tmp_path / "batch.pt")
     res = _deepspeed(Path(__file__), "update-worker", str(tiny / "model"), str(tmp_path))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -226,23 +156,10 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
 def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    sets = {
-        "model.name_or_path": tiny / "model", "model.device": "cpu",
-        "training.data.train_file": tiny / "train.json", "training.data.dev_file": tiny / "dev.json",
-        "training.data.train_pool": "file",
-        "training.data.db_root": tiny / "dbs", "training.max_steps": 2, "training.tasks_per_step": 3,
-        "training.checkpoint_every": 1, "training.keep_checkpoints": 3, "training.eval_every": 0,
-        "training.eval_num_tasks": 2, "training.learning_rate": 1e-3, "training.wandb.mode": "disabled",
-        "training.seed": 7, "grpo.group_size": 2, "grpo.max_turns": 3, "grpo.max_new_tokens_per_turn": 32,
-        "grpo.max_total_tokens": 1200, "grpo.filter_uniform_groups": False, "grpo.kl_coef": 0.05,
-        # The tiny model rarely earns a reward in 2 steps: the entropy bonus guarantees a gradient.
-        "grpo.entropy_coef": 0.01,
-    }
-    args = ["--mode", "full"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    args = tiny_run_args(tiny, "full", max_steps=2)
     full = tmp_path / "full"
     done = _deepspeed(SCRIPT, *args, "--output-dir", str(full))
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    rows = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    rows = launched_rows(done, full)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[1]["episode/tasks"] == 3 and rows[1]["train/trajectories_used"] == 6  # both ranks' groups gathered
     assert rows[1]["policy_tokens"] > 0 and rows[1]["train/grad_norm"] > 0 and rows[2]["train/kl"] > 0
@@ -261,21 +178,8 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
     ids = torch.tensor([[1, 2, 3, 4]])
     assert torch.isfinite(exported(ids).logits).all()
 
-    # A run that stopped after its step-1 checkpoint (copy, minus later state), resumed with --resume auto.
-    part = tmp_path / "part"
-    shutil.copytree(full, part, ignore=shutil.ignore_patterns("step-000002", "final"))
-    resumed = _deepspeed(SCRIPT, *args, "--output-dir", str(part), "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
-    assert "resumed from" in resumed.stdout + resumed.stderr and "step-000001" in resumed.stdout + resumed.stderr
-    again = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in again] == [0, 1, 2]
-    for key in ("reward/mean", "train/loss", "train/kl", "train/entropy", "train/grad_norm", "eval/execution_accuracy"):
-        if key in rows[2]:
-            assert again[2][key] == pytest.approx(rows[2][key], rel=1e-5, abs=1e-7), key
-    from safetensors.torch import load_file
-
-    a, b = load_file(str(full / "final" / "model.safetensors")), load_file(str(part / "final" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # A run that stopped after its step-1 checkpoint, resumed with --resume auto.
+    check_exact_resume(_deepspeed, args, full, tmp_path / "part", steps=2, weights="model.safetensors")
 
 
 # ------------------------------------------------------------------ worker
@@ -286,7 +190,7 @@ def _update_worker(model_dir: str, out: str) -> None:
     from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
 
     config = _update_config(Path(model_dir))
-    ctx = DistContext.init()
+    ctx = DistContext.init_deepspeed()
     raw = config.load_deepspeed().model_dump(mode="json", exclude_none=True)
     raw["bf16"] = {"enabled": False}
     ds = resolve_deepspeed_config(raw, config, hidden_size=64, world_size=ctx.world_size)

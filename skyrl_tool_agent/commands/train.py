@@ -3,7 +3,8 @@
     skyrl-tool-agent train --mode lora            # the embedded default, on this CPU
     skyrl-tool-agent train --mode lora --set model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct
     skyrl-tool-agent train --config run.yaml      # every section from one YAML file (e.g. a run's config.yaml)
-    deepspeed --num_gpus 8 training/scripts/train_grpo.py --mode full   # ZeRO-3: docs/distributed.md
+    torchrun --nproc_per_node 8 training/scripts/train_grpo.py --mode lora   # data parallel: docs/distributed.md
+    deepspeed --num_gpus 8 training/scripts/train_grpo.py --mode full        # ZeRO-3: docs/distributed.md
 
 (`python training/scripts/train_grpo.py` is the same command.) All knobs have defaults shipped in the
 package (the repository's configs/*.yaml are a documented copy; `skyrl-tool-agent knobs` lists them);
@@ -95,17 +96,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                                      "`hf auth login`); nothing was trained")
         from skyrl_tool_agent.reporting import print_before_after, push_to_hub
 
-        if config.training.mode == "lora" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise UserInputError("LoRA/QLoRA training runs in one process: start it with python, not a "
-                                 "distributed launcher (multi-GPU training is --mode full)")
         from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
         from skyrl_tool_agent.pipeline import run_training
 
         backend = None
-        if config.training.mode == "full" and "WORLD_SIZE" in os.environ:  # deepspeed / accelerate / torchrun
-            from skyrl_tool_agent.distributed import deepspeed_backend
+        if "WORLD_SIZE" in os.environ:  # torchrun / accelerate / deepspeed: every rank runs this
+            if config.training.mode == "full":
+                from skyrl_tool_agent.distributed import deepspeed_backend
 
-            backend = deepspeed_backend(config)  # ZeRO-3, also on 1 GPU
+                backend = deepspeed_backend(config)  # ZeRO-3, also on 1 GPU
+            else:
+                from skyrl_tool_agent.distributed.replicated import ReplicatedBackend
+
+                backend = ReplicatedBackend(config)  # LoRA/QLoRA: a replica per rank, gradients summed
         main_rank = backend is None or backend.ctx.is_main
         t = config.training
         from skyrl_tool_agent.env.families import resolve_family

@@ -1,13 +1,16 @@
-"""Full-parameter training over several processes with DeepSpeed ZeRO-3 (`--mode full` under
-`deepspeed` or `accelerate launch`). docs/distributed.md has the launch recipes and memory figures.
+"""Training over several processes: LoRA/QLoRA replicas over plain `torch.distributed`, and
+full-parameter training with DeepSpeed ZeRO-3, each started by a launcher that sets WORLD_SIZE
+(`torchrun`, `accelerate launch`, `deepspeed`). docs/distributed.md has the recipes and memory figures.
 
-* `comm`        process group (NCCL on GPUs, gloo on CPU) and lockstep generation rounds
-* `engine`      resolved DeepSpeed config, sharded model + reference, `DeepSpeedPolicy`
-* `trainer`     `DistributedGRPOTrainer`: task sharding, gathered rewards, balanced update shards
-* `checkpoint`  engine checkpoints + consolidated 16-bit export, resume
-* `run`         `DeepSpeedBackend`, which `pipeline.run_training` runs on every rank
+* `comm`           process group (NCCL on GPUs, gloo on CPU), gradient sums, lockstep generation rounds
+* `data_parallel`  `DataParallelTrainer`: task sharding, gathered rewards, balanced update shards
+* `replicated`     LoRA/QLoRA: `ReplicatedBackend`, a whole policy per rank, gradients all-reduced
+* `engine`         full mode: resolved DeepSpeed config, sharded model + reference, `DeepSpeedPolicy`
+* `trainer`        full mode: `DistributedGRPOTrainer` (ZeRO-3 engine)
+* `checkpoint`     full mode's engine checkpoints + consolidated 16-bit export; the agreed resume point
+* `run`            `DeepSpeedBackend`; the backends are what `pipeline.run_training` runs on every rank
 
-Nothing here is imported by single-process runs; DeepSpeed is imported only when used.
+Nothing here is imported by single-process runs; DeepSpeed is imported only by full mode.
 """
 
 from __future__ import annotations

@@ -87,26 +87,36 @@ def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int)
     return final
 
 
-def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> int | None:
-    """Restore engine (weights + optimizer shards), LR schedule, RNG and loader from `path` ('auto' =
-    the latest complete checkpoint, if any) and return its step. Collective; None when there is none."""
-    ctx = parts.ctx
+def agreed_checkpoint(ctx: Any, root: Path, path: str) -> Path | None:
+    """The checkpoint every rank resumes from: `path`, or with 'auto' the latest intact one under
+    `root` (None: there is none). Rank 0 chooses and verifies the manifest, then tells the others,
+    so all ranks load the same one (even if one sees the directory late) and a bad checkpoint is
+    a CheckpointError on every rank rather than a rank waiting forever. Collective."""
     decision: tuple[str | None, str | None] = (None, None)  # (checkpoint, or why none can be used)
-    if ctx.is_main:  # verifies the manifests; a failure is broadcast so no rank waits forever
+    if ctx.is_main:
         try:
-            found = latest_checkpoint(parts.root) if path == "auto" else Path(path)
+            found = latest_checkpoint(root) if path == "auto" else Path(path)
             if found is not None:
                 verify_checkpoint(found)
             decision = (str(found) if found is not None else None, None)
         except CheckpointError as exc:
             decision = (None, str(exc))
-    chosen, problem = ctx.broadcast_object(decision)  # one decision, even if a rank sees the directory late
+    chosen, problem = ctx.broadcast_object(decision)
     if problem is not None:
         raise CheckpointError(problem)
     if chosen is None:
-        logger.info("no checkpoint under %s: starting fresh", parts.root)
+        logger.info("no checkpoint under %s: starting fresh", root)
         return None
-    ckpt = Path(chosen)
+    return Path(chosen)
+
+
+def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> int | None:
+    """Restore engine (weights + optimizer shards), LR schedule, RNG and loader from `path` ('auto' =
+    the latest complete checkpoint, if any) and return its step. Collective; None when there is none."""
+    ctx = parts.ctx
+    ckpt = agreed_checkpoint(ctx, parts.root, path)
+    if ckpt is None:
+        return None
     if not (ckpt / STATE_FILE).is_file() or not (ckpt / ENGINE_DIR / ENGINE_TAG).is_dir():
         raise UserInputError(f"not a full-mode (DeepSpeed) checkpoint: {ckpt}")
     state = json.loads((ckpt / STATE_FILE).read_text())

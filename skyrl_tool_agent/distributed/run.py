@@ -9,7 +9,6 @@ evaluation, updates and saves.
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -39,9 +38,7 @@ class DeepSpeedBackend:
     configs/accelerate_config.yaml ...`; docs/distributed.md has the recipes)."""
 
     def __init__(self, config: Config) -> None:
-        self.ctx = DistContext.init()
-        if not self.ctx.is_main:
-            logging.getLogger().setLevel(logging.WARNING)  # one rank narrates
+        self.ctx = DistContext.init_deepspeed()
         self.ds_file = deepspeed_config_for(config)  # validated (ZeRO-3, bf16) before any work
 
     def build_trainer(self, config: Config, runtime: EnvRuntime, loader: TaskDataLoader, eval_tasks: list[Task],

@@ -1,0 +1,138 @@
+"""LoRA data parallel on 2 CPU processes (torchrun, gloo): the update equals a single-process update
+on the same batch, and `torchrun --nproc_per_node 2 train_grpo.py --mode lora` trains, checkpoints
+and resumes to the metrics and adapters of an uninterrupted run.
+
+The launched tests are marked slow (each launch imports torch and transformers in two processes);
+they are the only way to exercise the collectives. This file is also the worker the update test
+launches (`__main__` at the bottom).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.fixtures.distributed import (
+    REPO,
+    SCRIPT,
+    check_exact_resume,
+    launch_env,
+    launched_rows,
+    synthetic_batch,
+    tiny_run_args,
+    tiny_run_root,
+    update_config,
+)
+
+
+def _torchrun(script: Path, *args: str, timeout: int = 280) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
+    return subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def _update_config(model_dir: Path):
+    # max_grad_norm below the gradient's norm: clipping acts on the summed gradient
+    return update_config(model_dir, "lora", max_grad_norm=0.05, lora={"r": 4, "alpha": 8, "dropout": 0.0})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_run_root(tmp_path_factory.mktemp("dp"))
+
+
+def test_gradient_accumulation_is_refused_under_a_launcher(tiny):
+    from skyrl_tool_agent.config import UserInputError
+    from skyrl_tool_agent.distributed.data_parallel import DataParallelTrainer
+
+    config = _update_config(tiny / "model")
+    config.training.gradient_accumulation = 2
+    with pytest.raises(UserInputError, match=r"^training\.gradient_accumulation: .*distributed launcher"):
+        DataParallelTrainer(config, None, None, None, [], output_dir=tiny / "unused", ctx=None)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ launched
+@pytest.mark.slow
+def test_two_rank_lora_update_equals_single_process_update(tiny, tmp_path):
+    """Same batches, fp32: 5 rows of different lengths (shards of 3 and 2 rows at micro-batch 2,
+    KL against the adapter-free model, entropy bonus, clipping, 2 epochs), then 1 row (rank 1's
+    shard is empty): the ranks' adapters equal each other and the single-process GRPOTrainer's."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from skyrl_tool_agent.grpo.checkpoint import seed_everything
+    from skyrl_tool_agent.grpo.trainer import GRPOTrainer
+    from skyrl_tool_agent.policy.qwen import QwenPolicy
+
+    config = _update_config(tiny / "model")
+    seed_everything(1)  # rank 0's seed in the worker; rank 1 draws other adapters, replaced by rank 0's
+    policy = QwenPolicy.from_config(config.model, mode="lora")
+    batches = [synthetic_batch(policy), synthetic_batch(policy, seed=1, lengths=(26,))]
+    torch.save(batches, tmp_path / "batches.pt")
+    res = _torchrun(Path(__file__), "update-worker", str(tiny / "model"), str(tmp_path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+    trainer = GRPOTrainer(config, policy, None, None, [], output_dir=tmp_path / "single")
+    expected = [trainer._update(batch) for batch in batches]
+    got = json.loads((tmp_path / "stats.json").read_text())
+    assert got.pop("replica_max_diff") == 0.0  # the same update on every rank
+    for want, have in zip(expected, got["updates"], strict=True):
+        assert set(have) == set(want)
+        for key, value in want.items():
+            if key != "ratio_max":  # a token-weighted maximum depends on how rows are split
+                assert have[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert expected[0]["grad_norm"] > 2 * config.training.max_grad_norm and expected[0]["kl"] > 0
+
+    adapters = load_file(str(tmp_path / "weights" / "adapter_model.safetensors"))
+    state = get_peft_model_state_dict(policy.model)
+    assert adapters.keys() == state.keys()
+    for name, value in adapters.items():  # AdamW's first steps (~lr each) magnify float noise in tiny gradients
+        torch.testing.assert_close(value, state[name], rtol=0, atol=2e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_lora_two_ranks_trains_checkpoints_and_resumes_exactly(tiny, tmp_path):
+    args = tiny_run_args(tiny, "lora", max_steps=3)
+    full = tmp_path / "full"
+    done = _torchrun(SCRIPT, *args, "--output-dir", str(full))
+    rows = launched_rows(done, full)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert rows[1]["episode/tasks"] == 3 and rows[1]["train/trajectories_used"] == 6  # both ranks' groups gathered
+    assert rows[1]["policy_tokens"] > 0 and rows[1]["train/grad_norm"] > 0 and rows[3]["train/kl"] > 0
+    assert json.loads((full / "checkpoints" / "step-000003" / "trainer_state.json").read_text())["step"] == 3
+    assert (full / "final" / "adapter_model.safetensors").is_file()
+    assert "before GRPO" in done.stdout  # rank 0 printed the summary
+
+    # A run that stopped after its step-2 checkpoint, resumed with --resume auto.
+    check_exact_resume(_torchrun, args, full, tmp_path / "part", steps=3, weights="adapter_model.safetensors")
+
+
+# ------------------------------------------------------------------ worker
+def _update_worker(model_dir: str, out: str) -> None:
+    """Two `_update`s on the saved batches over the launched ranks; rank 0 writes the stats."""
+    from skyrl_tool_agent.distributed.comm import DistContext
+    from skyrl_tool_agent.distributed.replicated import ReplicatedGRPOTrainer, ReplicatedPolicy
+    from skyrl_tool_agent.grpo.checkpoint import seed_everything
+
+    config = _update_config(Path(model_dir))
+    ctx = DistContext.init(torch.device("cpu"))
+    seed_everything(1 + ctx.rank)  # different adapters per rank: the trainer must start all from rank 0's
+    policy = ReplicatedPolicy.on_rank(config, ctx)
+    trainer = ReplicatedGRPOTrainer(config, policy, None, None, [], output_dir=Path(out) / "dist")
+    stats = [trainer._update(batch) for batch in torch.load(Path(out) / "batches.pt", weights_only=False)]
+    policy.save(Path(out) / "weights")
+    flat = torch.cat([p.detach().reshape(-1) for p in policy.trainable_parameters()])
+    replicas = ctx.all_gather_object(flat)
+    if ctx.is_main:
+        diff = max(float((r - flat).abs().max()) for r in replicas)
+        (Path(out) / "stats.json").write_text(json.dumps({"updates": stats, "replica_max_diff": diff}))
+    ctx.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["update-worker"]:
+        _update_worker(*sys.argv[2:4])
