@@ -16,6 +16,7 @@ included) and a PNG of validation accuracy change per variant with its interval.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +36,7 @@ DEFAULT_VARIANTS: dict[str, list[str]] = {
     "execution_only": ["env.reward.terms=[{name: execution, weight: 1.0}]"],
     "refill_2": ["grpo.refill_rounds=2"],
     "adaptive_curriculum": ["grpo.curriculum.mode=adaptive"],
-    "turn_credit_0.9": ["grpo.turn_credit_discount=0.9"],
+    "turn_credit_0.9": ["env.shaping_rewards=true", "grpo.turn_credit_discount=0.9"],
     "temperature_1.2": ["grpo.temperature=1.2"],
     "lr_3e-3": ["training.learning_rate=3e-3"],
     "update_epochs_2": ["training.update_epochs=2"],
@@ -48,7 +49,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     name, sep, rest = text.partition("=")
     if not sep or not name:
         raise SystemExit(f"error: --variant {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...] (or NAME= for none)")
-    return name, [o for o in rest.split(",") if o]
+    return name, [o for o in re.split(r",(?=[\w.]+=)", rest) if o]  # a comma inside a value (a YAML list) stays
 
 
 def interval(before: list[Any], after: list[Any]) -> dict[str, float]:
