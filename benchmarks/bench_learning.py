@@ -82,10 +82,7 @@ def grpo_from_run(run_dir: Path) -> dict[str, Any]:
 
 
 def plot(results: dict[str, Any], out_png: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from skyrl_tool_agent.eval.plots import plt, save_figure  # pyplot on the headless backend
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     start = results["start"]["execution_accuracy"]
@@ -106,11 +103,7 @@ def plot(results: dict[str, Any], out_png: Path, title: str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
     fig.text(0.01, 0.01, "bands: 95% paired-bootstrap interval of the change from the start", fontsize=7, color="grey")
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:

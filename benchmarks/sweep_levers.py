@@ -61,10 +61,7 @@ def points(d: dict[str, float]) -> str:
 
 
 def plot(results: dict[str, Any], out_png: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from skyrl_tool_agent.eval.plots import plt, save_figure  # pyplot on the headless backend
 
     names = list(results)
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
@@ -78,11 +75,7 @@ def plot(results: dict[str, Any], out_png: Path, title: str) -> Path:
     ax.set_xlabel("validation EX change from the start, points (95% paired bootstrap)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,6 +24,15 @@ PANELS = [
 ]
 
 
+def save_figure(fig: plt.Figure, out_png: Path, *, dpi: int = 110) -> Path:
+    """Lay out `fig`, write it to `out_png` (its folder made) and free it."""
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=dpi)
+    plt.close(fig)
+    return out_png
+
+
 def _rolling_mean(values: list[float], window: int) -> list[float]:
     return [sum(values[max(0, i - window + 1): i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
@@ -61,11 +70,7 @@ def plot_training_curves(metrics_path: Path, out_png: Path, *, eval_split: str =
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png)
 
 
 def plot_accuracy_by_difficulty(by_difficulty: Mapping[str, Mapping[str, float]], out_png: Path, title: str = "", *,
@@ -82,8 +87,4 @@ def plot_accuracy_by_difficulty(by_difficulty: Mapping[str, Mapping[str, float]]
     ax.set_title(title or f"{label.capitalize()} by difficulty")
     for i, v in enumerate(rates):
         ax.text(i, (v or 0.0) + 0.02, "unscored" if v is None else f"{v:.2f}", ha="center")
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png)
