@@ -203,6 +203,51 @@ def test_collector_reports_a_broken_gold_query_and_keeps_going(runtime):
     assert out[2].result.done_reason == "error" and "cannot read the schema of database 'missing'" in out[2].result.error
 
 
+class _CharTokenizer:
+    """Token ids without a model, one per character: the collector only counts and appends them."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return 0
+
+
+def test_an_episode_ended_by_the_token_budget_is_scored_through_the_envs_public_score(runtime, monkeypatch):
+    """The collector ends an episode at its token budget and scores it by the env's public
+    `score`, the one `step` uses (it read the private `_score` before)."""
+    import asyncio
+
+    from skyrl_tool_agent.rollout.agents import OracleAgent
+    from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+
+    scored: list[int] = []
+    original = MCPToolEnvironment.score
+
+    def spy(env: MCPToolEnvironment):
+        scored.append(env.turns)
+        return original(env)
+
+    monkeypatch.setattr(MCPToolEnvironment, "score", spy)
+    collector = TrajectoryCollector(runtime, OracleAgent(), tokenizer=_CharTokenizer(),
+                                    settings=CollectorSettings(max_total_tokens=1))  # no room for a first turn
+    (episode,) = asyncio.run(collector.collect([SHOP_TASKS[0]]))
+    assert episode.result.done_reason == "max_tokens" and scored == [0]
+    assert episode.result.components["execution"] == 0.0 and not episode.result.solved
+
+
+def test_the_collector_reads_no_private_member_of_the_env():
+    import ast
+
+    from skyrl_tool_agent.rollout import collector
+
+    tree = ast.parse(Path(collector.__file__).read_text())
+    private = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                      and isinstance(node.value, ast.Name) and node.value.id == "env"
+                      and node.attr.startswith("_") and not node.attr.startswith("__")})
+    assert not private, f"the collector reads the env's private {private}"
+
+
 def test_tool_prefix_runs_two_servers_that_list_the_same_tools(cfg_dir, shop_root):
     """The documented fix for duplicate tool names, from a config file through a real episode:
     a second sqlite server with tool_prefix 'b_' offers b_execute_sql next to execute_sql."""

@@ -207,7 +207,11 @@ class MCPToolEnvironment(BaseTextEnv):
         text = "Error: " + " ".join(errors)
         return text + "\n" + format_tool_response(results) if results else text
 
-    def _score(self) -> RewardBreakdown:
+    def score(self) -> RewardBreakdown:
+        """The reward of the episode as it stands: its answer if it gave one, else none (blocking:
+        the answer and gold query run). `step` scores with it when the episode ends; a caller that
+        ends an episode itself (the collector, at its token budget) scores it with it too, so both
+        endings are scored by one rule."""
         settings = self.runtime.settings
         episode = Episode(
             answer=self.final_sql,
@@ -227,7 +231,7 @@ class MCPToolEnvironment(BaseTextEnv):
         """Synchronous step (skyrl-gym API): tool calls go to the shared pool's own event loop."""
         plan = self._plan(action)
         if plan.done:
-            self.reward = self._score()
+            self.reward = self.score()
         results = self.runtime.call_tools_sync([(c.name, c.arguments) for c in plan.calls])
         return self._finish(plan, results)
 
@@ -235,7 +239,7 @@ class MCPToolEnvironment(BaseTextEnv):
         """The same step for asyncio callers: calls of one turn run concurrently, scoring in a thread."""
         plan = self._plan(action)
         if plan.done:
-            self.reward = await asyncio.to_thread(self._score)
+            self.reward = await asyncio.to_thread(self.score)
         results = await asyncio.gather(*(self.runtime.call_tool(c.name, c.arguments) for c in plan.calls))
         return self._finish(plan, results)
 

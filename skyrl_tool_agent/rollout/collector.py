@@ -257,7 +257,7 @@ class TrajectoryCollector:
                 traj.loss_mask += [0] * len(obs_ids)
                 traj.sampling_logprobs += [0.0] * len(obs_ids)
         if not env.done:  # ended by the token budget: score what we have (no answer)
-            env.reward = await asyncio.to_thread(env._score)
+            env.reward = await asyncio.to_thread(env.score)
             done_reason = done_reason or "max_tokens"
             metadata = {"done_reason": done_reason, "reward_components": env.reward.as_dict(), **env.get_metrics()}
             if traj.turn_rewards:
