@@ -248,6 +248,31 @@ def test_the_collector_reads_no_private_member_of_the_env():
     assert not private, f"the collector reads the env's private {private}"
 
 
+def test_the_collector_builds_its_envs_from_the_task_not_from_a_skyrl_row(runtime, monkeypatch):
+    """Our own loop hands the env the Task (`MCPToolEnvironment.for_task`); the row constructor is
+    skyrl_gym.make's way in, and both build the same episode."""
+    import asyncio
+
+    from skyrl_tool_agent.rollout.agents import OracleAgent
+    from skyrl_tool_agent.rollout.collector import TrajectoryCollector
+
+    task = SHOP_TASKS[0]
+    row = MCPToolEnvironment(extras={**_extras(task, max_turns=3), "reward_spec": {"ground_truth": task.gold_sql,
+                                                                                   "keep_distinct": False}},
+                             runtime=runtime)
+    direct = MCPToolEnvironment.for_task(task, runtime, max_turns=3, keep_distinct=False)
+    assert vars(direct) == vars(row)
+    prompt = [{"role": "user", "content": task.question}]
+    assert direct.init(prompt) == row.init(prompt)
+
+    def no_rows(*_args, **_kwargs):
+        raise AssertionError("the collector packed the task into a SkyRL row")
+
+    monkeypatch.setattr(MCPToolEnvironment, "__init__", no_rows)
+    (episode,) = asyncio.run(TrajectoryCollector(runtime, OracleAgent()).collect([task]))
+    assert episode.result.solved
+
+
 def test_tool_prefix_runs_two_servers_that_list_the_same_tools(cfg_dir, shop_root):
     """The documented fix for duplicate tool names, from a config file through a real episode:
     a second sqlite server with tool_prefix 'b_' offers b_execute_sql next to execute_sql."""

@@ -213,11 +213,7 @@ class TrajectoryCollector:
 
     async def _episode(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
         s = self.settings
-        env = MCPToolEnvironment(
-            extras={"reward_spec": {"ground_truth": task.gold_sql, "keep_distinct": s.keep_distinct},
-                    "db_id": task.db_id, "max_turns": s.max_turns},
-            runtime=self.runtime,
-        )
+        env = MCPToolEnvironment.for_task(task, self.runtime, max_turns=s.max_turns, keep_distinct=s.keep_distinct)
         messages, env_info = env.init([task_user_message(task.db_id, task.question)])
         record = self.tokenizer is not None
         traj = Trajectory(task.task_id, index, list(messages), EpisodeResult(task.task_id, task.db_id))
