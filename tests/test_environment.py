@@ -273,6 +273,23 @@ def test_the_collector_builds_its_envs_from_the_task_not_from_a_skyrl_row(runtim
     assert episode.result.solved
 
 
+def test_one_default_episode_limit_for_a_row_the_collector_and_a_run(runtime):
+    """A SkyRL row without max_turns, `CollectorSettings()` and a run of the default config end
+    episodes alike (the env said 6 turns, the collector 6 turns and 2,048 tokens, the config 3
+    and 1,536): every default is the config's knob, referenced."""
+    from skyrl_tool_agent.config import Config
+    from skyrl_tool_agent.env.environment import DEFAULT_MAX_TURNS
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+
+    config = Config()
+    row = MCPToolEnvironment(extras=_extras(SHOP_TASKS[0]), runtime=runtime)
+    assert row.max_turns == DEFAULT_MAX_TURNS == config.grpo.max_turns  # build-data --export's default too
+    limits = ("max_turns", "max_new_tokens_per_turn", "max_total_tokens", "concurrency", "max_batch",
+              "max_episode_retries")
+    default, configured = CollectorSettings(), CollectorSettings.from_config(config)
+    assert {k: getattr(default, k) for k in limits} == {k: getattr(configured, k) for k in limits}
+
+
 def test_tool_prefix_runs_two_servers_that_list_the_same_tools(cfg_dir, shop_root):
     """The documented fix for duplicate tool names, from a config file through a real episode:
     a second sqlite server with tool_prefix 'b_' offers b_execute_sql next to execute_sql."""

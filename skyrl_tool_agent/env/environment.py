@@ -30,6 +30,8 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.config.grpo import GRPOConfig
 from skyrl_tool_agent.data.tasks import Task, db_path_for
 from skyrl_tool_agent.env import skyrl_sql
 from skyrl_tool_agent.env.chat_format import system_prompt_with_tools, tool_to_openai
@@ -41,8 +43,9 @@ from skyrl_tool_agent.rewards.terms import Episode
 
 logger = logging.getLogger(__name__)
 
-# Used when the dataset row does not say (SkyRL-SQL's default is 5; the oracle needs 4 on most tasks).
-DEFAULT_MAX_TURNS = 6
+#: Turns of an episode whose dataset row does not say: `grpo.max_turns`'s default, so a SkyRL row
+#: and our own run end an episode alike (SkyRL-train's generator sets every row's max_turns anyway).
+DEFAULT_MAX_TURNS: int = default_of(GRPOConfig, "max_turns")
 
 
 @dataclass

@@ -17,6 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.config.env import CollectorConfig
+from skyrl_tool_agent.config.grpo import GRPOConfig
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import render_conversation, render_observation, task_user_message
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
@@ -34,14 +37,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CollectorSettings:
-    """Episode limits and concurrency (mapped from GRPOConfig/EnvConfig by the caller)."""
+    """Episode limits and concurrency (mapped from GRPOConfig/EnvConfig by `from_config`). The
+    defaults are the config's own (`CollectorSettings()` limits = `from_config(Config())`'s)."""
 
-    max_turns: int = 6
-    max_new_tokens_per_turn: int = 128
-    max_total_tokens: int = 2048
-    concurrency: int = 64
-    max_batch: int = 64
-    max_episode_retries: int = 1
+    max_turns: int = default_of(GRPOConfig, "max_turns")
+    max_new_tokens_per_turn: int = default_of(GRPOConfig, "max_new_tokens_per_turn")
+    max_total_tokens: int = default_of(GRPOConfig, "max_total_tokens")
+    concurrency: int = default_of(CollectorConfig, "concurrency")
+    max_batch: int = default_of(CollectorConfig, "concurrency")  # one generation batch holds every episode in flight
+    max_episode_retries: int = default_of(CollectorConfig, "max_episode_retries")
     batch_wait_s: float = 0.002
     # True: each generation batch waits for every running episode (lockstep turns) and is ordered
     # by episode, so sampling does not depend on tool latency (reproducible runs and resumes).
