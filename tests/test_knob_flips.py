@@ -17,7 +17,8 @@ import pytest
 
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.grpo.run_logging import read_metrics
-from skyrl_tool_agent.pipeline import build_loader, run_eval_tasks
+from skyrl_tool_agent.eval.splits import TaskSplits
+from skyrl_tool_agent.pipeline import build_loader
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from tests.fixtures.knob_kit import TASKS, Kit, all_knobs, decided, lrs
 from tests.fixtures.update_flips import (
@@ -110,7 +111,7 @@ def flip_output_dir(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("RUNS", str(kit.tmp / "runs"))
     monkeypatch.chdir(kit.tmp)
-    monkeypatch.setattr(pipeline, "load_task_splits", lambda config, **_:  ([], [], kit.tmp))
+    monkeypatch.setattr(pipeline.TaskSplits, "load", lambda config, **_: None)
     monkeypatch.setattr(pipeline, "ensure_embedded_model", stop)  # right after the run directory is made
     with pytest.raises(Stop):
         pipeline.run_training(kit.config(training__output_dir="$RUNS/a"))
@@ -121,13 +122,14 @@ def flip_output_dir(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
 def flip_eval_num_tasks(kit: Kit) -> None:
     dev = [t.model_copy(update={"split": "dev"}) for t in TASKS]
     for n in (3, 7):
-        assert len(run_eval_tasks(kit.config(training__eval_num_tasks=n), [], dev, kit.tmp)) == n
+        config = kit.config(training__eval_num_tasks=n)
+        assert len(TaskSplits.from_tasks(config, train=[], dev=dev, db_root=kit.tmp).run_eval()) == n
 
 
 def flip_eval_split(kit: Kit) -> None:
     config = kit.config(training__eval_split="validation", training__data__dataset="spider")
     with pytest.raises(UserInputError, match="validation needs the builtin dataset"):
-        run_eval_tasks(config, [], TASKS, kit.tmp)
+        TaskSplits.from_tasks(config, train=[], dev=TASKS, db_root=kit.tmp).run_eval()
 
 
 def flip_eval_every(kit: Kit) -> None:

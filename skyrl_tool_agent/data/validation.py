@@ -10,7 +10,7 @@ its task_id when it has one):
   db_id"), a db_id whose file would lie outside the root once links are followed (`../x`, a
   symlink out), a database directory without its `.sqlite` file, and a gold query that fails or
   runs over its time limit (`gold_check`: one bounded execution per distinct query and database;
-  `eval.selection.gold_check` runs it with `rewards.limits.run_bounded`, the reward's own
+  `eval.splits.gold_check` runs it with `rewards.limits.run_bounded`, the reward's own
   sandboxed runner, which this layer cannot import).
 
 `load_checked_tasks` raises `BadRecordsError` (a `UserInputError`: one `error:` line, exit 2) at
