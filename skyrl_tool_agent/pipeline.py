@@ -61,6 +61,7 @@ def build_embedded(config: Config, train_tasks: list[Task], heldout_tasks: list[
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.policy.loading import resolve_device
     from skyrl_tool_agent.policy.manifest import verify_manifest
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import build_embedded_model
     from skyrl_tool_agent.warmstart.sft import SFTSettings
 
@@ -82,6 +83,7 @@ def build_embedded(config: Config, train_tasks: list[Task], heldout_tasks: list[
     try:
         return build_embedded_model(out, runtime, train_tasks, heldout_tasks,
                                     sft=sft, collector_settings=oracle_collector_settings(config),
+                                    eval_settings=CollectorSettings.from_config(config, evaluation=True),
                                     device=str(resolve_device(config.model.device)), progress=progress,
                                     provenance=provenance)
     finally:
@@ -340,10 +342,10 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
     per task for paired intervals. `save_to`: keep the continued model there (`save_pretrained` +
     tokenizer), e.g. as the start of a GRPO run (`--set model.name_or_path=DIR`)."""
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.eval.metrics import evaluation_record
+    from skyrl_tool_agent.eval.greedy import greedy_evaluation
     from skyrl_tool_agent.policy.qwen import QwenPolicy
     from skyrl_tool_agent.rollout.collector import CollectorSettings
-    from skyrl_tool_agent.warmstart.build import greedy_trajectories, oracle_conversations
+    from skyrl_tool_agent.warmstart.build import oracle_conversations
     from skyrl_tool_agent.warmstart.plateau import continuation_settings
     from skyrl_tool_agent.warmstart.sft import conversation_to_ids, supervised_finetune
 
@@ -358,8 +360,7 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
             eval_tasks = splits.run_eval()
 
         def evaluate(_step: int = 0) -> dict[str, Any]:  # exactly as GRPOTrainer.evaluate runs it
-            return evaluation_record(greedy_trajectories(policy, runtime, eval_tasks,
-                                                         CollectorSettings.from_config(config, evaluation=True)))
+            return greedy_evaluation(policy, runtime, eval_tasks, CollectorSettings.from_config(config, evaluation=True)).record
 
         before = evaluate()
         conversations = oracle_conversations(runtime, train_tasks, settings)

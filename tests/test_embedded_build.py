@@ -19,7 +19,20 @@ from skyrl_tool_agent.policy.loading import ModelLoadError, resolve_model_path
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, verify_manifest
 
 
-def test_partial_build_is_built_anew_and_a_damaged_one_is_refused(tmp_path: Path) -> None:
+def test_partial_build_is_built_anew_and_a_damaged_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+    from skyrl_tool_agent.warmstart import build
+
+    # The held-out curve is a greedy evaluation like every other (eval.greedy): the evaluation
+    # settings, not the oracle episodes' (at least 4 turns, training DISTINCT semantics, free batching).
+    evaluated_with: list[CollectorSettings] = []
+    real = build.greedy_evaluation
+
+    def spy(policy, runtime, tasks, settings, **kwargs):
+        evaluated_with.append(settings)
+        return real(policy, runtime, tasks, settings, **kwargs)
+
+    monkeypatch.setattr(build, "greedy_evaluation", spy)
     out = tmp_path / "embedded"
     config = Config(model={"embedded_dir": str(out), "device": "cpu"},
                     training={"data": {"validation_tasks": 2}, "eval_num_tasks": 2})
@@ -31,6 +44,7 @@ def test_partial_build_is_built_anew_and_a_damaged_one_is_refused(tmp_path: Path
         resolve_model_path(config.model)
 
     report = build_embedded(config, train[:3], heldout, db_root, sft_steps=1, eval_every=1000)
+    assert evaluated_with == [CollectorSettings.from_config(config, evaluation=True)]
     assert verify_manifest(out)["files"] == report["files"]
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(report["files"])
     assert resolve_model_path(config.model) == str(out)
