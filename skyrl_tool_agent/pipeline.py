@@ -300,8 +300,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 run_logger.log({"step": 0, **eval_metrics(before)})
             # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
             # and a resumed run has spent what its checkpoint says.
-            deadline = (time.monotonic() + 60 * t.time_budget_minutes - trainer.prior_elapsed_s
-                        if t.time_budget_minutes else None)
+            deadline = trainer.deadline_for(t.time_budget_s)
             on_step = (lambda m: progress("step", m)) if progress is not None and ctx.is_main else None
             try:
                 history = trainer.train(run_logger, on_step=on_step, deadline=deadline)

@@ -58,7 +58,6 @@ NOT_FLIPPED: dict[str, str] = {
     "model.quantization.quant_type": "bitsandbytes 4-bit; tests/test_qlora.py",
     "model.quantization.compute_dtype": "bitsandbytes 4-bit; tests/test_qlora.py",
     "model.quantization.double_quant": "bitsandbytes 4-bit: passed to BitsAndBytesConfig only",
-    "training.time_budget_minutes": "read by run_training (data + MCP servers); tests/test_profiles.py, test_plateau.py",
     "training.data.validation_tasks": "needs the generated built-in pool (~10k tasks); tests/test_train_pool.py",
     "training.wandb.run_name": "passed to wandb.init only (a W&B run per flip)",
     "training.push_to_hub.repo_id": "uploads to the Hugging Face Hub (network)",
@@ -75,6 +74,19 @@ def flip_max_steps(kit: Kit) -> None:
     assert lrs(kit, 2, training__max_steps=2, training__lr_scheduler="linear")[-1] == pytest.approx(0)
     history, _ = kit.loop(max_steps=2)
     assert [m["step"] for m in history] == [1, 2]
+
+
+def flip_time_budget_minutes(kit: Kit) -> None:
+    """One budget (`TrainingConfig.time_budget_s`) on the trainer's clock: run_training's deadline
+    counts what a resumed run already spent."""
+    import time
+
+    for minutes, left in ((None, None), (2.0, 120.0 - 30.0)):
+        config = kit.config(training__time_budget_minutes=minutes)
+        trainer = kit.trainer(config)
+        trainer.prior_elapsed_s = 30.0  # as `resume` restores it from a checkpoint
+        deadline = trainer.deadline_for(config.training.time_budget_s)
+        assert deadline is None if left is None else deadline - time.monotonic() == pytest.approx(left, abs=1.0)
 
 
 def flip_name_or_path(kit: Kit) -> None:
@@ -297,6 +309,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "training.tasks_per_step": flip_tasks_per_step,
     "training.seed": flip_seed,
     "training.output_dir": flip_output_dir,
+    "training.time_budget_minutes": flip_time_budget_minutes,
     "training.eval_num_tasks": flip_eval_num_tasks,
     "training.eval_split": flip_eval_split,
     "training.eval_every": flip_eval_every,

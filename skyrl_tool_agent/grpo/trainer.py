@@ -170,6 +170,11 @@ class GRPOTrainer:
             return self.prior_elapsed_s
         return time.monotonic() - self._clock_started
 
+    def deadline_for(self, budget_s: float | None) -> float | None:
+        """The monotonic time at which the budget's clock (`elapsed_s`) reads `budget_s` (None: no
+        limit): what `train(deadline=...)` takes, counting what a resumed run already spent."""
+        return None if budget_s is None else time.monotonic() + budget_s - self.elapsed_s()
+
     # ------------------------------------------------------------- rollouts
     def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
                 settings: CollectorSettings | None = None,
