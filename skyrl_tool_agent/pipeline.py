@@ -247,7 +247,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     Writes into `training.output_dir`: metrics.jsonl, rollouts.jsonl, checkpoints/, final/
     (save_pretrained), before.json, before_after.json, config.yaml (resolved) and training_curves.png.
     """
-    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.env.pools import EnvRuntime, build_rubric
     from skyrl_tool_agent.eval.metrics import eval_metrics
     from skyrl_tool_agent.grpo.checkpoint import seed_everything
     from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
@@ -258,6 +258,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     backend = backend or LocalBackend()
     ctx = backend.ctx
     t = config.training
+    build_rubric(config.env)  # the reward's own terms are imported here, first: a broken one is one error line
     if config.model.name_or_path != EMBEDDED:
         resolve_model_path(config.model)  # a missing model directory is an error before anything is written
     splits = TaskSplits.load(config, skip_bad_records=skip_bad_records)
