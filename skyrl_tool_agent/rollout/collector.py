@@ -21,7 +21,7 @@ from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.config.env import CollectorConfig
 from skyrl_tool_agent.config.grpo import GRPOConfig
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.env.chat_format import render_conversation, render_observation, task_user_message
+from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation, task_user_message
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime, EpisodeSetupError
 from skyrl_tool_agent.mcp.pool import MCPPoolError
@@ -266,7 +266,7 @@ class TrajectoryCollector:
         return traj
 
     def _end_of_turn(self) -> list[int]:
-        return [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return [self.tokenizer.convert_tokens_to_ids(IM_END)]
 
     @staticmethod
     def _result(task: Task, env: MCPToolEnvironment, metadata: dict[str, Any]) -> EpisodeResult:
