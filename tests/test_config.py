@@ -381,3 +381,34 @@ def test_gradient_accumulation_and_deepspeed_values() -> None:
         "gradient_accumulation_steps": 4,
         "gradient_clipping": 1.0,
     }
+
+
+def test_library_defaults_are_the_config_knobs() -> None:
+    """A call made without a config (a library user's, a test's) gets the knob's own default:
+    each default below is referenced from the schema (`config.base.default_of`), never written again."""
+    import inspect
+
+    from skyrl_tool_agent.data.validation import GOLD_TIMEOUT_S
+    from skyrl_tool_agent.env.environment import DEFAULT_MAX_TURNS
+    from skyrl_tool_agent.mcp.pool import MCPClientPool
+    from skyrl_tool_agent.rewards import GoldResultCache, Rubric, compare_execution, execution_match, score_answer
+    from skyrl_tool_agent.rewards.limits import database_fault
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+
+    env, grpo = EnvConfig(), GRPOConfig()
+
+    def default(fn: Any, name: str) -> Any:
+        return inspect.signature(fn).parameters[name].default
+
+    for fn in (compare_execution, execution_match, score_answer, Rubric.score, database_fault):
+        assert default(fn, "timeout_s") == env.sql_timeout_s, fn
+    assert GOLD_TIMEOUT_S == env.sql_timeout_s
+    assert default(MCPClientPool, "call_timeout_s") == env.call_timeout_s
+    assert default(MCPClientPool, "sessions_per_server") == env.sessions_per_server
+    assert default(GoldResultCache, "maxsize") == env.reward.gold_cache_size
+    assert DEFAULT_MAX_TURNS == grpo.max_turns
+    settings = CollectorSettings()
+    assert (settings.max_turns, settings.max_new_tokens_per_turn, settings.max_total_tokens) == (
+        grpo.max_turns, grpo.max_new_tokens_per_turn, grpo.max_total_tokens)
+    assert (settings.concurrency, settings.max_episode_retries) == (env.collector.concurrency,
+                                                                    env.collector.max_episode_retries)

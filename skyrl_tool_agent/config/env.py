@@ -86,7 +86,7 @@ class MCPServerConfig(Section):
             _check_placeholders(item)
         return value
 
-    def resolved(self, db_root: str | Path, *, sql_timeout_s: float = 5.0) -> MCPServerConfig:
+    def resolved(self, db_root: str | Path, *, sql_timeout_s: float) -> MCPServerConfig:
         """A copy with placeholders filled and `python` pinned to `sys.executable`."""
         values = {"db_root": str(Path(db_root).expanduser().resolve()), "sql_timeout_s": f"{sql_timeout_s:g}"}
         command = sys.executable if self.command == "python" else substitute(self.command, values)

@@ -37,6 +37,7 @@ from typing import Protocol
 
 from skyrl_tool_agent.rewards.execution import compare_execution
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
+from skyrl_tool_agent.rewards.limits import DEFAULT_TIMEOUT_S
 from skyrl_tool_agent.rewards.terms import (
     BUILTIN_TERMS,
     DEFAULT_TERMS,
@@ -161,7 +162,7 @@ class Rubric:
         return {term.name: episode.verdict if term.name == self.verdict_term and episode.verdict is not None
                 else _term_value(term, episode) for term in self.terms}
 
-    def score(self, episode: Episode, *, cache: GoldResultCache | None = None, timeout_s: float = 5.0,
+    def score(self, episode: Episode, *, cache: GoldResultCache | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
               keep_distinct: bool = True) -> RewardBreakdown:
         """Run the answer against the gold query once, then every term on the result.
 
@@ -213,7 +214,7 @@ def score_answer(
     format_ok: bool,
     rubric: Rubric | None = None,
     cache: GoldResultCache | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     keep_distinct: bool = True,
 ) -> RewardBreakdown:
     """Score a final answer alone (no turn counts or conversation) with `rubric` (default terms):
