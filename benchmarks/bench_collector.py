@@ -8,7 +8,8 @@ scripts are built before timing, so this measures the collector, the environment
 calls through the pooled server processes, scoring) and nothing of a model. Tasks are a fixed
 stratified subset of the built-in train set (data/processed), `--group-size` episodes each, as in a
 GRPO step; the gold-result cache starts empty for every run. Settings otherwise as the trainer's CPU
-defaults (one MCP server process, `max_turns` 6), free-running batching (`deterministic=False`);
+defaults (one MCP server process), `max_turns` 6 (room for the oracle's 4 turns; the trainer's default
+is 3), free-running batching (`deterministic=False`);
 the trainer's lockstep mode (`deterministic=True`) is measured as an extra row at the highest level.
 
 For each run the CPU time of this process (collector, event loops, scoring threads) and of the MCP

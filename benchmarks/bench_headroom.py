@@ -39,19 +39,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json-out", default=None, help="default benchmarks/results/bench_headroom_<split>.json")
     args = p.parse_args(argv)
     with cli_main_guard(also=(FileNotFoundError,)):
-        from skyrl_tool_agent.data.batching import fixed_subset
         from skyrl_tool_agent.env.pools import EnvRuntime
         from skyrl_tool_agent.eval.metrics import pass_at_k
-        from skyrl_tool_agent.pipeline import load_task_splits, validation_tasks
+        from skyrl_tool_agent.eval.splits import load_eval_tasks
         from skyrl_tool_agent.policy.qwen import QwenPolicy
         from skyrl_tool_agent.rollout.agents import make_agent
         from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 
         config = config_from_args(args)
-        train, dev, db_root = load_task_splits(config)
-        tasks = dev if args.split == "dev" else validation_tasks(config, train, dev, db_root)
-        if args.limit:
-            tasks = fixed_subset(tasks, args.limit, seed=0)
+        selection = load_eval_tasks(config, args.split, limit=args.limit, seed=0)
+        tasks, db_root = selection.tasks, selection.db_root
         temps = [float(x) for x in args.temperatures.split(",") if x]
         g = config.grpo
         settings = CollectorSettings.from_config(config, concurrency=args.concurrency)

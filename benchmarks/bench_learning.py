@@ -40,15 +40,16 @@ def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.grpo.run_logging import RunLogger
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
-    from skyrl_tool_agent.pipeline import build_loader, load_task_splits, rl_train_tasks, run_eval_tasks
+    from skyrl_tool_agent.eval.splits import TaskSplits
+    from skyrl_tool_agent.pipeline import build_loader
     from skyrl_tool_agent.policy.qwen import QwenPolicy
 
-    train, dev, db_root = load_task_splits(config)
-    pool = rl_train_tasks(config, train, dev, db_root)
-    runtime = EnvRuntime(config.env, db_root)
+    splits = TaskSplits.load(config)
+    pool = splits.rl_train()
+    runtime = EnvRuntime(config.env, splits.db_root)
     try:
         policy = QwenPolicy.from_config(config.model, mode=config.training.mode)
-        eval_tasks = run_eval_tasks(config, train, dev, db_root)
+        eval_tasks = splits.run_eval()
         trainer = GRPOTrainer(config, policy, runtime, build_loader(config, pool), eval_tasks, output_dir=out)
         run_logger = RunLogger(out, wandb_config=config.training.wandb)
         before = trainer.evaluate()
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--png-out", default=str(RESULTS_DIR / "bench_learning.png"))
     args = p.parse_args(argv)
     with cli_main_guard(also=(FileNotFoundError,)):
-        from skyrl_tool_agent.pipeline import continue_warm_start, load_task_splits, run_eval_tasks
+        from skyrl_tool_agent.eval.splits import TaskSplits
+        from skyrl_tool_agent.pipeline import continue_warm_start
 
         config = config_from_args(args)
         results: dict[str, Any] = {}
@@ -131,8 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         if not minutes:
             raise SystemExit("error: give --minutes (training.time_budget_minutes is null)")
         marks = [minutes * (i + 1) / args.points for i in range(args.points)]
-        train, dev, db_root = load_task_splits(config)
-        eval_tasks = run_eval_tasks(config, train, dev, db_root)  # what the main job evaluates: all dev by default
+        eval_tasks = TaskSplits.load(config).run_eval()  # what the main job evaluates: all dev by default
         if args.only != "sft" and not args.grpo_run:
             out = Path(tempfile.mkdtemp(prefix="bench_learning_grpo_"))
             args.overrides += [f"training.output_dir={out}", "training.eval_every=0", "training.wandb.mode=disabled"]

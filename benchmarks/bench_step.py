@@ -47,7 +47,8 @@ import torch  # noqa: E402
 from skyrl_tool_agent.config import Config  # noqa: E402
 from skyrl_tool_agent.env.pools import EnvRuntime  # noqa: E402
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer  # noqa: E402
-from skyrl_tool_agent.pipeline import LocalBackend, build_loader, load_task_splits, rl_train_tasks  # noqa: E402
+from skyrl_tool_agent.eval.splits import TaskSplits  # noqa: E402
+from skyrl_tool_agent.pipeline import LocalBackend, build_loader  # noqa: E402
 from skyrl_tool_agent.policy.prefix import common_prefix_length  # noqa: E402
 from skyrl_tool_agent.rollout.trajectory import Trajectory  # noqa: E402
 
@@ -194,10 +195,9 @@ def profile_step(runner: StepRunner, name: str, top: int = 15) -> str:
 def build_trainer(tasks_per_step: int, group_size: int, out: Path) -> tuple[GRPOTrainer, EnvRuntime]:
     config = Config.model_validate({"training": {"tasks_per_step": tasks_per_step, "output_dir": str(out)},
                                     "grpo": {"group_size": group_size}})
-    train_tasks, dev_tasks, db_root = load_task_splits(config)
-    train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
-    runtime = EnvRuntime(config.env, db_root)
-    trainer = LocalBackend().build_trainer(config, runtime, build_loader(config, train_tasks), [], out)
+    splits = TaskSplits.load(config)
+    runtime = EnvRuntime(config.env, splits.db_root)
+    trainer = LocalBackend().build_trainer(config, runtime, build_loader(config, splits.rl_train()), [], out)
     return trainer, runtime
 
 

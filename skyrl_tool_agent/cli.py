@@ -104,7 +104,7 @@ class ProgressLines:
 
 
 @contextlib.contextmanager
-def training_progress(total_steps: int, time_budget_minutes: float | None = None, *,
+def training_progress(total_steps: int, time_budget_s: float | None = None, *,
                       eval_split: str = "dev", accuracy_short: str = "EX") -> Iterator[Any]:
     """A rich progress bar; the yielded callback takes ('step', metrics) or (phase text, fraction).
 
@@ -117,7 +117,6 @@ def training_progress(total_steps: int, time_budget_minutes: float | None = None
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
-    budget_s = 60.0 * time_budget_minutes if time_budget_minutes else None
     with Progress(*columns, refresh_per_second=2) as bar:
         build = bar.add_task("build", total=1.0, info="", done="", visible=False)
         evaluation = bar.add_task("evaluation", total=1.0, info="", done="", visible=False)
@@ -149,9 +148,9 @@ def training_progress(total_steps: int, time_budget_minutes: float | None = None
                         info += f" ({m['eval/scored']:.0f} scored, {m['eval/infra_errors']:.0f} infra errors)"
                 done = f"step {m['step']}/{total_steps}"
                 fraction = m["step"] / total_steps
-                if budget_s is not None and "time/elapsed_s" in m:
-                    done += f", {m['time/elapsed_s'] / 60:.1f}/{budget_s / 60:.1f} min"
-                    fraction = max(fraction, m["time/elapsed_s"] / budget_s)
+                if time_budget_s is not None and "time/elapsed_s" in m:
+                    done += f", {m['time/elapsed_s'] / 60:.1f}/{time_budget_s / 60:.1f} min"
+                    fraction = max(fraction, m["time/elapsed_s"] / time_budget_s)
                 bar.update(train, completed=min(fraction, 1.0), done=done, info=info)
                 if to_log:
                     logger.info("GRPO %s  %s  (%.0f s)", done, info, time.monotonic() - started)

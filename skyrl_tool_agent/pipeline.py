@@ -13,95 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skyrl_tool_agent.config import Config, UserInputError, default_build_dir
-from skyrl_tool_agent.data.batching import TaskBatcher, fixed_subset
+from skyrl_tool_agent.data.batching import TaskBatcher
 from skyrl_tool_agent.data.curriculum import CurriculumSampler
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.data.validation import load_checked_tasks
-from skyrl_tool_agent.env.families import resolve_family
+from skyrl_tool_agent.eval.splits import TaskSplits
 
 if TYPE_CHECKING:
     from skyrl_tool_agent.rollout.collector import CollectorSettings
 
 logger = logging.getLogger(__name__)
-
-
-def load_task_splits(config: Config, *, skip_bad_records: bool = False) -> tuple[list[Task], list[Task], Path]:
-    """(train tasks, dev tasks, db root) for `training.data`; missing files are user errors, and
-    the task files are checked as they load (`data.validation`: fields, sizes, db_ids, each
-    distinct gold query run once): a bad record is one `error:` line before anything starts,
-    unless `skip_bad_records` leaves it out (a warning per record)."""
-    data = config.training.data
-    from skyrl_tool_agent.data.builtin.location import ensure_builtin_data
-
-    ensure_builtin_data(data.dataset)
-    db_root = data.resolved_db_root()
-    if not db_root.is_dir():
-        raise UserInputError(f"database root not found: {db_root} (training.data.db_root)")
-    if data.dataset == "spider":
-        from skyrl_tool_agent.data.spider import load_spider
-
-        root = Path(data.spider_root).expanduser()
-        if not (root / "dev.json").is_file():
-            raise UserInputError(f"Spider not found at {root} (training.data.spider_root)")
-        return load_spider(root, "train").tasks, load_spider(root, "dev").tasks, db_root
-    train_file, dev_file = data.resolved_train_file(), data.resolved_dev_file()
-    for path, knob in ((train_file, "train_file"), (dev_file, "dev_file")):
-        if not path.is_file():
-            raise UserInputError(f"task file not found: {path} (training.data.{knob}); "
-                                 "run `skyrl-tool-agent build-data` (or python training/scripts/build_data.py in a checkout)")
-    from skyrl_tool_agent.eval.selection import gold_check
-
-    family = resolve_family(config.env.task_family)
-    try:  # else a bad record fails its episodes one by one, mid-run
-        (train, dev), _ = load_checked_tasks([train_file, dev_file], db_root=db_root if family.uses_databases else None,
-                                             skip_bad_records=skip_bad_records,
-                                             gold_check=gold_check(config.env.sql_timeout_s))
-    except ValueError as exc:
-        raise UserInputError(str(exc)) from exc
-    return train, dev, db_root
-
-
-def pool_and_validation(config: Config, train_tasks: list[Task], dev_tasks: list[Task],
-                        db_root: Path) -> tuple[list[Task], list[Task]]:
-    """(generated pool without validation, validation split) for the built-in dataset: every slot
-    assignment not in dev, minus `training.data.validation_tasks` unseen queries held out."""
-    from skyrl_tool_agent.data.builtin.pool import generated_train_pool, split_validation
-
-    data = config.training.data
-    try:
-        pool = generated_train_pool(db_root, held_out=dev_tasks)
-        return split_validation(pool, train_tasks, data.validation_tasks, seed=config.training.seed)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UserInputError(f"{exc} (training.data: the generated pool)") from exc
-
-
-def validation_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path) -> list[Task]:
-    """The held-out yardstick for curves and tuning: the pool's validation split for the built-in
-    dataset; for Spider (no generator) a fixed 64-task dev subset drawn with another seed than the
-    reported evaluation's."""
-    if config.training.data.dataset == "builtin":
-        return pool_and_validation(config, train_tasks, dev_tasks, db_root)[1]
-    return fixed_subset(dev_tasks, 64, seed=config.training.seed + 1)
-
-
-def run_eval_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path) -> list[Task]:
-    """What a training run evaluates (`training.eval_split`): a fixed, stratified subset of
-    `eval_num_tasks` dev tasks (all of them by default), or the validation split."""
-    t = config.training
-    if t.eval_split == "validation":
-        if t.data.dataset != "builtin":
-            raise UserInputError("training.eval_split: validation needs the builtin dataset (its generated pool)")
-        return validation_tasks(config, train_tasks, dev_tasks, db_root)[: t.eval_num_tasks]
-    return fixed_subset(dev_tasks, t.eval_num_tasks, seed=t.seed)
-
-
-def rl_train_tasks(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path) -> list[Task]:
-    """The tasks GRPO samples (`training.data.train_pool`): the training file's, or the generated
-    pool of every built-in slot assignment not in dev and not in the validation split."""
-    if config.training.data.resolved_train_pool() == "file":
-        return train_tasks
-    return pool_and_validation(config, train_tasks, dev_tasks, db_root)[0]
 
 
 def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
@@ -125,7 +46,7 @@ def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
     return TaskDataLoader(train_tasks, sampler, batcher, seed=t.seed, total_steps=t.max_steps, group_size=g.group_size)
 
 
-def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path, *,
+def build_embedded(config: Config, train_tasks: list[Task], heldout_tasks: list[Task], db_root: Path, *,
                    out: Path | None = None, force: bool = False, sft_steps: int | None = None,
                    eval_every: int | None = None, progress: Any = None,
                    provenance: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -133,12 +54,14 @@ def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task
     project cache; never the shipped copy); returns the build report. A build already there is
     kept unless `force`, if its files match its manifest; a partial or damaged one is replaced.
 
-    Held-out figures during the warm start use `validation_tasks` (never dev), so where the warm
-    start is stopped is not chosen on the reported yardstick.
+    The warm start trains on oracle episodes of `train_tasks` (the training file: `TaskSplits.train`);
+    its held-out figures are on `heldout_tasks` (`TaskSplits.validation()`, never dev), so where the
+    warm start is stopped is not chosen on the reported yardstick.
     """
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.policy.loading import resolve_device
     from skyrl_tool_agent.policy.manifest import verify_manifest
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import build_embedded_model
     from skyrl_tool_agent.warmstart.sft import SFTSettings
 
@@ -158,8 +81,9 @@ def build_embedded(config: Config, train_tasks: list[Task], dev_tasks: list[Task
     logger.info("building the embedded default model into %s", out)
     runtime = EnvRuntime(config.env, db_root)
     try:
-        return build_embedded_model(out, runtime, train_tasks, validation_tasks(config, train_tasks, dev_tasks, db_root),
+        return build_embedded_model(out, runtime, train_tasks, heldout_tasks,
                                     sft=sft, collector_settings=oracle_collector_settings(config),
+                                    eval_settings=CollectorSettings.from_config(config, evaluation=True),
                                     device=str(resolve_device(config.model.device)), progress=progress,
                                     provenance=provenance)
     finally:
@@ -181,11 +105,11 @@ def build_plateau_start(config: Config, out: Path, *, start: Path | None = None,
 
     if config.training.data.dataset != "builtin":
         raise UserInputError("build-model --to-plateau needs the builtin dataset (its generated pool)")
-    file_tasks, dev_tasks, db_root = load_task_splits(config)
-    pool, heldout = pool_and_validation(config, file_tasks, dev_tasks, db_root)
+    splits = TaskSplits.load(config)
+    pool, heldout = splits.pool_and_validation()
     sft = continuation_settings(seed=config.training.seed)
     sft.eval_every = eval_every or 300
-    runtime = EnvRuntime(config.env, db_root)
+    runtime = EnvRuntime(config.env, splits.db_root)
     try:
         return train_to_plateau(start or SHIPPED_EMBEDDED_DIR, out, runtime, pool, heldout, sft=sft, rule=PlateauRule(),
                                 oracle_settings=oracle_collector_settings(config),
@@ -209,9 +133,9 @@ def ship_embedded(config: Config, built_dir: Path, dest: Path | None = None) -> 
 
     if not (built_dir / "config.json").is_file() or not (built_dir / "warmstart.json").is_file():
         raise UserInputError(f"{built_dir} holds no built model (config.json and warmstart.json)")
-    train, dev, db_root = load_task_splits(config)
-    check = validation_tasks(config, train, dev, db_root)[:GREEDY_CHECK_TASKS]
-    runtime = EnvRuntime(config.env, db_root)
+    splits = TaskSplits.load(config)
+    check = splits.validation()[:GREEDY_CHECK_TASKS]
+    runtime = EnvRuntime(config.env, splits.db_root)
     try:
         # The greedy check evaluates exactly as the main job does (GRPOTrainer.evaluate's settings).
         return ship_embedded_model(built_dir, dest or SHIPPED_EMBEDDED_DIR, runtime, check,
@@ -228,12 +152,11 @@ def oracle_collector_settings(config: Config) -> CollectorSettings:
     return CollectorSettings.from_config(config, min_turns=4, concurrency=64, deterministic=False)
 
 
-def ensure_embedded_model(config: Config, train_tasks: list[Task], dev_tasks: list[Task], db_root: Path,
-                          progress: Any = None, *, rebuild: bool = False) -> None:
+def ensure_embedded_model(config: Config, splits: TaskSplits, progress: Any = None, *, rebuild: bool = False) -> None:
     """Build the embedded model if it is asked for from a build directory where none is built yet,
     or anew with `rebuild` (the shipped copy is never built; loading checks its files)."""
     if config.model.is_embedded() and not config.model.uses_shipped_model():
-        build_embedded(config, train_tasks, dev_tasks, db_root, progress=progress, force=rebuild)
+        build_embedded(config, splits.train, splits.validation(), splits.db_root, progress=progress, force=rebuild)
 
 
 @dataclass
@@ -319,12 +242,12 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     build the embedded model anew first (see `ensure_embedded_model`). `backend`: `LocalBackend()`
     (default) or, on every rank of a launch, `ReplicatedBackend(config)` / `DeepSpeedBackend(config)`;
     rank 0 writes the files and returns the summary, the other ranks return None.
-    `skip_bad_records`: leave out task records that fail the load-time checks (`load_task_splits`).
+    `skip_bad_records`: leave out task records that fail the load-time checks (`eval.splits`).
 
     Writes into `training.output_dir`: metrics.jsonl, rollouts.jsonl, checkpoints/, final/
     (save_pretrained), before.json, before_after.json, config.yaml (resolved) and training_curves.png.
     """
-    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.env.pools import EnvRuntime, build_rubric
     from skyrl_tool_agent.eval.metrics import eval_metrics
     from skyrl_tool_agent.grpo.checkpoint import seed_everything
     from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
@@ -335,9 +258,10 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     backend = backend or LocalBackend()
     ctx = backend.ctx
     t = config.training
+    build_rubric(config.env)  # the reward's own terms are imported here, first: a broken one is one error line
     if config.model.name_or_path != EMBEDDED:
         resolve_model_path(config.model)  # a missing model directory is an error before anything is written
-    train_tasks, dev_tasks, db_root = load_task_splits(config, skip_bad_records=skip_bad_records)
+    splits = TaskSplits.load(config, skip_bad_records=skip_bad_records)
     out = t.resolved_output_dir()
     lock = None
     if ctx.is_main:
@@ -345,16 +269,16 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         lock = acquire_output_dir(out)  # one run per output directory (before anything is written)
     try:
         if ctx.is_main:
-            ensure_embedded_model(config, train_tasks, dev_tasks, db_root, progress=progress, rebuild=rebuild)
+            ensure_embedded_model(config, splits, progress=progress, rebuild=rebuild)
             (out / "config.yaml").write_text(config.dump_yaml())
         ctx.barrier()  # the other ranks wait for the embedded model
-        eval_tasks = run_eval_tasks(config, train_tasks, dev_tasks, db_root)  # deterministic: the same on every rank
+        eval_tasks = splits.run_eval()  # deterministic: the same on every rank
         if not eval_tasks:  # else the run trains, then fails on an evaluation of nothing
             raise UserInputError(f"no tasks to evaluate: the {t.eval_split} split is empty "
                                  f"(training.data.{'dev_file' if t.eval_split == 'dev' else 'validation_tasks'})")
-        train_tasks = rl_train_tasks(config, train_tasks, dev_tasks, db_root)
+        train_tasks = splits.rl_train()
         start = time.monotonic()
-        runtime = EnvRuntime(config.env, db_root)
+        runtime = EnvRuntime(config.env, splits.db_root)
         try:
             # The same on every rank (LoRA replicas start alike; ZeRO-3 partitions one initialisation);
             # a resumed run then restores the checkpoint's RNG states.
@@ -377,8 +301,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 run_logger.log({"step": 0, **eval_metrics(before)})
             # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
             # and a resumed run has spent what its checkpoint says.
-            deadline = (time.monotonic() + 60 * t.time_budget_minutes - trainer.prior_elapsed_s
-                        if t.time_budget_minutes else None)
+            deadline = trainer.deadline_for(t.time_budget_s)
             on_step = (lambda m: progress("step", m)) if progress is not None and ctx.is_main else None
             try:
                 history = trainer.train(run_logger, on_step=on_step, deadline=deadline)
@@ -399,7 +322,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         from skyrl_tool_agent.eval.report_training import write_training_report
 
         # report.html: the final evaluation's episodes against `before`, with the run's rollouts.jsonl
-        write_training_report(config, eval_tasks, trainer.last_eval_trajectories, before, db_root=db_root, step=trainer.step)
+        write_training_report(config, eval_tasks, trainer.last_eval_trajectories, before, db_root=splits.db_root,
+                              step=trainer.step)
         ctx.close()
         return summary
     finally:
@@ -418,26 +342,25 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
     per task for paired intervals. `save_to`: keep the continued model there (`save_pretrained` +
     tokenizer), e.g. as the start of a GRPO run (`--set model.name_or_path=DIR`)."""
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.eval.metrics import evaluation_record
+    from skyrl_tool_agent.eval.greedy import greedy_evaluation
     from skyrl_tool_agent.policy.qwen import QwenPolicy
     from skyrl_tool_agent.rollout.collector import CollectorSettings
-    from skyrl_tool_agent.warmstart.build import greedy_trajectories, oracle_conversations
+    from skyrl_tool_agent.warmstart.build import oracle_conversations
     from skyrl_tool_agent.warmstart.plateau import continuation_settings
     from skyrl_tool_agent.warmstart.sft import conversation_to_ids, supervised_finetune
 
-    file_tasks, dev_tasks, db_root = load_task_splits(config)
-    train_tasks = rl_train_tasks(config, file_tasks, dev_tasks, db_root)
+    splits = TaskSplits.load(config)
+    train_tasks = splits.rl_train()
     t = config.training
     settings = oracle_collector_settings(config)
-    runtime = EnvRuntime(config.env, db_root)
+    runtime = EnvRuntime(config.env, splits.db_root)
     try:
         policy = QwenPolicy.from_config(config.model, mode="full")
         if eval_tasks is None:
-            eval_tasks = run_eval_tasks(config, file_tasks, dev_tasks, db_root)
+            eval_tasks = splits.run_eval()
 
         def evaluate(_step: int = 0) -> dict[str, Any]:  # exactly as GRPOTrainer.evaluate runs it
-            return evaluation_record(greedy_trajectories(policy, runtime, eval_tasks,
-                                                         CollectorSettings.from_config(config, evaluation=True)))
+            return greedy_evaluation(policy, runtime, eval_tasks, CollectorSettings.from_config(config, evaluation=True)).record
 
         before = evaluate()
         conversations = oracle_conversations(runtime, train_tasks, settings)

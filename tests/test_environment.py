@@ -203,6 +203,93 @@ def test_collector_reports_a_broken_gold_query_and_keeps_going(runtime):
     assert out[2].result.done_reason == "error" and "cannot read the schema of database 'missing'" in out[2].result.error
 
 
+class _CharTokenizer:
+    """Token ids without a model, one per character: the collector only counts and appends them."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return 0
+
+
+def test_an_episode_ended_by_the_token_budget_is_scored_through_the_envs_public_score(runtime, monkeypatch):
+    """The collector ends an episode at its token budget and scores it by the env's public
+    `score`, the one `step` uses (it read the private `_score` before)."""
+    import asyncio
+
+    from skyrl_tool_agent.rollout.agents import OracleAgent
+    from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+
+    scored: list[int] = []
+    original = MCPToolEnvironment.score
+
+    def spy(env: MCPToolEnvironment):
+        scored.append(env.turns)
+        return original(env)
+
+    monkeypatch.setattr(MCPToolEnvironment, "score", spy)
+    collector = TrajectoryCollector(runtime, OracleAgent(), tokenizer=_CharTokenizer(),
+                                    settings=CollectorSettings(max_total_tokens=1))  # no room for a first turn
+    (episode,) = asyncio.run(collector.collect([SHOP_TASKS[0]]))
+    assert episode.result.done_reason == "max_tokens" and scored == [0]
+    assert episode.result.components["execution"] == 0.0 and not episode.result.solved
+
+
+def test_the_collector_reads_no_private_member_of_the_env():
+    import ast
+
+    from skyrl_tool_agent.rollout import collector
+
+    tree = ast.parse(Path(collector.__file__).read_text())
+    private = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                      and isinstance(node.value, ast.Name) and node.value.id == "env"
+                      and node.attr.startswith("_") and not node.attr.startswith("__")})
+    assert not private, f"the collector reads the env's private {private}"
+
+
+def test_the_collector_builds_its_envs_from_the_task_not_from_a_skyrl_row(runtime, monkeypatch):
+    """Our own loop hands the env the Task (`MCPToolEnvironment.for_task`); the row constructor is
+    skyrl_gym.make's way in, and both build the same episode."""
+    import asyncio
+
+    from skyrl_tool_agent.rollout.agents import OracleAgent
+    from skyrl_tool_agent.rollout.collector import TrajectoryCollector
+
+    task = SHOP_TASKS[0]
+    row = MCPToolEnvironment(extras={**_extras(task, max_turns=3), "reward_spec": {"ground_truth": task.gold_sql,
+                                                                                   "keep_distinct": False}},
+                             runtime=runtime)
+    direct = MCPToolEnvironment.for_task(task, runtime, max_turns=3, keep_distinct=False)
+    assert vars(direct) == vars(row)
+    prompt = [{"role": "user", "content": task.question}]
+    assert direct.init(prompt) == row.init(prompt)
+
+    def no_rows(*_args, **_kwargs):
+        raise AssertionError("the collector packed the task into a SkyRL row")
+
+    monkeypatch.setattr(MCPToolEnvironment, "__init__", no_rows)
+    (episode,) = asyncio.run(TrajectoryCollector(runtime, OracleAgent()).collect([task]))
+    assert episode.result.solved
+
+
+def test_one_default_episode_limit_for_a_row_the_collector_and_a_run(runtime):
+    """A SkyRL row without max_turns, `CollectorSettings()` and a run of the default config end
+    episodes alike (the env said 6 turns, the collector 6 turns and 2,048 tokens, the config 3
+    and 1,536): every default is the config's knob, referenced."""
+    from skyrl_tool_agent.config import Config
+    from skyrl_tool_agent.env.environment import DEFAULT_MAX_TURNS
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+
+    config = Config()
+    row = MCPToolEnvironment(extras=_extras(SHOP_TASKS[0]), runtime=runtime)
+    assert row.max_turns == DEFAULT_MAX_TURNS == config.grpo.max_turns  # build-data --export's default too
+    limits = ("max_turns", "max_new_tokens_per_turn", "max_total_tokens", "concurrency", "max_batch",
+              "max_episode_retries")
+    default, configured = CollectorSettings(), CollectorSettings.from_config(config)
+    assert {k: getattr(default, k) for k in limits} == {k: getattr(configured, k) for k in limits}
+
+
 def test_tool_prefix_runs_two_servers_that_list_the_same_tools(cfg_dir, shop_root):
     """The documented fix for duplicate tool names, from a config file through a real episode:
     a second sqlite server with tool_prefix 'b_' offers b_execute_sql next to execute_sql."""

@@ -21,7 +21,7 @@ from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, unsupported_reason
 from skyrl_tool_agent.rollout.collector import CollectorSettings
-from skyrl_tool_agent.warmstart.build import greedy_trajectories
+from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from tests.fixtures.config_files import REPO
 
 STOP = 2
@@ -120,9 +120,9 @@ def test_greedy_episodes_on_builtin_tasks_equal_the_hf_sampler():
     runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
     try:
         policy.fast_sampling = False
-        old = greedy_trajectories(policy, runtime, tasks, settings)
+        old = greedy_evaluation(policy, runtime, tasks, settings).trajectories
         policy.fast_sampling = True
-        new = greedy_trajectories(policy, runtime, tasks, settings)
+        new = greedy_evaluation(policy, runtime, tasks, settings).trajectories
     finally:
         runtime.close()
     assert max(t.result.turns for t in new) >= 2  # the kept caches were used

@@ -319,7 +319,7 @@ def test_weave_mode_needs_credentials_and_falls_back(monkeypatch):
 
 
 def test_questions_whose_gold_sql_cannot_run_are_found(db_root):
-    from skyrl_tool_agent.eval.selection import gold_sql_errors
+    from skyrl_tool_agent.eval.splits import gold_sql_errors
 
     broken = [
         Task(task_id="b-1", db_id="shop", question="?", gold_sql="SELECT x FROM no_such_table", difficulty="easy"),

@@ -18,7 +18,8 @@ import pytest
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer
 from skyrl_tool_agent.grpo.run_logging import read_metrics
-from skyrl_tool_agent.pipeline import build_loader, run_eval_tasks
+from skyrl_tool_agent.eval.splits import TaskSplits
+from skyrl_tool_agent.pipeline import build_loader
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from tests.fixtures.knob_kit import TASKS, Kit, all_knobs, decided, lrs
 from tests.fixtures.update_flips import (
@@ -58,7 +59,6 @@ NOT_FLIPPED: dict[str, str] = {
     "model.quantization.quant_type": "bitsandbytes 4-bit; tests/test_qlora.py",
     "model.quantization.compute_dtype": "bitsandbytes 4-bit; tests/test_qlora.py",
     "model.quantization.double_quant": "bitsandbytes 4-bit: passed to BitsAndBytesConfig only",
-    "training.time_budget_minutes": "read by run_training (data + MCP servers); tests/test_profiles.py, test_plateau.py",
     "training.data.validation_tasks": "needs the generated built-in pool (~10k tasks); tests/test_train_pool.py",
     "training.wandb.run_name": "passed to wandb.init only (a W&B run per flip)",
     "training.push_to_hub.repo_id": "uploads to the Hugging Face Hub (network)",
@@ -75,6 +75,19 @@ def flip_max_steps(kit: Kit) -> None:
     assert lrs(kit, 2, training__max_steps=2, training__lr_scheduler="linear")[-1] == pytest.approx(0)
     history, _ = kit.loop(max_steps=2)
     assert [m["step"] for m in history] == [1, 2]
+
+
+def flip_time_budget_minutes(kit: Kit) -> None:
+    """One budget (`TrainingConfig.time_budget_s`) on the trainer's clock: run_training's deadline
+    counts what a resumed run already spent."""
+    import time
+
+    for minutes, left in ((None, None), (2.0, 120.0 - 30.0)):
+        config = kit.config(training__time_budget_minutes=minutes)
+        trainer = kit.trainer(config)
+        trainer.prior_elapsed_s = 30.0  # as `resume` restores it from a checkpoint
+        deadline = trainer.deadline_for(config.training.time_budget_s)
+        assert deadline is None if left is None else deadline - time.monotonic() == pytest.approx(left, abs=1.0)
 
 
 def flip_name_or_path(kit: Kit) -> None:
@@ -111,7 +124,7 @@ def flip_output_dir(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("RUNS", str(kit.tmp / "runs"))
     monkeypatch.chdir(kit.tmp)
-    monkeypatch.setattr(pipeline, "load_task_splits", lambda config, **_:  ([], [], kit.tmp))
+    monkeypatch.setattr(pipeline.TaskSplits, "load", lambda config, **_: None)
     monkeypatch.setattr(pipeline, "ensure_embedded_model", stop)  # right after the run directory is made
     with pytest.raises(Stop):
         pipeline.run_training(kit.config(training__output_dir="$RUNS/a"))
@@ -122,13 +135,14 @@ def flip_output_dir(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
 def flip_eval_num_tasks(kit: Kit) -> None:
     dev = [t.model_copy(update={"split": "dev"}) for t in TASKS]
     for n in (3, 7):
-        assert len(run_eval_tasks(kit.config(training__eval_num_tasks=n), [], dev, kit.tmp)) == n
+        config = kit.config(training__eval_num_tasks=n)
+        assert len(TaskSplits.from_tasks(config, train=[], dev=dev, db_root=kit.tmp).run_eval()) == n
 
 
 def flip_eval_split(kit: Kit) -> None:
     config = kit.config(training__eval_split="validation", training__data__dataset="spider")
     with pytest.raises(UserInputError, match="validation needs the builtin dataset"):
-        run_eval_tasks(config, [], TASKS, kit.tmp)
+        TaskSplits.from_tasks(config, train=[], dev=TASKS, db_root=kit.tmp).run_eval()
 
 
 def flip_eval_every(kit: Kit) -> None:
@@ -322,6 +336,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "training.tasks_per_step": flip_tasks_per_step,
     "training.seed": flip_seed,
     "training.output_dir": flip_output_dir,
+    "training.time_budget_minutes": flip_time_budget_minutes,
     "training.eval_num_tasks": flip_eval_num_tasks,
     "training.eval_split": flip_eval_split,
     "training.eval_every": flip_eval_every,

@@ -13,7 +13,7 @@ from skyrl_tool_agent.config import load_config
 from skyrl_tool_agent.env.chat_format import format_answer, format_tool_call
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.evaluate import EvalOptions, run_evaluation
-from skyrl_tool_agent.eval.selection import load_eval_tasks
+from skyrl_tool_agent.eval.splits import load_eval_tasks
 from skyrl_tool_agent.examples.one_file import task_file_overrides
 from skyrl_tool_agent.rollout.agents import ScriptedAgent
 from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -31,7 +31,7 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 
 def test_the_files_tools_are_a_real_mcp_server():
     config = load_config(overrides=task_file_overrides(EXAMPLE))
-    selection = load_eval_tasks(config.training.data, "dev", uses_databases=False)
+    selection = load_eval_tasks(config, "dev")
     assert [t.task_id for t in selection.tasks] == ["price-0", "price-1", "price-2"]
 
     def script(request):  # look the price up (the first time with a wrong item), then answer what the tool said

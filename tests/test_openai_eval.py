@@ -40,7 +40,7 @@ from skyrl_tool_agent.eval.evaluate import (
     run_evaluation,
 )
 from skyrl_tool_agent.eval.policies import load_eval_policy
-from skyrl_tool_agent.eval.selection import load_eval_tasks
+from skyrl_tool_agent.eval.splits import load_eval_tasks
 from skyrl_tool_agent.policy.loading import resolve_model_path
 from skyrl_tool_agent.rollout.agents import OracleAgent, TurnRequest, make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -136,7 +136,7 @@ def server(config, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tasks(config):
-    return load_eval_tasks(config.training.data, "dev", limit=LIMIT, seed=0)  # = the CLI's --limit 4
+    return load_eval_tasks(config, "dev", limit=LIMIT, seed=0)  # = the CLI's --limit 4
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,17 @@ def model_dir(runtime, tmp_path_factory):
     return build_tiny_model_dir(runtime, SHOP_TASKS * 4, tmp_path_factory.mktemp("tiny"))
 
 
+def test_the_tokenizers_markers_are_the_prompts():
+    """The embedded tokenizer's special and tool tokens (policy layer, below the env) are the
+    markers `env.chat_format` writes into the prompt and parses: spelled twice, kept equal here."""
+    from skyrl_tool_agent.env import chat_format as cf
+    from skyrl_tool_agent.policy.embedded import SPECIAL_TOKENS, TOOL_TOKENS
+
+    assert SPECIAL_TOKENS == [cf.ENDOFTEXT, cf.IM_START, cf.IM_END]
+    assert TOOL_TOKENS == [cf.TOOL_CALL_OPEN, cf.TOOL_CALL_CLOSE, cf.TOOL_RESPONSE_OPEN, cf.TOOL_RESPONSE_CLOSE,
+                           cf.ANSWER_OPEN, cf.ANSWER_CLOSE]
+
+
 def test_reload_through_auto_classes_gives_identical_ids_and_logits(model_dir):
     from tokenizers import Tokenizer
 

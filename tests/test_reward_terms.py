@@ -12,7 +12,8 @@ import pytest
 import skyrl_gym
 
 import skyrl_tool_agent  # noqa: F401 - registers mcp_tool_env
-from skyrl_tool_agent.config import ConfigError, RewardTermConfig, load_config
+from skyrl_tool_agent.config import RewardTermConfig, load_config
+from skyrl_tool_agent.env.pools import EnvDataError, build_rubric
 from skyrl_tool_agent.rewards import (
     Episode,
     GoldResultCache,
@@ -162,38 +163,86 @@ def test_a_term_that_returns_no_finite_number_is_an_error() -> None:
 # ------------------------------------------------------------------------------- the config
 
 
-def _error(*overrides: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(CONFIGS, list(overrides))
+def _build_error(*overrides: str) -> str:
+    """The one-line error of building the run's reward from configs/ with `overrides`, which load
+    (a config is data: no reward code runs and no rule is checked until the run is built)."""
+    config = load_config(CONFIGS, list(overrides))
+    with pytest.raises(EnvDataError) as info:
+        build_rubric(config.env)
     message = str(info.value)
-    assert "\n" not in message
+    assert "\n" not in message and message.startswith("env.reward.terms (task family 'sql'): "), message
     return message
 
 
 @pytest.mark.parametrize(("terms", "fragment"), [
     ("[{name: execution, weight: 1}, {name: pen, weight: -1, function: 'nowhere.mod:fn'}]",
-     "reward.terms.1: function 'nowhere.mod:fn': cannot import nowhere.mod (ModuleNotFoundError"),
+     "term 1 (pen): function 'nowhere.mod:fn': cannot import nowhere.mod (ModuleNotFoundError"),
     ("[{name: execution, weight: 1}, {name: pen, weight: -1, function: 'missing_file.py:fn'}]",
-     "reward.terms.1: function 'missing_file.py:fn': no file "),
+     "term 1 (pen): function 'missing_file.py:fn': no file "),
     (f"[{{name: execution, weight: 1}}, {{name: pen, weight: -1, function: '{HERE}:nope'}}]",
-     f"reward.terms.1: function '{HERE}:nope': {HERE} has no function 'nope'"),
+     f"term 1 (pen): function '{HERE}:nope': {HERE} has no function 'nope'"),
     ("[{name: execution, weight: 1}, {name: pen, weight: -1, function: just_a_name}]",
      "function 'just_a_name': expected 'module:function' or 'path/to/file.py:function'"),
     (f"[{{name: execution, weight: 1}}, {{name: pen, weight: -1, function: '{HERE}:two_arguments'}}]",
      "must take one argument, the episode"),
     (f"[{{name: execution, weight: 1}}, {{name: partial, weight: 0.1, function: '{HERE}:always_one'}}]",
-     "reward.terms.1: 'partial' is a built-in term: give your own term another name"),
+     "term 1 (partial): 'partial' is a built-in term: give your own term another name"),
+    ("[{name: exec, weight: 1}]", "term 0 (exec): unknown reward term 'exec': the built-in terms are execution,"),
     (f"[{{name: execution, weight: 1}}, {{name: mean, weight: 0.1, function: '{HERE}:always_one'}}]",
-     "reward: term name 'mean' is reserved (reward/mean is a train metric)"),
+     "term name 'mean' is reserved (reward/mean is a train metric)"),
+    ("[{name: execution, weight: 1}, {name: execution, weight: 1}]", "term 'execution' is listed twice"),
+    ("[{name: execution, weight: 1}, {name: format, weight: -1}]",
+     "term 'format': a built-in term's weight must be >= 0, got -1"),
     ((f"[{{name: execution, weight: 0.4}}, {{name: partial, weight: 0.2}}, "
       f"{{name: bonus, weight: 0.3, function: '{HERE}:near_miss_bonus'}}]"),
-     "reward: only_when_wrong terms (partial 0.2 + bonus 0.3) must not outweigh execution (0.4)"),
+     "only_when_wrong terms (partial 0.2 + bonus 0.3) must not outweigh execution (0.4)"),
     (f"[{{name: pen, weight: -1, function: '{HERE}:tool_error_penalty'}}, {{name: partial, weight: 0}}]",
-     "reward: the terms a perfect episode earns (weight > 0, not only_when_wrong) weigh 0 in all"),
+     "the terms a perfect episode earns (weight > 0, not only_when_wrong) weigh 0 in all"),
+    ("[{name: execution, weight: 0}, {name: format, weight: 0}]",
+     "the terms a perfect episode earns (weight > 0, not only_when_wrong) weigh 0 in all"),
 ])
-def test_bad_terms_are_one_line_errors_at_load(terms: str, fragment: str) -> None:
-    message = _error(f"env.reward.terms={terms}")
+def test_bad_terms_are_one_line_errors_when_the_run_is_built(terms: str, fragment: str) -> None:
+    message = _build_error(f"env.reward.terms={terms}")
     assert fragment in message, message
+
+
+def test_a_reward_module_runs_when_the_run_is_built_not_when_the_config_loads(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A term of your own whose module raises at import: the config loads (it is data); the run
+    refuses to start with one error line naming the term, before any MCP server process is
+    spawned or anything is written (the config imported it, and failed, as it loaded before)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from skyrl_tool_agent.config import UserInputError
+    from skyrl_tool_agent.pipeline import run_training
+
+    (tmp_path / "boom_rewards.py").write_text("raise RuntimeError('boom at import')\n\n\n"
+                                              "def term(episode):\n    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = "env.reward.terms=[{name: execution, weight: 1}, {name: boom, weight: 0.1, function: 'boom_rewards:term'}]"
+    out = tmp_path / "run"
+    config = load_config(CONFIGS, [line, f"training.output_dir={out}"])
+    assert "boom_rewards" not in sys.modules and config.env.reward.terms[1].function == "boom_rewards:term"
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(UserInputError) as info:
+        run_training(config)
+    message = str(info.value)
+    assert "\n" not in message
+    assert ("term 1 (boom): function 'boom_rewards:term': cannot import boom_rewards (RuntimeError: boom at import)"
+            in message), message
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children  # no server was started
+    assert not out.exists()
+    # The command: exit 2, one `error:` line, no traceback.
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "skyrl_tool_agent.commands.main", "train", "--set", line,
+                           "--set", f"training.output_dir={out}"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "boom at import" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not out.exists()
 
 
 def test_readme_example_config_loads_and_builds_the_rubric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

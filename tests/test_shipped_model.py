@@ -21,7 +21,7 @@ from skyrl_tool_agent.policy.loading import ModelLoadError, resolve_model_path
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, file_sha256, tree_hashes, verify_manifest
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
-from skyrl_tool_agent.warmstart.build import greedy_evaluation
+from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from tests.fixtures.config_files import REPO
 
 DB_ROOT = REPO / "data" / "processed" / "databases"
@@ -64,7 +64,7 @@ def test_shipped_model_reproduces_its_greedy_check(manifest) -> None:
     policy = QwenPolicy.from_config(ModelConfig(), mode="full")
     runtime = EnvRuntime(EnvConfig(), DB_ROOT)
     try:
-        solved = greedy_evaluation(policy, runtime, tasks, settings)["solved"]
+        solved = greedy_evaluation(policy, runtime, tasks, settings).record["solved"]
     finally:
         runtime.close()
     assert solved == check["solved"]

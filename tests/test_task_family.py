@@ -93,13 +93,13 @@ def test_bad_family_values_are_one_line_errors(runtime: EnvRuntime) -> None:
     with pytest.raises(UserInputError, match="decides correctness by its term 'inventory_match'"):
         EnvRuntime(sql_terms.env, runtime.db_root)
     # The family's tasks trained as SQL (the knob left out): refused before anything runs.
-    from skyrl_tool_agent.pipeline import load_task_splits
+    from skyrl_tool_agent.eval.splits import TaskSplits
 
     as_sql = load_config(config_file=EXAMPLE, overrides=["env.task_family=sql", f"training.data.train_file={TASKS_FILE}",
                                                          f"training.data.dev_file={TASKS_FILE}",
                                                          f"training.data.db_root={runtime.db_root}"])
     with pytest.raises(UserInputError, match=r"record 0 \(inventory-00\): no db_id, which task family 'sql' needs"):
-        load_task_splits(as_sql)
+        TaskSplits.load(as_sql)
     # The command line: one `error:` line, no traceback.
     done = subprocess.run([sys.executable, "-m", "skyrl_tool_agent.config", "show", "--config", str(EXAMPLE),
                            "--set", "env.task_family=sqll"], check=False, cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -14,7 +14,7 @@ from skyrl_tool_agent.config import ConfigError, UserInputError, load_config
 from skyrl_tool_agent.data.builtin.domains import DOMAINS
 from skyrl_tool_agent.data.builtin.pool import generated_train_pool, split_validation
 from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
-from skyrl_tool_agent.pipeline import rl_train_tasks, run_eval_tasks, validation_tasks
+from skyrl_tool_agent.eval.splits import TaskSplits
 from tests.fixtures.config_files import CONFIGS, REPO
 
 DATA = REPO / "data" / "processed"
@@ -23,6 +23,10 @@ DATA = REPO / "data" / "processed"
 @pytest.fixture(scope="module")
 def splits():
     return load_tasks(DATA / "train.json"), load_tasks(DATA / "dev.json")
+
+
+def _splits(config, train, dev, db_root: Path = DATA / "databases") -> TaskSplits:
+    return TaskSplits.from_tasks(config, train=train, dev=dev, db_root=db_root)
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +68,10 @@ def test_pool_is_deterministic(pool, splits) -> None:
 def test_rl_train_tasks_follows_the_knob(pool, splits) -> None:
     train, dev = splits
     config = load_config(CONFIGS, ["training.data.train_pool=file"])
-    assert rl_train_tasks(config, train, dev, DATA / "databases") is train
+    assert _splits(config, train, dev, DATA / "databases").rl_train() is train
     config = load_config(CONFIGS, ["training.data.train_pool=generated", "training.data.validation_tasks=50"])
-    rl_pool = rl_train_tasks(config, train, dev, DATA / "databases")
-    held = {t.gold_sql for t in validation_tasks(config, train, dev, DATA / "databases")}
+    rl_pool = _splits(config, train, dev, DATA / "databases").rl_train()
+    held = {t.gold_sql for t in _splits(config, train, dev).validation()}
     assert len(held) == 50
     assert rl_pool == [t for t in pool if t.gold_sql not in held]  # the pool less every paraphrase of validation
 
@@ -92,7 +96,7 @@ def test_missing_or_foreign_databases_are_user_errors(splits, tmp_path: Path) ->
     train, dev = splits
     config = load_config(CONFIGS, ["training.data.train_pool=generated"])
     with pytest.raises(UserInputError, match=r"built-in database not found: .*\(training.data: the generated pool\)"):
-        rl_train_tasks(config, train, dev, tmp_path / "nowhere")
+        _splits(config, train, dev, tmp_path / "nowhere").rl_train()
     # Right file names, wrong contents: an empty SQLite database where the first domain's should be.
     root = tmp_path / "foreign"
     shutil.copytree(DATA / "databases", root)
@@ -100,7 +104,7 @@ def test_missing_or_foreign_databases_are_user_errors(splits, tmp_path: Path) ->
     first.unlink()
     sqlite3.connect(first).close()
     with pytest.raises(UserInputError, match=rf"is not the built-in {DOMAINS[0].db_id} database .*no such table"):
-        rl_train_tasks(config, train, dev, root)
+        _splits(config, train, dev, root).rl_train()
 
 
 def test_generated_pool_needs_the_builtin_dataset() -> None:
@@ -113,11 +117,41 @@ def test_generated_pool_needs_the_builtin_dataset() -> None:
 def test_eval_split_picks_what_a_run_evaluates(splits) -> None:
     train, dev = splits
     dev_run = load_config(CONFIGS)
-    assert run_eval_tasks(dev_run, train, dev, DATA / "databases") == sorted(dev, key=lambda t: t.task_id)  # all 320
+    assert _splits(dev_run, train, dev).run_eval() == sorted(dev, key=lambda t: t.task_id)  # all 320
     tuning = load_config(CONFIGS, ["training.eval_split=validation", "training.eval_num_tasks=40"])
-    tasks = run_eval_tasks(tuning, train, dev, DATA / "databases")
-    assert tasks == validation_tasks(tuning, train, dev, DATA / "databases")[:40]
+    tasks = _splits(tuning, train, dev).run_eval()
+    assert tasks == _splits(tuning, train, dev).validation()[:40]
     assert {t.gold_sql for t in tasks}.isdisjoint({t.gold_sql for t in dev})
     spider = load_config(CONFIGS, ["training.eval_split=validation", "training.data.dataset=spider"])
     with pytest.raises(UserInputError, match="eval_split: validation needs the builtin dataset"):
-        run_eval_tasks(spider, train, dev, DATA / "databases")
+        _splits(spider, train, dev).run_eval()
+
+
+def _spider_with_a_broken_gold_query(root: Path) -> None:
+    """A Spider-layout root: dev with one question whose gold query SQLite cannot prepare."""
+    import json
+
+    from tests.fixtures.tiny_db import make_shop_db
+
+    make_shop_db(root / "database")
+    good = [{"db_id": "shop", "question": f"q{i}", "query": "SELECT count(*) FROM customer"} for i in range(3)]
+    broken = {"db_id": "shop", "question": "q-broken", "query": "SELECT x FROM no_such_table"}
+    (root / "dev.json").write_text(json.dumps([*good[:2], broken]))
+    (root / "train_spider.json").write_text(json.dumps(good))
+
+
+def test_training_and_evaluation_mean_the_same_tasks_by_a_split(tmp_path: Path) -> None:
+    """One owner of the splits (`eval.splits`): the dev tasks a training run evaluates are the
+    evaluate command's dev tasks. Training loaded its own splits before and kept a Spider question
+    whose gold query cannot run, which the evaluate command left out (and the reward raises on)."""
+    from skyrl_tool_agent.eval.splits import load_eval_tasks
+
+    _spider_with_a_broken_gold_query(tmp_path)
+    config = load_config(CONFIGS, ["training.data.dataset=spider", f"training.data.spider_root={tmp_path}"])
+    run = TaskSplits.load(config)
+    evaluated = load_eval_tasks(config, "dev")
+    assert run.dev == run.run_eval() == evaluated.tasks and len(evaluated.tasks) == 2
+    assert evaluated.skipped_reasons == {"gold_sql_error": 1}
+    assert run.train == load_eval_tasks(config, "train").tasks
+    builtin = load_config(CONFIGS, ["training.data.validation_tasks=16"])
+    assert TaskSplits.load(builtin).validation() == load_eval_tasks(builtin, "validation").tasks

@@ -33,6 +33,8 @@ EXPORT_FORMATS = ("skyrl-parquet",)
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    from skyrl_tool_agent.config.base import default_of
+    from skyrl_tool_agent.config.grpo import GRPOConfig
     from skyrl_tool_agent.data.builtin.location import default_output_dir
 
     parser = new_parser(__doc__, prog)
@@ -45,7 +47,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--export", nargs=2, metavar=("FORMAT", "OUT_DIR"), default=None,
                         help=f"write tasks for another trainer instead of building; FORMAT: {', '.join(EXPORT_FORMATS)}")
     parser.add_argument("--max-turns", type=int, default=None,
-                        help="with --export: the rows' max_turns (default: the env's, 6)")
+                        help="with --export: the rows' max_turns (default: grpo.max_turns's, "
+                             f"{default_of(GRPOConfig, 'max_turns')})")
     return parser
 
 

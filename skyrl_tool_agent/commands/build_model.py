@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
-        from skyrl_tool_agent.pipeline import build_embedded, load_task_splits, ship_embedded
+        from skyrl_tool_agent.eval.splits import TaskSplits
+        from skyrl_tool_agent.pipeline import build_embedded, ship_embedded
 
         config = config_from_args(args)
         if args.ship:
@@ -79,10 +80,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                 print(f"step {row['step']:6d} ({row['seconds'] / 60:6.1f} min): validation EX {row['execution_accuracy']:.3f}")
             print(f"{record['plateau']['stopped']}; model: {Path(args.output_dir) / 'model'}")
             return
-        train, dev, db_root = load_task_splits(config)
+        splits = TaskSplits.load(config)
         out = Path(args.output_dir) if args.output_dir else None
         with training_progress(1) as progress:
-            report = build_embedded(config, train, dev, db_root, out=out, force=args.force, sft_steps=args.sft_steps,
+            report = build_embedded(config, splits.train, splits.validation(), splits.db_root, out=out, force=args.force, sft_steps=args.sft_steps,
                                     eval_every=args.eval_every, progress=progress,
                                     provenance={"command": command})
     print(json.dumps({k: v for k, v in report.items() if k != "sft"}, indent=1))

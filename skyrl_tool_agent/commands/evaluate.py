@@ -52,7 +52,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
                         help="first wait before a retry, doubled each time up to 30 s (default 1)")
     p.add_argument("--dataset", choices=["builtin", "spider"], help="SQL dataset (default: training.data.dataset of "
                    "the config, builtin); the task family is env.task_family (e.g. --config configs/examples/inventory.yaml)")
-    p.add_argument("--split", choices=["dev", "train"], default="dev")
+    p.add_argument("--split", choices=["dev", "train", "validation"], default="dev",
+                   help="which tasks (eval.splits, as training means them): dev (reported), train (the training file), "
+                   "validation (the generated pool's held-out split, what settings are tuned on; builtin only)")
     p.add_argument("--spider-root", help="Spider directory (default: training.data.spider_root, ../shared/spider)")
     p.add_argument("--skip-bad-records", action="store_true",
                    help="leave out task records that fail the checks at load (a missing field, an unknown db_id, "
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             write_outputs,
         )
         from skyrl_tool_agent.eval.report_rollouts import load_rollouts
-        from skyrl_tool_agent.eval.selection import load_eval_tasks
+        from skyrl_tool_agent.eval.splits import load_eval_tasks
         from skyrl_tool_agent.eval.vocabulary import vocabulary
         from skyrl_tool_agent.eval.weave_setup import weave_mode
 
@@ -166,9 +168,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         temperature = args.temperature if args.temperature is not None else (
             config.grpo.temperature if args.num_samples > 1 else 0.0)
         family = resolve_family(config.env.task_family)
-        selection = load_eval_tasks(config.training.data, args.split, limit=args.limit, seed=args.seed,
-                                    uses_databases=family.uses_databases, skip_bad_records=args.skip_bad_records,
-                                    gold_timeout_s=config.env.sql_timeout_s)
+        selection = load_eval_tasks(config, args.split, limit=args.limit, seed=args.seed,
+                                    skip_bad_records=args.skip_bad_records)
         w = config.training.wandb
         options = EvalOptions(
             num_samples=args.num_samples, temperature=temperature, top_p=args.top_p,

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         from skyrl_tool_agent.eval.vocabulary import vocabulary
 
         words = vocabulary(resolve_family(config.env.task_family).name)  # SQL words only for SQL
-        bar = (training_progress(t.max_steps, t.time_budget_minutes, eval_split=t.eval_split, accuracy_short=words.short)
+        bar = (training_progress(t.max_steps, t.time_budget_s, eval_split=t.eval_split, accuracy_short=words.short)
                if main_rank else contextlib.nullcontext())
         try:
             with bar as progress:

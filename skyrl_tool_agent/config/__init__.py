@@ -10,6 +10,7 @@ Layout (one module per file it validates):
 * `loader`                  `Config` (the four sections) and `load_config`
 * `overrides`, `yaml_io`    `--set` parsing, error rendering, YAML read/write
 * `errors`                  `UserInputError`, `ConfigError`, `cli_main_guard` (exit 2, one `error:` line)
+* `user_code`               loading a Python file a config names (reward terms, task families), when a run is built
 * `cli`                     `add_config_args` / `config_from_args` for the scripts
 
 Every knob is documented once, in its `Field(description=...)`; the shipped YAML files are

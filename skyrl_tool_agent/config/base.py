@@ -60,6 +60,14 @@ def knob(
     return Field(default, **field_kwargs)
 
 
+def default_of(section: type[BaseModel], name: str) -> Any:
+    """The CPU default of knob `name` of `section`, for code outside the config that needs the same
+    number when no config is at hand (e.g. a SkyRL row without max_turns): referenced, never
+    written again, so the two cannot drift apart."""
+    field = section.model_fields[name]
+    return field.get_default(call_default_factory=True)
+
+
 def h100_value(field: FieldInfo) -> Any:
     """The H100 value recorded by `knob(h100=...)`; check `has_h100` first."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}

@@ -22,7 +22,6 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from skyrl_tool_agent.config.base import Section, knob
-from skyrl_tool_agent.config.reward_terms import DEFAULT_TERMS, check_terms, term_rule
 
 #: The task families known by name (`env.task_family`), each the `module:object` it stands for:
 #: skyrl_tool_agent.env.families is the interface; the inventory example is README's "Beyond SQL".
@@ -87,7 +86,7 @@ class MCPServerConfig(Section):
             _check_placeholders(item)
         return value
 
-    def resolved(self, db_root: str | Path, *, sql_timeout_s: float = 5.0) -> MCPServerConfig:
+    def resolved(self, db_root: str | Path, *, sql_timeout_s: float) -> MCPServerConfig:
         """A copy with placeholders filled and `python` pinned to `sys.executable`."""
         values = {"db_root": str(Path(db_root).expanduser().resolve()), "sql_timeout_s": f"{sql_timeout_s:g}"}
         command = sys.executable if self.command == "python" else substitute(self.command, values)
@@ -109,6 +108,10 @@ def _default_servers() -> list[MCPServerConfig]:
         )
     ]
 
+
+#: The default reward: (name, weight) of each built-in term, in order (`rewards.terms` has the terms,
+#: `rewards.rubric` the formula and the rules that any terms must follow).
+DEFAULT_TERMS: tuple[tuple[str, float], ...] = (("execution", 1.0), ("format", 0.1), ("syntax", 0.05), ("partial", 0.2))
 
 #: The fixed reward weights that `reward.terms` replaced (a stale config gets the new spelling).
 _OLD_WEIGHT_KEYS = ("execution_weight", "format_weight", "syntax_weight", "partial_weight")
@@ -141,18 +144,16 @@ class RewardTermConfig(Section):
         "Your term's 'module:function' or 'path/to/file.py:function'; null = a built-in. A file path "
         "is relative to the working directory. The function takes the finished episode "
         "(skyrl_tool_agent.rewards.terms.Episode) and returns a number; decorated with "
-        "@reward_term(only_when_wrong=True) it counts only when the answer is wrong.",
+        "@reward_term(only_when_wrong=True) it counts only when the answer is wrong. Imported when "
+        "the run is built (before any MCP server starts), not when the config loads.",
     )
-
-    @model_validator(mode="after")
-    def _resolvable(self) -> RewardTermConfig:
-        term_rule(self.name, self.weight, self.function)  # here, so an error names the term's place in the list
-        return self
 
 
 class RewardConfig(Section):
     """The episode reward: weighted terms, normalised so a perfect episode scores 1 and one without
-    an answer 0 (the formula and its rules: skyrl_tool_agent.rewards.rubric)."""
+    an answer 0 (the formula and its rules: skyrl_tool_agent.rewards.rubric). The rules, which need
+    the terms' functions (a term of your own may count only when wrong), are checked when the run
+    is built (`env.pools.build_rubric`), so loading a config never runs reward code."""
 
     terms: list[RewardTermConfig] = knob(
         default_factory=_default_terms,
@@ -184,17 +185,6 @@ class RewardConfig(Section):
             raise ValueError(f"{old[0]} is now a term of reward.terms, a list of {{name, weight}}: the default is "
                              f"terms: [{listed}]")
         return data
-
-    @model_validator(mode="after")
-    def _usable(self) -> RewardConfig:
-        # A reward without execution is another task family's: the term that decides correctness
-        # is its family's verdict_term, known when the env starts (which checks the rules again);
-        # until then the heaviest term stands in for it.
-        verdict = None
-        if not any(t.name == "execution" for t in self.terms):
-            verdict = max(self.terms, key=lambda t: t.weight).name
-        check_terms([term_rule(t.name, t.weight, t.function) for t in self.terms], verdict_term=verdict)
-        return self
 
 
 class CollectorConfig(Section):

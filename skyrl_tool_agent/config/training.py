@@ -237,6 +237,12 @@ class TrainingConfig(Section):
             raise ValueError(f"each beta must be in [0, 1), got {list(value)}")
         return value
 
+    @property
+    def time_budget_s(self) -> float | None:
+        """`time_budget_minutes` in seconds, as the trainer's clock (`GRPOTrainer.elapsed_s`) and the
+        progress bar read it; None = no limit."""
+        return None if self.time_budget_minutes is None else 60.0 * self.time_budget_minutes
+
     def resolved_output_dir(self) -> Path:
         """`output_dir` with `~` and $VARS expanded."""
         return expand_path(self.output_dir)

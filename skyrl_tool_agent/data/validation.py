@@ -10,7 +10,7 @@ its task_id when it has one):
   db_id"), a db_id whose file would lie outside the root once links are followed (`../x`, a
   symlink out), a database directory without its `.sqlite` file, and a gold query that fails or
   runs over its time limit (`gold_check`: one bounded execution per distinct query and database;
-  `eval.selection.gold_check` runs it with `rewards.limits.run_bounded`, the reward's own
+  `eval.splits.gold_check` runs it with `rewards.limits.run_bounded`, the reward's own
   sandboxed runner, which this layer cannot import).
 
 `load_checked_tasks` raises `BadRecordsError` (a `UserInputError`: one `error:` line, exit 2) at
@@ -32,6 +32,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from skyrl_tool_agent.config import UserInputError
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.config.env import EnvConfig
 from skyrl_tool_agent.data.tasks import Task, db_path_for, field_problem
 
 logger = logging.getLogger(__name__)
@@ -43,8 +45,9 @@ __all__ = ["GOLD_MAX_CHARS", "GOLD_TIMEOUT_S", "QUESTION_MAX_CHARS", "GoldCheck"
 QUESTION_MAX_CHARS = 4_000
 #: Longest gold query / ground truth (characters).
 GOLD_MAX_CHARS = 20_000
-#: Seconds one gold query may run when checked (the reward's default query limit).
-GOLD_TIMEOUT_S = 5.0
+#: Seconds one gold query may run when checked, when the caller gives none: `env.sql_timeout_s`'s
+#: default, the reward's query limit (`eval.splits.gold_check` passes the configured one).
+GOLD_TIMEOUT_S: float = default_of(EnvConfig, "sql_timeout_s")
 #: (database file, gold query) -> None when it runs within its limit, else the problem in a few words.
 GoldCheck = Callable[[Path, str], "str | None"]
 #: What the escape hatch is called on the command lines.

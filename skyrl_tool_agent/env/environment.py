@@ -30,7 +30,9 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from skyrl_tool_agent.data.tasks import db_path_for
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.config.grpo import GRPOConfig
+from skyrl_tool_agent.data.tasks import Task, db_path_for
 from skyrl_tool_agent.env import skyrl_sql
 from skyrl_tool_agent.env.chat_format import system_prompt_with_tools, tool_to_openai
 from skyrl_tool_agent.env.families import resolve_family
@@ -41,8 +43,9 @@ from skyrl_tool_agent.rewards.terms import Episode
 
 logger = logging.getLogger(__name__)
 
-# Used when the dataset row does not say (SkyRL-SQL's default is 5; the oracle needs 4 on most tasks).
-DEFAULT_MAX_TURNS = 6
+#: Turns of an episode whose dataset row does not say: `grpo.max_turns`'s default, so a SkyRL row
+#: and our own run end an episode alike (SkyRL-train's generator sets every row's max_turns anyway).
+DEFAULT_MAX_TURNS: int = default_of(GRPOConfig, "max_turns")
 
 
 @dataclass
@@ -89,30 +92,52 @@ class MCPToolEnvironment(BaseTextEnv):
         super().__init__()
         extras = dict(extras or {})
         reward_spec = extras.get("reward_spec") or {}
-        #: The task's reference: the gold SQL, or another family's expected answer.
-        self.gold_sql: str = reward_spec.get("ground_truth") or extras.get("gold_sql")
-        if runtime is None:
-            family = resolve_family(as_gym_env_config(env_config, default_env_config).task_family)
-        else:
-            family = runtime.family
-        if not self.gold_sql:
+        # The row is checked before `resolve_runtime`, which may start the MCP servers.
+        family = runtime.family if runtime is not None else resolve_family(
+            as_gym_env_config(env_config, default_env_config).task_family)
+        ground_truth = reward_spec.get("ground_truth") or extras.get("gold_sql")
+        if not ground_truth:
             what = "the gold SQL" if family.uses_databases else f"the ground truth of task family {family.name!r}"
             raise EnvDataError(f"extras: missing {what}: give reward_spec.ground_truth (SkyRL's spelling) or gold_sql")
         if family.uses_databases and not extras.get("db_id"):
             raise EnvDataError("extras: missing 'db_id' (the task's database, <db_root>/<db_id>/<db_id>.sqlite; "
                                "skyrl-gym's text2sql rows use the same key)")
-        self.db_id: str = str(extras.get("db_id") or "")
-        self.runtime = runtime or resolve_runtime(env_config, extras, default_env_config)
-        self.family = self.runtime.family
-        settings = self.runtime.settings
         keep = reward_spec.get("keep_distinct")
-        self.keep_distinct: bool = settings.keep_distinct if keep is None else bool(keep)
+        self._start(runtime or resolve_runtime(env_config, extras, default_env_config), ground_truth,
+                    str(extras.get("db_id") or ""), max_turns=int(extras.get("max_turns") or DEFAULT_MAX_TURNS),
+                    keep_distinct=None if keep is None else bool(keep), system_prompt=extras.get("system_prompt"))
+
+    @classmethod
+    def for_task(cls, task: Task, runtime: EnvRuntime, *, max_turns: int,
+                 keep_distinct: bool | None = None) -> MCPToolEnvironment:
+        """One episode of `task` on a started runtime: how our collector builds an env, with no
+        SkyRL row in between (`__init__` is skyrl_gym.make's way in, from a dataset row).
+        `keep_distinct`: as the row's `reward_spec.keep_distinct` (None = the runtime's)."""
+        if not task.gold_sql or (runtime.family.uses_databases and not task.db_id):
+            needs = "gold_sql and db_id" if runtime.family.uses_databases else "gold_sql"
+            raise EnvDataError(f"task {task.task_id}: an episode needs its {needs}")
+        env = cls.__new__(cls)
+        BaseTextEnv.__init__(env)
+        env._start(runtime, task.gold_sql, task.db_id, max_turns=max_turns, keep_distinct=keep_distinct,
+                   system_prompt=None)
+        return env
+
+    def _start(self, runtime: EnvRuntime, ground_truth: str, db_id: str, *, max_turns: int,
+               keep_distinct: bool | None, system_prompt: str | None) -> None:
+        """The episode's state, whichever way in it was built (a row or a `Task`)."""
+        #: The task's reference: the gold SQL, or another family's expected answer.
+        self.gold_sql: str = ground_truth
+        self.db_id: str = db_id
+        self.runtime = runtime
+        self.family = runtime.family
+        settings = runtime.settings
+        self.keep_distinct: bool = settings.keep_distinct if keep_distinct is None else keep_distinct
         #: The task's database (SQL family); None for a family without databases.
-        self.db_path: Path | None = db_path_for(self.runtime.db_root, self.db_id) if self.family.uses_databases else None
-        self.max_turns = int(extras.get("max_turns") or DEFAULT_MAX_TURNS)
+        self.db_path: Path | None = db_path_for(runtime.db_root, db_id) if self.family.uses_databases else None
+        self.max_turns = max_turns
         self.style = settings.tool_call_format
         default_prompt = skyrl_sql.SYSTEM_PROMPT if self.style == "skyrl_sql" else self.family.system_prompt
-        self.system_prompt: str = extras.get("system_prompt") or default_prompt
+        self.system_prompt: str = system_prompt or default_prompt
         self.chat_history: ConversationType = []
         self.final_sql: str | None = None
         self.done = False
@@ -207,7 +232,11 @@ class MCPToolEnvironment(BaseTextEnv):
         text = "Error: " + " ".join(errors)
         return text + "\n" + format_tool_response(results) if results else text
 
-    def _score(self) -> RewardBreakdown:
+    def score(self) -> RewardBreakdown:
+        """The reward of the episode as it stands: its answer if it gave one, else none (blocking:
+        the answer and gold query run). `step` scores with it when the episode ends; a caller that
+        ends an episode itself (the collector, at its token budget) scores it with it too, so both
+        endings are scored by one rule."""
         settings = self.runtime.settings
         episode = Episode(
             answer=self.final_sql,
@@ -227,7 +256,7 @@ class MCPToolEnvironment(BaseTextEnv):
         """Synchronous step (skyrl-gym API): tool calls go to the shared pool's own event loop."""
         plan = self._plan(action)
         if plan.done:
-            self.reward = self._score()
+            self.reward = self.score()
         results = self.runtime.call_tools_sync([(c.name, c.arguments) for c in plan.calls])
         return self._finish(plan, results)
 
@@ -235,7 +264,7 @@ class MCPToolEnvironment(BaseTextEnv):
         """The same step for asyncio callers: calls of one turn run concurrently, scoring in a thread."""
         plan = self._plan(action)
         if plan.done:
-            self.reward = await asyncio.to_thread(self._score)
+            self.reward = await asyncio.to_thread(self.score)
         results = await asyncio.gather(*(self.runtime.call_tool(c.name, c.arguments) for c in plan.calls))
         return self._finish(plan, results)
 

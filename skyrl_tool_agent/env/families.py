@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyrl_tool_agent.config.env import TASK_FAMILIES
-from skyrl_tool_agent.config.reward_terms import _load_file as load_module_file
 from skyrl_tool_agent.config.errors import UserInputError
+from skyrl_tool_agent.config.user_code import load_module_file
 from skyrl_tool_agent.env.chat_format import DEFAULT_SYSTEM_PROMPT
 
 __all__ = ["SQL", "TaskFamily", "family_oracle", "resolve_family"]

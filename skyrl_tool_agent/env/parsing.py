@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from skyrl_tool_agent.env.chat_format import ANSWER_CLOSE, ANSWER_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from skyrl_tool_agent.env.tool_args import json_type_name, snippet, validate_arguments
 
 __all__ = [
@@ -104,14 +105,14 @@ class _StyleSpec:
 
 
 _STYLES: dict[str, _StyleSpec] = {
-    "hermes": _StyleSpec(
-        "<tool_call>",
-        "</tool_call>",
-        "<answer>",
-        "</answer>",
+    "hermes": _StyleSpec(  # the tags the prompt teaches (`chat_format`), spelled there only
+        TOOL_CALL_OPEN,
+        TOOL_CALL_CLOSE,
+        ANSWER_OPEN,
+        ANSWER_CLOSE,
         "tool_call",
-        "no tool call or final answer found: call a tool with <tool_call>...</tool_call> "
-        "or finish with <answer>{answer}</answer>",
+        f"no tool call or final answer found: call a tool with {TOOL_CALL_OPEN}...{TOOL_CALL_CLOSE} "
+        f"or finish with {ANSWER_OPEN}{{answer}}{ANSWER_CLOSE}",
     ),
     "skyrl_sql": _StyleSpec(
         "<sql>",

@@ -64,6 +64,18 @@ class EpisodeSetupError(ValueError):
     the collection goes on."""
 
 
+def build_rubric(config: EnvConfig, family: TaskFamily | None = None) -> Rubric:
+    """The reward of `config` (env.reward.terms, for `family`, default env.task_family's), its terms
+    of your own imported now and the rules checked (`rewards.rubric`): what building a run does
+    before any MCP server starts, since loading a config runs no reward code. One `EnvDataError`
+    line when a term cannot be imported or the terms break a rule."""
+    family = family or resolve_family(config.task_family)
+    try:
+        return Rubric.from_specs(config.reward.terms, verdict_term=family.verdict_term)
+    except ValueError as exc:
+        raise EnvDataError(f"env.reward.terms (task family {family.name!r}): {exc}") from None
+
+
 def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bind_db_id: bool) -> list[ToolSpec]:
     """The tools the policy is offered (`EnvConfig.offered_tools`), db_id removed from their
     argument schemas when the env binds it. Unknown names are a config error."""
@@ -102,10 +114,7 @@ class EnvRuntime:
         if config.tool_call_format == "skyrl_sql" and not self.family.uses_databases:
             raise EnvDataError(f"env.tool_call_format skyrl_sql is SQL's turn format; task family "
                                f"{self.family.name!r} needs hermes")
-        try:
-            rubric = Rubric.from_specs(config.reward.terms, verdict_term=self.family.verdict_term)
-        except ValueError as exc:
-            raise EnvDataError(f"env.reward.terms (task family {self.family.name!r}): {exc}") from None
+        rubric = build_rubric(config, self.family)
         self.settings = EnvSettings(
             tool_call_format=config.tool_call_format,
             sql_timeout_s=config.sql_timeout_s,

@@ -12,11 +12,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from skyrl_tool_agent.env.chat_format import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from skyrl_tool_agent.eval.report_sql import ResultPreviewer
 
 #: Longest message text shown per turn (tool results of big queries are cut, with a note).
 MAX_MESSAGE_CHARS = 6000
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_TOOL_CALL = re.compile(rf"{re.escape(TOOL_CALL_OPEN)}\s*(.*?)\s*{re.escape(TOOL_CALL_CLOSE)}", re.DOTALL)
 
 
 def clip(text: str) -> str:

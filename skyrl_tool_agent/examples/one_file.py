@@ -53,9 +53,9 @@ def task_file_overrides(task_file: str | Path) -> list[str]:
         raise UserInputError(f"--task-file {task_file}: no such Python file")
     family = resolve_family(f"{path}:FAMILY")  # loads the file once (a broken one: one error line)
     assert isinstance(family, TaskFamily)
-    from skyrl_tool_agent.config.reward_terms import _load_file
+    from skyrl_tool_agent.config.user_code import load_module_file
 
-    module = _load_file(path)
+    module = load_module_file(path)
     for name in ("TOOLS", "TASKS"):
         if not getattr(module, name, None):
             raise UserInputError(f"--task-file {path}: it defines no {name} (module doc of skyrl_tool_agent.examples.one_file)")

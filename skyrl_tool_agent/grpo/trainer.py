@@ -28,7 +28,8 @@ from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.metrics import eval_metrics, evaluation_record, reward_term_means, summarize
+from skyrl_tool_agent.eval.greedy import greedy_evaluation
+from skyrl_tool_agent.eval.metrics import eval_metrics, reward_term_means, summarize
 from skyrl_tool_agent.grpo.advantages import turn_token_advantages
 from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
@@ -169,6 +170,11 @@ class GRPOTrainer:
             return self.prior_elapsed_s
         return time.monotonic() - self._clock_started
 
+    def deadline_for(self, budget_s: float | None) -> float | None:
+        """The monotonic time at which the budget's clock (`elapsed_s`) reads `budget_s` (None: no
+        limit): what `train(deadline=...)` takes, counting what a resumed run already spent."""
+        return None if budget_s is None else time.monotonic() + budget_s - self.elapsed_s()
+
     # ------------------------------------------------------------- rollouts
     def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
                 settings: CollectorSettings | None = None,
@@ -182,8 +188,8 @@ class GRPOTrainer:
 
     def evaluate(self) -> dict[str, Any]:
         """Greedy execution accuracy etc. on the fixed dev subset, with `solved`: 1/0 per eval task
-        in `eval_tasks` order (for paired confidence intervals between two evaluations)."""
-        params = SamplingParams(temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
+        in `eval_tasks` order (for paired confidence intervals between two evaluations):
+        `eval.greedy.greedy_evaluation`, its episodes run by `collect`."""
         done, report = [0], self.eval_progress
 
         def episode_done(_: Trajectory) -> None:
@@ -191,9 +197,10 @@ class GRPOTrainer:
             if report is not None:
                 report(done[0], len(self.eval_tasks))
 
-        trajectories = self.last_eval_trajectories = self.collect(self.eval_tasks, 1, params, self.eval_settings,
-                                                                  on_episode_done=episode_done)
-        return evaluation_record(trajectories)
+        run = greedy_evaluation(self.policy, self.runtime, self.eval_tasks, self.eval_settings,
+                                on_episode_done=episode_done, collect=self.collect)
+        self.last_eval_trajectories = run.trajectories
+        return run.record
 
     # --------------------------------------------------------------- update
     # The four hooks below are the optimizer "engine": plain torch here; the DeepSpeed trainer

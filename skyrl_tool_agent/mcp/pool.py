@@ -37,6 +37,8 @@ from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult
 
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.config.env import EnvConfig
 from skyrl_tool_agent.mcp.slots import ServerSlot, SlotGroup
 from skyrl_tool_agent.mcp.specs import (
     MCPConfigError,
@@ -95,8 +97,8 @@ class MCPClientPool:
         self,
         servers: Sequence[ServerSpec],
         *,
-        call_timeout_s: float = 10.0,
-        sessions_per_server: int = 1,
+        call_timeout_s: float = default_of(EnvConfig, "call_timeout_s"),
+        sessions_per_server: int = default_of(EnvConfig, "sessions_per_server"),
         startup_timeout_s: float = 30.0,
         ping_timeout_s: float = 5.0,
         server_stderr: TextIO | None = None,

@@ -18,10 +18,13 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# The turn format's markers, written here because this layer cannot import `env.chat_format`, which
+# spells them for the prompt: tests/test_policy_collector.py checks that the two agree.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2.5 also has these as added (non-special) tokens: one id each keeps tool syntax easy to emit.
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<answer>", "</answer>"]
-# ChatML as Qwen2.5's template renders a conversation whose tools are already in the system message.
+# ChatML as Qwen2.5's template renders a conversation whose tools are already in the system message
+# (the same text as `env.chat_format.render_conversation`: tests/test_policy_collector.py).
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"

@@ -56,7 +56,7 @@ from typing import Any
 
 from mcp_tools.sandbox import QueryResult, SandboxError
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
-from skyrl_tool_agent.rewards.limits import database_fault, database_identity, run_bounded
+from skyrl_tool_agent.rewards.limits import DEFAULT_TIMEOUT_S, database_fault, database_identity, run_bounded
 from skyrl_tool_agent.rewards.sqlnorm import has_top_level_order_by, remove_distinct_tokens
 
 logger = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ def compare_execution(
     gold_sql: str,
     db_path: str | Path,
     *,
-    timeout_s: float = 5.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     cache: GoldResultCache | None = None,
     spider_official: bool = False,
     keep_distinct: bool | None = None,
@@ -338,7 +338,7 @@ def execution_match(
     gold_sql: str,
     db_path: str | Path,
     *,
-    timeout_s: float = 5.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     cache: GoldResultCache | None = None,
     spider_official: bool = False,
     keep_distinct: bool | None = None,

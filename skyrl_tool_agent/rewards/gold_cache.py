@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from mcp_tools.sandbox import QueryResult
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.config.env import RewardConfig
 from skyrl_tool_agent.rewards.limits import database_identity
 
 
@@ -19,7 +21,7 @@ class GoldResultCache:
     change because the databases are opened read-only.
     """
 
-    def __init__(self, maxsize: int = 4096) -> None:
+    def __init__(self, maxsize: int = default_of(RewardConfig, "gold_cache_size")) -> None:
         if maxsize < 1:
             raise ValueError(f"maxsize must be >= 1, got {maxsize}")
         self.maxsize = maxsize

@@ -40,8 +40,14 @@ from mcp_tools.sandbox import (
     run_query,
 )
 from mcp_tools.sandbox_limits import MEMORY_LIMIT_MB, heap_limit_bytes, set_heap_limit
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.config.env import EnvConfig
 
 logger = logging.getLogger(__name__)
+
+#: A query's time limit when a caller gives none: `env.sql_timeout_s`'s default, referenced (the
+#: env passes its configured value; this is for direct calls such as `rewards.score_answer`).
+DEFAULT_TIMEOUT_S: float = default_of(EnvConfig, "sql_timeout_s")
 
 #: How long past its own deadline the caller waits for a query before giving up on it.
 WALL_CLOCK_GRACE_S = 1.0
@@ -75,7 +81,7 @@ def database_identity(db_path: str | Path) -> tuple[int, int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def database_fault(error: BaseException, probe: str | Path | None = None, timeout_s: float = 5.0) -> str | None:
+def database_fault(error: BaseException, probe: str | Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
     """Why `error` (from `run_bounded`) is the database's fault, not the query's; else None.
 
     Decided by SQLite's result code, never by the message: a query can put any text in an error

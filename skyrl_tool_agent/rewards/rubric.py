@@ -15,7 +15,8 @@ count costs 0.05 / N per unit. Weight 0 = reported, not counted. With the defaul
 (0.1 + 0.05 + 0.2) / 1.15 ~= 0.30 (close > far > unparseable > malformed) and a correct answer in a
 malformed episode (1 + 0.05) / 1.15 ~= 0.91.
 
-Rules (`Rubric` refuses anything else, one line; the config applies them when it loads): names
+Rules (`Rubric` refuses anything else, one line, when the run builds its reward: loading a config
+imports no term of your own, so these are checked here and only here): names
 unique and not `mean`/`std` (train metrics log `reward/<name>` beside `reward/mean`), weights
 finite, built-in weights >= 0, N > 0, and the only_when_wrong terms' positive weights sum to at
 most the weight of the term that decides correctness (execution; another task family's
@@ -34,14 +35,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from skyrl_tool_agent.config.reward_terms import (
-    RESERVED_NAMES,
-    TermRule,
-    check_terms,
-    earning_weight,
-)
 from skyrl_tool_agent.rewards.execution import compare_execution
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
+from skyrl_tool_agent.rewards.limits import DEFAULT_TIMEOUT_S
 from skyrl_tool_agent.rewards.terms import (
     BUILTIN_TERMS,
     DEFAULT_TERMS,
@@ -53,6 +49,8 @@ from skyrl_tool_agent.rewards.terms import (
 
 __all__ = ["RESERVED_NAMES", "RewardBreakdown", "Rubric", "Term", "TermSpec", "score_answer"]
 
+#: Names a term cannot take: the train metrics' `reward/mean` and `reward/std`.
+RESERVED_NAMES = frozenset({"mean", "std"})
 
 
 class TermSpec(Protocol):
@@ -102,9 +100,16 @@ class Rubric:
 
     @classmethod
     def from_specs(cls, specs: Iterable[TermSpec], *, verdict_term: str | None = None) -> Rubric:
-        """Terms from config entries: a built-in by name, or a user's `function`."""
-        return cls([Term(spec.name, spec.weight, resolve_term(spec.name, spec.function)) for spec in specs],
-                   verdict_term=verdict_term)
+        """Terms from config entries: a built-in by name, or a user's `function` (imported here).
+        Raises ValueError (one line): a term that cannot be resolved is named by its place in the
+        list, ``term 1 (name): ...``; a broken rule as the rule says it."""
+        terms = []
+        for index, spec in enumerate(specs):
+            try:
+                terms.append(Term(spec.name, spec.weight, resolve_term(spec.name, spec.function)))
+            except ValueError as exc:
+                raise ValueError(f"term {index} ({spec.name}): {exc}") from None
+        return cls(terms, verdict_term=verdict_term)
 
     @classmethod
     def default(cls) -> Rubric:
@@ -113,11 +118,37 @@ class Rubric:
     @property
     def normaliser(self) -> float:
         """N: the weighted sum of a perfect episode; totals are divided by it (perfect -> 1.0)."""
-        return earning_weight(self.terms)
+        return sum(t.weight for t in self.terms if t.weight > 0 and not t.only_when_wrong)
 
     def _check(self) -> None:
-        check_terms([TermRule(t.name, t.weight, t.only_when_wrong, t.fn is BUILTIN_TERMS.get(t.name))
-                     for t in self.terms], verdict_term=self.verdict_term)
+        """The rules (module docstring); raises ValueError (one line) at the first one broken."""
+        names = [t.name for t in self.terms]
+        if not names:
+            raise ValueError("the reward needs at least one term")
+        for term in self.terms:
+            if names.count(term.name) > 1:
+                raise ValueError(f"term '{term.name}' is listed twice")
+            if term.name in RESERVED_NAMES:
+                raise ValueError(f"term name '{term.name}' is reserved (reward/{term.name} is a train metric)")
+            weight = term.weight
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ValueError(f"term '{term.name}': weight must be a finite number, got {weight!r}")
+            if weight < 0 and term.fn is BUILTIN_TERMS.get(term.name):
+                raise ValueError(f"term '{term.name}': a built-in term's weight must be >= 0, got {weight:g} "
+                                 "(penalties are terms of your own)")
+        if self.normaliser <= 0:
+            raise ValueError("the terms a perfect episode earns (weight > 0, not only_when_wrong) weigh 0 in all: a "
+                             "perfect episode would score 0/0")
+        deciding = self.verdict_term or "execution"
+        if self.verdict_term is not None and self.verdict_term not in names:
+            raise ValueError(f"the task family decides correctness by its term '{self.verdict_term}': the reward's "
+                             f"terms ({', '.join(names)}) must list it")
+        gated = [t for t in self.terms if t.only_when_wrong and t.weight > 0]
+        weight = sum(t.weight for t in self.terms if t.name == deciding)
+        if sum(t.weight for t in gated) > weight:
+            listed = " + ".join(f"{t.name} {t.weight:g}" for t in gated)
+            raise ValueError(f"only_when_wrong terms ({listed}) must not outweigh {deciding} ({weight:g}): a near "
+                             "miss would then outscore a correct answer")
 
     def combine(self, values: Mapping[str, float], *, answered: bool, correct: bool) -> float:
         """The reward from each term's value: the formula of the module docstring, the one place it is written."""
@@ -131,7 +162,7 @@ class Rubric:
         return {term.name: episode.verdict if term.name == self.verdict_term and episode.verdict is not None
                 else _term_value(term, episode) for term in self.terms}
 
-    def score(self, episode: Episode, *, cache: GoldResultCache | None = None, timeout_s: float = 5.0,
+    def score(self, episode: Episode, *, cache: GoldResultCache | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
               keep_distinct: bool = True) -> RewardBreakdown:
         """Run the answer against the gold query once, then every term on the result.
 
@@ -183,7 +214,7 @@ def score_answer(
     format_ok: bool,
     rubric: Rubric | None = None,
     cache: GoldResultCache | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     keep_distinct: bool = True,
 ) -> RewardBreakdown:
     """Score a final answer alone (no turn counts or conversation) with `rubric` (default terms):

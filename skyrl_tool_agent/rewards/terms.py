@@ -24,25 +24,37 @@ the episode's reward: `rubric`.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from skyrl_tool_agent.config.reward_terms import (
-    BUILTIN_ONLY_WHEN_WRONG,
-    BUILTIN_TERM_NAMES,
-    DEFAULT_TERMS,
-    is_only_when_wrong,
-    load_term_function,
-    reward_term,
-    term_rule,
-)
+from skyrl_tool_agent.config.env import DEFAULT_TERMS
+from skyrl_tool_agent.config.user_code import load_module_file
 from skyrl_tool_agent.rewards.execution import ExecutionComparison
 from skyrl_tool_agent.rewards.partial import partial_credit, sql_is_valid
 
 __all__ = ["BUILTIN_TERMS", "DEFAULT_TERMS", "Episode", "TermFn", "is_only_when_wrong", "load_term_function",
            "resolve_term", "reward_term"]
+
+TermFnT = TypeVar("TermFnT", bound=Callable[..., Any])
+
+
+def reward_term(*, only_when_wrong: bool = False) -> Callable[[TermFnT], TermFnT]:
+    """Declare how a term counts: ``only_when_wrong`` terms are reported for every episode but
+    count in the reward only when the answer is wrong (as ``partial``)."""
+
+    def mark(fn: TermFnT) -> TermFnT:
+        setattr(fn, "only_when_wrong", only_when_wrong)  # noqa: B010 - an attribute on a function
+        return fn
+
+    return mark
+
+
+def is_only_when_wrong(fn: Callable[..., Any]) -> bool:
+    return bool(getattr(fn, "only_when_wrong", False))
 
 
 @dataclass(frozen=True)
@@ -109,16 +121,53 @@ def _partial(episode: Episode) -> float:
     return 1.0 if episode.correct else partial_credit(episode.answer or "", episode.gold_sql)
 
 
-#: The built-in terms by name (module docstring; their names and which count only when the answer
-#: is wrong are stated in config.reward_terms, so the config checks terms without this module).
+#: The built-in terms by name (module docstring): the one list of their names and of which count
+#: only when the answer is wrong (``partial``, by its decorator).
 BUILTIN_TERMS: dict[str, TermFn] = {"execution": _execution, "format": _format, "syntax": _syntax, "partial": _partial}
-assert tuple(BUILTIN_TERMS) == BUILTIN_TERM_NAMES
-assert {n for n, fn in BUILTIN_TERMS.items() if is_only_when_wrong(fn)} == BUILTIN_ONLY_WHEN_WRONG
+
+
+def load_term_function(target: str) -> TermFn:
+    """The function named by ``package.module:function`` (imported) or ``path/to/file.py:function``
+    (a file; a relative path is relative to the working directory). Raises ValueError (one line)
+    if it cannot be found or does not take one argument. It runs the user's module: called when
+    the reward is built (`Rubric.from_specs`), never when a config loads."""
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr.isidentifier():
+        raise ValueError(f"function '{target}': expected 'module:function' or 'path/to/file.py:function'")
+    try:
+        if where.endswith(".py"):
+            path = Path(where).expanduser().resolve()
+            if not path.is_file():
+                raise ValueError(f"function '{target}': no file {path}")
+            module = load_module_file(path)
+        else:
+            module = importlib.import_module(where)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure in the user's module is a config error
+        raise ValueError(f"function '{target}': cannot import {where} ({type(exc).__name__}: {exc})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"function '{target}': {where} has no function '{attr}'")
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        raise ValueError(f"function '{target}': must take one argument, the episode "
+                         "(skyrl_tool_agent.rewards.terms.Episode)") from None
+    except ValueError:  # no signature (some builtins): let the call decide
+        pass
+    return fn
 
 
 def resolve_term(name: str, function: str | None) -> TermFn:
     """The function of a configured term: the built-in `name` when `function` is None, else the
     user's `function` (`load_term_function`). Raises ValueError (one line) for an unknown name or a
     user term named like a built-in."""
-    term_rule(name, 0.0, function)
-    return BUILTIN_TERMS[name] if function is None else load_term_function(function)
+    if function is None:
+        if name not in BUILTIN_TERMS:
+            raise ValueError(f"unknown reward term '{name}': the built-in terms are {', '.join(BUILTIN_TERMS)}; "
+                             "a term of your own needs function: 'module:function'")
+        return BUILTIN_TERMS[name]
+    if name in BUILTIN_TERMS:
+        raise ValueError(f"'{name}' is a built-in term: give your own term another name")
+    return load_term_function(function)

@@ -17,8 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.config.env import CollectorConfig
+from skyrl_tool_agent.config.grpo import GRPOConfig
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.env.chat_format import render_conversation, render_observation, task_user_message
+from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation, task_user_message
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime, EpisodeSetupError
 from skyrl_tool_agent.mcp.pool import MCPPoolError
@@ -34,14 +37,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CollectorSettings:
-    """Episode limits and concurrency (mapped from GRPOConfig/EnvConfig by the caller)."""
+    """Episode limits and concurrency (mapped from GRPOConfig/EnvConfig by `from_config`). The
+    defaults are the config's own (`CollectorSettings()` limits = `from_config(Config())`'s)."""
 
-    max_turns: int = 6
-    max_new_tokens_per_turn: int = 128
-    max_total_tokens: int = 2048
-    concurrency: int = 64
-    max_batch: int = 64
-    max_episode_retries: int = 1
+    max_turns: int = default_of(GRPOConfig, "max_turns")
+    max_new_tokens_per_turn: int = default_of(GRPOConfig, "max_new_tokens_per_turn")
+    max_total_tokens: int = default_of(GRPOConfig, "max_total_tokens")
+    concurrency: int = default_of(CollectorConfig, "concurrency")
+    max_batch: int = default_of(CollectorConfig, "concurrency")  # one generation batch holds every episode in flight
+    max_episode_retries: int = default_of(CollectorConfig, "max_episode_retries")
     batch_wait_s: float = 0.002
     # True: each generation batch waits for every running episode (lockstep turns) and is ordered
     # by episode, so sampling does not depend on tool latency (reproducible runs and resumes).
@@ -213,11 +217,7 @@ class TrajectoryCollector:
 
     async def _episode(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
         s = self.settings
-        env = MCPToolEnvironment(
-            extras={"reward_spec": {"ground_truth": task.gold_sql, "keep_distinct": s.keep_distinct},
-                    "db_id": task.db_id, "max_turns": s.max_turns},
-            runtime=self.runtime,
-        )
+        env = MCPToolEnvironment.for_task(task, self.runtime, max_turns=s.max_turns, keep_distinct=s.keep_distinct)
         messages, env_info = env.init([task_user_message(task.db_id, task.question)])
         record = self.tokenizer is not None
         traj = Trajectory(task.task_id, index, list(messages), EpisodeResult(task.task_id, task.db_id))
@@ -257,7 +257,7 @@ class TrajectoryCollector:
                 traj.loss_mask += [0] * len(obs_ids)
                 traj.sampling_logprobs += [0.0] * len(obs_ids)
         if not env.done:  # ended by the token budget: score what we have (no answer)
-            env.reward = await asyncio.to_thread(env._score)
+            env.reward = await asyncio.to_thread(env.score)
             done_reason = done_reason or "max_tokens"
             metadata = {"done_reason": done_reason, "reward_components": env.reward.as_dict(), **env.get_metrics()}
             if traj.turn_rewards:
@@ -266,7 +266,7 @@ class TrajectoryCollector:
         return traj
 
     def _end_of_turn(self) -> list[int]:
-        return [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return [self.tokenizer.convert_tokens_to_ids(IM_END)]
 
     @staticmethod
     def _result(task: Task, env: MCPToolEnvironment, metadata: dict[str, Any]) -> EpisodeResult:

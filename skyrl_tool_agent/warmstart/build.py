@@ -21,13 +21,12 @@ from typing import Any
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import render_conversation
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.metrics import evaluation_record
+from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.agents import make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
-from skyrl_tool_agent.rollout.trajectory import Trajectory
 from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
 
 logger = logging.getLogger(__name__)
@@ -43,20 +42,6 @@ def oracle_conversations(runtime: EnvRuntime, tasks: Sequence[Task], settings: C
     return solved
 
 
-def greedy_trajectories(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task],
-                        settings: CollectorSettings) -> list[Trajectory]:
-    """One greedy episode per task through the real env, in task order."""
-    agent = make_agent(policy, temperature=0.0, max_new_tokens=settings.max_new_tokens_per_turn)
-    collector = TrajectoryCollector(runtime, agent, tokenizer=policy.tokenizer, settings=settings)
-    return asyncio.run(collector.collect(tasks, 1))
-
-
-def greedy_evaluation(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task],
-                      settings: CollectorSettings) -> dict[str, Any]:
-    """Execution accuracy etc. of greedy decoding through the real env, with `solved` per task."""
-    return evaluation_record(greedy_trajectories(policy, runtime, tasks, settings))
-
-
 def build_embedded_model(
     out_dir: Path,
     runtime: EnvRuntime,
@@ -65,6 +50,7 @@ def build_embedded_model(
     *,
     sft: SFTSettings,
     collector_settings: CollectorSettings,
+    eval_settings: CollectorSettings,
     vocab_size: int = 2048,
     device: str = "cpu",
     progress: Callable[[str, float], None] | None = None,
@@ -72,7 +58,9 @@ def build_embedded_model(
 ) -> dict:
     """Build and save the embedded model into `out_dir`; returns the build report (also saved as
     `warmstart.json`: `provenance` (e.g. the build command), warm-start loss curve, held-out EX
-    at each eval step on `heldout_tasks`, timings). `device`: where the warm start runs
+    at each eval step on `heldout_tasks`, timings). `collector_settings`: the oracle episodes';
+    `eval_settings`: the held-out evaluations' (the evaluation settings, as every greedy figure's:
+    `eval.greedy`). `device`: where the warm start runs
     (`resolve_device(config.model.device)` in the pipeline). The files are written into a
     temporary sibling directory and renamed into place, so an interrupted build leaves no
     half-written model behind; `warmstart.json` records their sha256 (`policy.manifest`)."""
@@ -98,7 +86,7 @@ def build_embedded_model(
     policy = QwenPolicy(model, tokenizer, mode="full")
 
     def evaluate(step: int) -> dict[str, float]:
-        figures = greedy_evaluation(policy, runtime, heldout_tasks, collector_settings)
+        figures = greedy_evaluation(policy, runtime, heldout_tasks, eval_settings).record
         return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns") if k in figures}
 
     def on_step(step: int, loss: float) -> None:

@@ -26,13 +26,14 @@ from typing import Any
 import torch
 
 from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.eval.metrics import format_rate
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
-from skyrl_tool_agent.warmstart.build import greedy_evaluation, oracle_conversations
+from skyrl_tool_agent.warmstart.build import oracle_conversations
 from skyrl_tool_agent.warmstart.sft import SFTHistory, SFTSettings, conversation_to_ids, supervised_finetune
 
 logger = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ def train_to_plateau(
                 len(examples), len(train_tasks), time.monotonic() - t0, len(heldout_tasks))
 
     def evaluate(_step: int) -> dict[str, Any]:
-        figures = greedy_evaluation(policy, runtime, heldout_tasks, eval_settings)
+        figures = greedy_evaluation(policy, runtime, heldout_tasks, eval_settings).record
         return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns", "solved") if k in figures}
 
     out_dir.mkdir(parents=True, exist_ok=True)

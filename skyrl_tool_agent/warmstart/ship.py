@@ -24,10 +24,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
-from skyrl_tool_agent.warmstart.build import greedy_evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def greedy_check(model_dir: Path, runtime: EnvRuntime, tasks: Sequence[Task], se
     embedded model (full precision on this device, no adapters)."""
     policy = QwenPolicy.from_config(ModelConfig(embedded_dir=str(model_dir)), mode="full")
     settings = dataclasses.replace(settings, deterministic=True)  # lockstep batches: same numerics every run
-    solved = greedy_evaluation(policy, runtime, tasks, settings)["solved"]
+    solved = greedy_evaluation(policy, runtime, tasks, settings).record["solved"]
     if None in solved:  # an episode lost to infrastructure is no outcome to ship or compare against
         raise RuntimeError(f"greedy check: {solved.count(None)} of {len(solved)} episodes could not be scored "
                            "(infrastructure errors)")

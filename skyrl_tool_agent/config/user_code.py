@@ -1,0 +1,37 @@
+"""Loading the Python files a config names (`path/to/file.py:object`): reward terms
+(`rewards.terms.load_term_function`), task families (`env.families.resolve_family`) and the
+one-file example (`examples.one_file`).
+
+Here, at the bottom layer, because all three need the same once-per-process module for one file.
+Loading a config never calls it: a config is data, and the code it names is imported when the run
+(the env, the trainer) is built, before any MCP server starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["load_module_file"]
+
+
+def load_module_file(path: Path) -> ModuleType:
+    """The module at `path`, loaded once per process under a name derived from its path (so two
+    files with one stem do not collide). A module that fails to load is not kept."""
+    name = f"skyrl_reward_terms_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

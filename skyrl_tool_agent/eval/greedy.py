@@ -1,0 +1,77 @@
+"""Greedy evaluation: one episode per task through the real env, argmax decoding, scored as
+`metrics.evaluation_record` (execution accuracy, ..., and `solved` per task in task order, for
+paired intervals between two evaluations of the same tasks).
+
+Every greedy figure of the project comes from `greedy_evaluation`: the trainer's evaluations
+(before, on cadence, after), the warm-start and plateau builds' held-out curves, the shipped
+model's greedy check and the supervised baseline. Callers pass the evaluation collector settings,
+`CollectorSettings.from_config(config, evaluation=True)` (the config's episode limits, lockstep
+batches, `env.reward.eval_keep_distinct`), so the figures compare with each other and with the
+evaluate command's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.metrics import evaluation_record
+from skyrl_tool_agent.rollout.agents import make_agent
+from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:  # torch loads only when a policy samples (as in rollout.agents)
+    from skyrl_tool_agent.policy.qwen import SamplingParams
+
+__all__ = ["Collect", "GreedyRun", "collect_episodes", "greedy_evaluation", "greedy_params"]
+
+
+class Collect(Protocol):
+    """Runs `group_size` episodes per task and returns them in (task, group index) order: the
+    signature of `GRPOTrainer.collect`, whose data-parallel subclass shards the tasks over ranks."""
+
+    def __call__(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
+                 settings: CollectorSettings | None = None,
+                 on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]: ...
+
+
+@dataclass
+class GreedyRun:
+    """A greedy evaluation: its record (`evaluation_record`) and the episodes behind it."""
+
+    record: dict[str, Any]
+    trajectories: list[Trajectory]
+
+
+def greedy_params(settings: CollectorSettings) -> SamplingParams:
+    """Greedy decoding: argmax at every token (top_p 1 keeps it exact), the settings' turn cap."""
+    from skyrl_tool_agent.policy.qwen import SamplingParams
+
+    return SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=settings.max_new_tokens_per_turn)
+
+
+def collect_episodes(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], group_size: int,
+                     params: SamplingParams, settings: CollectorSettings | None = None,
+                     on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+    """Episodes of `policy` (anything `rollout.agents.make_agent` takes) in this process, one
+    collector call; a policy with a tokenizer records token ids (and so keeps the token budget)."""
+    agent = make_agent(policy, temperature=params.temperature, top_p=params.top_p, max_new_tokens=params.max_new_tokens)
+    collector = TrajectoryCollector(runtime, agent, tokenizer=getattr(policy, "tokenizer", None), settings=settings)
+    return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
+
+
+def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings, *,
+                      on_episode_done: Callable[[Trajectory], None] | None = None,
+                      collect: Collect | None = None) -> GreedyRun:
+    """One greedy episode per task of `tasks`, in task order, with `settings` (the evaluation
+    collector settings: module docstring). `collect`: who runs the episodes (default: this
+    process, `collect_episodes`); the trainer passes its own `collect`, which a data-parallel
+    trainer shards over its ranks. `on_episode_done` is called as each episode finishes."""
+    run = collect or functools.partial(collect_episodes, policy, runtime)
+    trajectories = run(tasks, 1, greedy_params(settings), settings, on_episode_done)
+    return GreedyRun(evaluation_record(trajectories), trajectories)

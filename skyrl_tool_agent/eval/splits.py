@@ -1,0 +1,267 @@
+"""Which tasks are train, pool, validation and dev: the one place every command asks.
+
+For a config (`training.data`, `env.task_family`, `training.seed`):
+
+* **train** -- the training file (`train_file`, Spider's train): the warm start's supervised data,
+  and what GRPO samples with `train_pool: file`;
+* **dev** -- `dev_file` (Spider's dev): only ever reported, never tuned on;
+* **pool** -- with `train_pool: generated`, what GRPO samples: every slot assignment of the built-in
+  templates not in dev (`data.builtin.pool`), less the validation queries;
+* **validation** -- the yardstick for curves and tuning: `validation_tasks` unseen queries of the
+  generated pool (built-in data); for Spider, which has no generator, a fixed 64-task dev subset
+  drawn with another seed than the reported evaluation's;
+* **run_eval** -- what a training run evaluates (`training.eval_split`, `eval_num_tasks`).
+
+Training (`pipeline`), the evaluate command, the model builds and the benchmarks all take their
+tasks from `TaskSplits`, so a split means the same tasks wherever it is used.
+
+A task file is checked as it loads (`data.validation`: fields, sizes, db_ids, each distinct gold
+query run once, as the reward runs it): a bad record is one `error:` line before anything starts,
+unless `skip_bad_records` leaves it out (a warning per record, counted as `bad_record`). Spider's
+official files keep their own rule: questions whose database is missing (`missing_database`) or
+whose gold query SQLite cannot even prepare (`gold_sql_error`: three in Spider train, a missing
+table and ORDER BY before INTERSECT) are left out with a warning, since the reward raises on a
+failing gold query.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from skyrl_tool_agent.config import Config, UserInputError
+from skyrl_tool_agent.config.base import expand_path
+from skyrl_tool_agent.data.batching import fixed_subset
+from skyrl_tool_agent.data.tasks import Task, db_path_for
+from skyrl_tool_agent.data.validation import GOLD_TIMEOUT_S, GoldCheck, load_checked_tasks
+from skyrl_tool_agent.env.families import resolve_family
+
+logger = logging.getLogger(__name__)
+
+#: The splits read from a file.
+FileSplit = Literal["train", "dev"]
+#: The splits a command may name (the evaluate command's --split).
+Split = Literal["train", "dev", "validation"]
+#: Tasks in Spider's validation split (a dev subset: Spider has no generated pool).
+SPIDER_VALIDATION_TASKS = 64
+#: How the build-data hint reads in a missing-file error.
+_BUILD_HINT = "run `skyrl-tool-agent build-data` (or python training/scripts/build_data.py in a checkout)"
+
+
+@dataclass
+class SplitFile:
+    """The usable tasks of one file split, and how many were left out, by reason."""
+
+    tasks: list[Task]
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.skipped_reasons.values())
+
+
+def gold_sql_errors(tasks: Sequence[Task], db_root: Path) -> dict[str, str]:
+    """task_id -> SQLite's error for gold queries that do not compile on their database (EXPLAIN:
+    prepared, not run; a read-only connection per database)."""
+    by_db: dict[str, list[Task]] = defaultdict(list)
+    for task in tasks:
+        by_db[task.db_id].append(task)
+    errors: dict[str, str] = {}
+    for db_id, group in by_db.items():
+        path = db_path_for(db_root, db_id)
+        if not path.is_file():
+            errors.update((t.task_id, f"database file not found: {path}") for t in group)
+            continue
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            for task in group:
+                try:
+                    conn.execute(f"EXPLAIN {task.gold_sql}")
+                except sqlite3.Error as exc:
+                    errors[task.task_id] = str(exc)
+        finally:
+            conn.close()
+    return errors
+
+
+def gold_check(timeout_s: float = GOLD_TIMEOUT_S) -> GoldCheck:
+    """A `data.validation.GoldCheck`: the gold query run once, as the reward runs it
+    (`rewards.limits.run_bounded`: sandboxed, read-only, `timeout_s`)."""
+    from mcp_tools.sandbox import SandboxError
+    from skyrl_tool_agent.rewards.limits import run_bounded
+
+    def check(db_path: Path, sql: str) -> str | None:
+        try:
+            run_bounded(db_path, sql, timeout_s=timeout_s, max_rows=None)
+        except SandboxError as exc:
+            if exc.kind == "timeout":
+                return f"runs over {timeout_s:g} s"
+            return f"fails ({' '.join(str(exc).split())[:200]})"
+        return None
+
+    return check
+
+
+class TaskSplits:
+    """The tasks of `config` by role (module docstring). File splits load, checked, on first use
+    (an evaluation of dev never reads train); the derived ones are computed once."""
+
+    def __init__(self, config: Config, *, skip_bad_records: bool = False) -> None:
+        self.config = config
+        self.skip_bad_records = skip_bad_records
+        self.uses_databases = resolve_family(config.env.task_family).uses_databases
+        #: Where the tasks' databases are (training.data.db_root, or the dataset's default).
+        self.db_root: Path = config.training.data.resolved_db_root()
+        self._files: dict[str, SplitFile] = {}
+        self._pool_and_validation: tuple[list[Task], list[Task]] | None = None
+
+    @classmethod
+    def load(cls, config: Config, *, skip_bad_records: bool = False) -> TaskSplits:
+        """The splits with both files loaded now: a run's data errors come before anything starts."""
+        splits = cls(config, skip_bad_records=skip_bad_records)
+        splits.file("train"), splits.file("dev")
+        return splits
+
+    @classmethod
+    def from_tasks(cls, config: Config, *, train: list[Task], dev: list[Task], db_root: Path) -> TaskSplits:
+        """The same rules over tasks already at hand (no file is read), e.g. a test's few tasks."""
+        splits = cls(config)
+        splits._files = {"train": SplitFile(train), "dev": SplitFile(dev)}
+        splits.db_root = db_root
+        return splits
+
+    # ---------------------------------------------------------------- the files
+    def file(self, name: FileSplit) -> SplitFile:
+        """The train or dev file's usable tasks (loaded and checked once)."""
+        if name not in self._files:
+            self._files[name] = self._load(name)
+        return self._files[name]
+
+    @property
+    def train(self) -> list[Task]:
+        return self.file("train").tasks
+
+    @property
+    def dev(self) -> list[Task]:
+        return self.file("dev").tasks
+
+    def _check_db_root(self) -> None:
+        if self.uses_databases and not self.db_root.is_dir():
+            raise UserInputError(f"database root not found: {self.db_root} (training.data.db_root)")
+
+    def _load(self, name: FileSplit) -> SplitFile:
+        from skyrl_tool_agent.data.builtin.location import ensure_builtin_data
+
+        data = self.config.training.data
+        ensure_builtin_data(data.dataset)  # a wheel install builds the built-in data on first use
+        if data.dataset == "spider":
+            from skyrl_tool_agent.data.spider import load_spider, split_file
+
+            root = expand_path(data.spider_root)
+            try:
+                split_file(root, name)
+            except FileNotFoundError as exc:
+                raise UserInputError(f"Spider not found at {root} (training.data.spider_root): {exc}") from exc
+            self._check_db_root()
+            loaded = load_spider(root, name)
+            tasks, reasons = loaded.tasks, ({"missing_database": loaded.skipped} if loaded.skipped else {})
+            broken = gold_sql_errors(tasks, self.db_root) if self.uses_databases else {}
+            if broken:
+                logger.warning("skipping %d Spider %s questions whose gold SQL fails on its database: %s", len(broken),
+                               name, "; ".join(f"{k}: {v}" for k, v in sorted(broken.items())))
+                tasks = [t for t in tasks if t.task_id not in broken]
+                reasons["gold_sql_error"] = len(broken)
+            return SplitFile(tasks, reasons)
+        self._check_db_root()
+        path = data.resolved_train_file() if name == "train" else data.resolved_dev_file()
+        try:
+            [tasks], bad = load_checked_tasks([path], db_root=self.db_root if self.uses_databases else None,
+                                              skip_bad_records=self.skip_bad_records,
+                                              gold_check=gold_check(self.config.env.sql_timeout_s))
+        except FileNotFoundError as exc:
+            raise UserInputError(f"{exc} (training.data.{name}_file); {_BUILD_HINT}") from exc
+        except ValueError as exc:  # BadRecordsError is a UserInputError already; a file that is no JSON list is not
+            raise UserInputError(str(exc)) from exc
+        return SplitFile(tasks, {"bad_record": len(bad)} if bad else {})
+
+    # ---------------------------------------------------------- derived splits
+    def pool_and_validation(self) -> tuple[list[Task], list[Task]]:
+        """(generated pool without validation, validation split) of the built-in dataset: every slot
+        assignment not in dev, minus `training.data.validation_tasks` unseen queries held out."""
+        if self._pool_and_validation is None:
+            from skyrl_tool_agent.data.builtin.pool import generated_train_pool, split_validation
+
+            if self.config.training.data.dataset != "builtin":
+                raise UserInputError("the generated pool and its validation split need the builtin dataset")
+            data = self.config.training.data
+            try:
+                pool = generated_train_pool(self.db_root, held_out=self.dev)
+                self._pool_and_validation = split_validation(pool, self.train, data.validation_tasks,
+                                                             seed=self.config.training.seed)
+            except (FileNotFoundError, ValueError) as exc:
+                raise UserInputError(f"{exc} (training.data: the generated pool)") from exc
+        return self._pool_and_validation
+
+    def validation(self) -> list[Task]:
+        """The held-out yardstick for curves and tuning (module docstring)."""
+        if self.config.training.data.dataset == "builtin":
+            return self.pool_and_validation()[1]
+        return fixed_subset(self.dev, SPIDER_VALIDATION_TASKS, seed=self.config.training.seed + 1)
+
+    def rl_train(self) -> list[Task]:
+        """The tasks GRPO samples (`training.data.train_pool`): the training file's, or the generated
+        pool less the validation split."""
+        if self.config.training.data.resolved_train_pool() == "file":
+            return self.train
+        return self.pool_and_validation()[0]
+
+    def run_eval(self) -> list[Task]:
+        """What a training run evaluates (`training.eval_split`): a fixed, stratified subset of
+        `eval_num_tasks` dev tasks (all of them by default), or the validation split's first ones."""
+        t = self.config.training
+        if t.eval_split == "validation":
+            if t.data.dataset != "builtin":
+                raise UserInputError("training.eval_split: validation needs the builtin dataset (its generated pool)")
+            return self.validation()[: t.eval_num_tasks]
+        return fixed_subset(self.dev, t.eval_num_tasks, seed=t.seed)
+
+    def split(self, name: Split) -> SplitFile:
+        """A split by name, with what was left out of it (validation is generated: nothing left out)."""
+        return SplitFile(self.validation()) if name == "validation" else self.file(name)
+
+
+@dataclass
+class EvalTaskSet:
+    """The tasks an evaluation runs, where their databases are, and what was left out.
+
+    `skipped`: questions of the split that cannot run, `skipped_reasons` by reason
+    (missing_database, gold_sql_error, bad_record); `available`: questions that can run, before `--limit`.
+    """
+
+    tasks: list[Task]
+    db_root: Path
+    dataset: str
+    split: str
+    skipped: int = 0
+    available: int = 0
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def load_eval_tasks(config: Config, split: Split = "dev", *, limit: int | None = None, seed: int = 0,
+                    skip_bad_records: bool = False) -> EvalTaskSet:
+    """The `split` of `config`'s data (`TaskSplits`: the tasks training means by that name), or a
+    stratified-by-difficulty subset of `limit` of them chosen by `data.batching.fixed_subset`
+    (deterministic for a seed: the same limit and seed give the same questions, so two runs
+    compare). Missing files are `UserInputError`s naming the path."""
+    if limit is not None and limit < 1:
+        raise UserInputError(f"--limit must be >= 1, got {limit}")
+    splits = TaskSplits(config, skip_bad_records=skip_bad_records)
+    chosen = splits.split(split)
+    tasks = chosen.tasks if limit is None else fixed_subset(chosen.tasks, limit, seed=seed)
+    return EvalTaskSet(tasks, splits.db_root, config.training.data.dataset, split, chosen.skipped, len(chosen.tasks),
+                       dict(chosen.skipped_reasons))
