@@ -11,7 +11,6 @@ rates go back to the curriculum. Evaluation (greedy, fixed dev subset) and check
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
@@ -28,7 +27,7 @@ from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.greedy import greedy_evaluation
+from skyrl_tool_agent.eval.greedy import collect_episodes, greedy_evaluation
 from skyrl_tool_agent.eval.metrics import eval_metrics, reward_term_means, summarize
 from skyrl_tool_agent.grpo.advantages import turn_token_advantages
 from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes
@@ -39,8 +38,7 @@ from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
-from skyrl_tool_agent.rollout.agents import make_agent
-from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -180,11 +178,8 @@ class GRPOTrainer:
                 settings: CollectorSettings | None = None,
                 on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """Episodes through the env (`settings`: the training ones unless given)."""
-        agent = make_agent(self.policy, temperature=params.temperature, top_p=params.top_p,
-                           max_new_tokens=params.max_new_tokens)
-        collector = TrajectoryCollector(self.runtime, agent, tokenizer=self.policy.tokenizer,
-                                        settings=settings or self.collector_settings)
-        return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
+        return collect_episodes(self.policy, self.runtime, tasks, group_size, params,
+                                settings or self.collector_settings, on_episode_done)
 
     def evaluate(self) -> dict[str, Any]:
         """Greedy execution accuracy etc. on the fixed dev subset, with `solved`: 1/0 per eval task
