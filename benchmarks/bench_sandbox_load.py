@@ -1,21 +1,25 @@
 """Cheap-call latency beside slow queries: does a SQLite MCP server stay responsive under load?
 
-    python benchmarks/bench_sandbox_load.py [--servers 1 4] [--slow 8] [--duration S] [--reps R]
+    python benchmarks/bench_sandbox_load.py [--servers 1] [--slow 8 32 64] [--duration S] [--reps R]
                                             [--timeout-s T] [--json-out FILE]
 
 For each number of server processes (`MCPClientPool(sessions_per_server=n)`, calls round-robin
 over the processes) and each load, one task sends cheap `execute_sql` calls back to back for
-`--duration` seconds and records their latency, while `--slow` other tasks keep slow queries in
-flight (runaway recursive CTEs and big sorts that run into the query timeout, so each one holds a
-worker thread and a core for `--timeout-s`). Loads: `idle` (no slow queries) and `slow` (with
-them). Cells are interleaved within each repetition and the table shows medians over repetitions.
-Then, on a server of its own (query timeout `MEMORY_TIMEOUT_S`), the server's RSS before, at the
-peak of and after one large window-function query (`memory` in the JSON; issue 28: the allocator
-kept what SQLite freed, 71 -> 346 MiB for good, until the server trimmed it after the call).
+`--duration` seconds and records their latency, while N other tasks keep slow queries in flight
+(runaway recursive CTEs and big sorts that run into the query timeout, so each one holds a worker
+thread and a core for `--timeout-s`). Loads: `idle` (no slow queries) and, for each N in `--slow`,
+N slow calls on servers with the express lane (`call_lanes`, the default) and without it
+(`--express-threads 0`: every call waits for one of the 32 main threads, the behaviour before
+issue 28's finding 7: behind 32-64 slow calls a `count(*)` waited up to the whole timeout). Cells
+are interleaved within each repetition and the table shows medians over repetitions.
 
-Before issue 17's fix a query started on the server's event loop, so a slow single operation
-froze every call of that process; now queries run on worker threads and the cheap calls' latency
-beside slow ones is bounded by CPU contention, not by the slow queries' duration. Not a unit test.
+Then, on a server of its own (query timeout `MEMORY_TIMEOUT_S`, the default 256 MB cap), the
+server's RSS before, at the peak of (VmHWM) and after one large window-function query that fits
+the cap and one that does not (`memory` in the JSON; issue 28: the allocator kept what SQLite
+freed, 71 -> 346 MiB for good, until the server trimmed it after the call; and the peak passed
+the cap, up to 455 MiB, until the cap covered the whole process).
+
+Not a unit test.
 """
 
 from __future__ import annotations
@@ -24,12 +28,10 @@ import argparse
 import asyncio
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from bench_mcp_roundtrip import make_db, pct, queries
 from common import (  # also puts the repo root on sys.path
     REPO_ROOT,
@@ -49,14 +51,15 @@ SLOW_QUERIES = [
     "SELECT i FROM (WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 50000000) "
     "SELECT i FROM r) ORDER BY random() LIMIT 1",
 ]
-#: ~255 MiB of SQLite heap (the window's sorter; the server's default cap is 256 MiB), ~3 s of CPU.
-LARGE_QUERY = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 6000000) "
-               "SELECT x, sum(x) OVER (ORDER BY -x ROWS BETWEEN 1000 PRECEDING AND CURRENT ROW) FROM c")
+_WINDOW = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT {n}) "
+           "SELECT x, sum(x) OVER (ORDER BY -x ROWS BETWEEN 1000 PRECEDING AND CURRENT ROW) FROM c")
+#: Window queries (~46 bytes of RSS per row): +206 MiB, within the default 256 MB cap; and past it.
+LARGE_QUERIES = {"fits": _WINDOW.format(n=4_500_000), "past_cap": _WINDOW.format(n=12_000_000)}
 MEMORY_TIMEOUT_S = 30.0
 
 
-async def measure(pool: MCPClientPool, load: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One cell: cheap-call latencies (ms) for `args.duration` s, with or without slow queries."""
+async def measure(pool: MCPClientPool, load: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One cell: cheap-call latencies (ms) for `args.duration` s beside `load` slow calls in flight."""
     cheap_sqls = queries(1000)
     latencies: list[float] = []
     slow_times: list[float] = []
@@ -81,7 +84,7 @@ async def measure(pool: MCPClientPool, load: str, args: argparse.Namespace) -> d
             await pool.call_tool("execute_sql", {"sql": SLOW_QUERIES[k % len(SLOW_QUERIES)]})
             slow_times.append(time.perf_counter() - t0)
 
-    tasks = [asyncio.create_task(slow(k)) for k in range(args.slow if load == "slow" else 0)]
+    tasks = [asyncio.create_task(slow(k)) for k in range(load)]
     if tasks:
         await asyncio.sleep(0.2)  # let the slow queries start first
     await cheap()
@@ -90,6 +93,7 @@ async def measure(pool: MCPClientPool, load: str, args: argparse.Namespace) -> d
         "calls": len(latencies),
         "errors": errors,
         "p50_ms": pct(latencies, 0.5),
+        "p95_ms": pct(latencies, 0.95),
         "p99_ms": pct(latencies, 0.99),
         "max_ms": max(latencies),
         "slow_answers": len(slow_times),
@@ -97,90 +101,87 @@ async def measure(pool: MCPClientPool, load: str, args: argparse.Namespace) -> d
     }
 
 
+def _vm_mib(pid: int, field: str) -> float:
+    """VmRSS (now) or VmHWM (peak since /proc/<pid>/clear_refs was last told 5) of a process, in MiB."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(text.split(f"{field}:")[1].split()[0]) / 1024
+
+
 async def measure_memory(spec: ServerSpec) -> dict[str, Any]:
-    """RSS (MiB) of a fresh server before, at the peak of and after `LARGE_QUERY`; the next cheap call's answer."""
+    """RSS (MiB) of a fresh server before, at the peak of and after each of `LARGE_QUERIES`; the
+    answers, and whether the next cheap call answers."""
     pool = MCPClientPool([spec], sessions_per_server=1, call_timeout_s=MEMORY_TIMEOUT_S + 30, startup_timeout_s=600)
     await pool.start()
+    out: dict[str, Any] = {}
     try:
         cheap_sql = queries(1)[0]
         await pool.call_tool("execute_sql", {"sql": cheap_sql})
         (pid,) = pool.server_pids()["sqlite"]
         assert pid is not None
-        proc = psutil.Process(pid)
-        before = proc.memory_info().rss
-        peak = [before]
-        stop = threading.Event()
-
-        def sample() -> None:  # a thread: the event loop is busy with the call
-            while not stop.wait(0.01):
-                peak[0] = max(peak[0], proc.memory_info().rss)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
-            large = await pool.call_tool("execute_sql", {"sql": LARGE_QUERY})
-        finally:
-            stop.set()
-            sampler.join()
-        after = proc.memory_info().rss
-        cheap = await pool.call_tool("execute_sql", {"sql": cheap_sql})
+        for name, sql in LARGE_QUERIES.items():
+            before = _vm_mib(pid, "VmRSS")
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+            large = await pool.call_tool("execute_sql", {"sql": sql})
+            peak, after = _vm_mib(pid, "VmHWM"), _vm_mib(pid, "VmRSS")
+            cheap = await pool.call_tool("execute_sql", {"sql": cheap_sql})
+            out[name] = {"rss_before_mib": before, "rss_peak_mib": peak, "rss_after_mib": after,
+                         "answer": large.text[:80], "cheap_call_after_error": bool(cheap.is_error)}
     finally:
         await pool.close()
-    return {
-        "rss_before_mib": before / 2**20,
-        "rss_peak_mib": peak[0] / 2**20,
-        "rss_after_mib": after / 2**20,
-        "large_query_error": bool(large.is_error),
-        "cheap_call_after_error": bool(cheap.is_error),
-    }
+    return out
 
 
-async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def _spec(db: Path, timeout_s: float, *extra: str) -> ServerSpec:
+    args = ["-m", "mcp_tools.sqlite_server", "--db", str(db), "--timeout-s", str(timeout_s), *extra]
+    return ServerSpec(name="sqlite", command=sys.executable, args=args, cwd=str(REPO_ROOT))
+
+
+#: Server variants: the express lane on (the default) and off (every call waits for a main thread).
+LANES = {"express": (), "main_only": ("--express-threads", "0")}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.sqlite"
         make_db(db)
-        server_args = ["-m", "mcp_tools.sqlite_server", "--db", str(db), "--timeout-s", str(args.timeout_s)]
-        spec = ServerSpec(name="sqlite", command=sys.executable, args=server_args, cwd=str(REPO_ROOT))
         pools = {
-            n: MCPClientPool([spec], sessions_per_server=n, call_timeout_s=args.timeout_s + 30, startup_timeout_s=600)
-            for n in args.servers
+            (n, lanes): MCPClientPool([_spec(db, args.timeout_s, *extra)], sessions_per_server=n,
+                                      call_timeout_s=3 * args.timeout_s + 30, startup_timeout_s=600)
+            for n in args.servers for lanes, extra in LANES.items()
         }
         for pool in pools.values():
             await pool.start()
-        cells = [(n, load) for n in args.servers for load in ("idle", "slow")]
-        runs: dict[tuple[int, str], list[dict[str, Any]]] = {cell: [] for cell in cells}
+        # (servers, lanes, slow calls in flight); idle only once per server count.
+        cells = [(n, "express", 0) for n in args.servers] + [
+            (n, lanes, load) for n in args.servers for load in args.slow for lanes in LANES]
+        runs: dict[tuple[int, str, int], list[dict[str, Any]]] = {cell: [] for cell in cells}
         try:
             for rep in range(args.warmup + args.reps):
                 k = rep % len(cells)
-                for n, load in cells[k:] + cells[:k]:  # rotate the order, as common.interleaved does
-                    result = await measure(pools[n], load, args)
+                for cell in cells[k:] + cells[:k]:  # rotate the order, as common.interleaved does
+                    result = await measure(pools[cell[:2]], cell[2], args)
                     if rep >= args.warmup:
-                        runs[(n, load)].append(result)
-                        console.log(f"rep {rep - args.warmup}: {n} server(s), {load}: {result}")
+                        runs[cell].append(result)
+                        console.log(f"rep {rep - args.warmup}: {cell}: {result}")
         finally:
             for pool in pools.values():
                 await pool.close()
-    out: dict[str, dict[str, Any]] = {}
-    for (n, load), results in runs.items():
-        cell: dict[str, Any] = {}
-        for key in results[0]:
-            samples = Samples([float(r[key]) for r in results])
-            cell[key] = samples.median
-            cell[f"{key}_all"] = samples.values
-        out[f"{n}_{load}"] = cell
-    with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "bench.sqlite"
-        make_db(db)
-        server_args = ["-m", "mcp_tools.sqlite_server", "--db", str(db), "--timeout-s", str(MEMORY_TIMEOUT_S)]
-        out["memory"] = await measure_memory(
-            ServerSpec(name="sqlite", command=sys.executable, args=server_args, cwd=str(REPO_ROOT)))
+        out: dict[str, Any] = {}
+        for (n, lanes, load), results in runs.items():
+            cell: dict[str, Any] = {}
+            for key in results[0]:
+                samples = Samples([float(r[key]) for r in results])
+                cell[key] = samples.median
+                cell[f"{key}_all"] = samples.values
+            out[f"{n}_{lanes}_{load}"] = cell
+        out["memory"] = await measure_memory(_spec(db, MEMORY_TIMEOUT_S))
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--servers", type=int, nargs="+", default=[1, 4], help="server process counts")
-    parser.add_argument("--slow", type=int, default=8, help="concurrent slow queries in the 'slow' load")
+    parser.add_argument("--servers", type=int, nargs="+", default=[1], help="server process counts")
+    parser.add_argument("--slow", type=int, nargs="+", default=[8, 32, 64], help="slow calls in flight, per load")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of cheap calls per cell")
     parser.add_argument("--timeout-s", type=float, default=2.0, help="the servers' query timeout")
     add_common_args(parser, "bench_sandbox_load", reps=3, warmup=0)
@@ -190,25 +191,25 @@ def main() -> None:
     info_after = machine_info()
     rows = []
     for n in args.servers:
-        idle, slow = results[f"{n}_idle"], results[f"{n}_slow"]
-        for load, r in (("idle", idle), (f"{args.slow} slow", slow)):
-            rows.append(
-                [f"{n} server(s), {load}", r["p50_ms"], r["p99_ms"], r["max_ms"], r["calls"] / args.duration,
-                 int(r["errors"]), r["slow_max_s"], r["p99_ms"] / idle["p99_ms"]]
-            )
+        idle = results[f"{n}_express_0"]
+        for name, r in [("idle", idle)] + [(f"{load} slow, {lanes}", results[f"{n}_{lanes}_{load}"])
+                                           for load in args.slow for lanes in LANES]:
+            rows.append([f"{n} server(s), {name}", r["p50_ms"], r["p95_ms"], r["p99_ms"], r["max_ms"],
+                         r["calls"] / args.duration, int(r["errors"]), r["slow_max_s"], r["p95_ms"] / idle["p95_ms"]])
     print_table(
         f"Cheap execute_sql latency beside slow queries ({args.duration:g} s per cell, {args.reps} reps, medians; "
         f"query timeout {args.timeout_s:g} s)",
-        ["servers, load", "p50 ms", "p99 ms", "max ms", "calls/s", "errors", "slow answer max s", "p99 / idle"],
+        ["servers, load", "p50 ms", "p95 ms", "p99 ms", "max ms", "calls/s", "errors", "slow answer max s",
+         "p95 / idle"],
         rows,
         caption=f"{load_note(info)} before, {info_after['load_average'][0]:g} after",
     )
-    mem = results["memory"]
-    console.print(
-        f"server RSS around one large window query: {mem['rss_before_mib']:.0f} MiB before, "
-        f"{mem['rss_peak_mib']:.0f} peak, {mem['rss_after_mib']:.0f} after the call "
-        f"(query error: {mem['large_query_error']}, next cheap call error: {mem['cheap_call_after_error']})"
-    )
+    for name, mem in results["memory"].items():
+        console.print(
+            f"server RSS around one large window query ({name}): {mem['rss_before_mib']:.0f} MiB before, "
+            f"{mem['rss_peak_mib']:.0f} peak, {mem['rss_after_mib']:.0f} after the call; answer "
+            f"{mem['answer'][:60]!r}; next cheap call error: {mem['cheap_call_after_error']}"
+        )
     path = write_json(args.json_out, "bench_sandbox_load", vars(args), results, info)
     if path is not None:
         console.print(f"wrote {path}")

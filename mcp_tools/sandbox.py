@@ -21,24 +21,20 @@ Layers (defence in depth: 1, 2 and 3 each block every write on their own):
    fails fast instead of allocating), 100 k characters of SQL, short LIKE/GLOB patterns.
 
 Resource limits: a deadline checked from `set_progress_handler` (no signals, so it works in worker
-threads) and enforced from outside by `Connection.interrupt()` when it passes (one watchdog thread
-for the process, `_interrupter`: the flag is seen at SQLite's next loop step, without the GIL, so a
-timed-out query stops within milliseconds instead of running on until the next progress check).
+threads) and enforced from outside by `Connection.interrupt()` when it passes (`query_watch`, one
+thread for the process, which also stops the query growing a server past its memory ceiling).
 The deadline is wall-clock time (`clock="wall"`, the server's tool calls) or the query thread's
 CPU time (`clock="cpu"`, scoring: a busy machine does not turn a correct answer into a timeout),
 with a wall-clock backstop of `CPU_CLOCK_WALL_FACTOR` x the limit; caps on returned rows, columns and characters with a `truncated` flag; the
 cost of a single VM instruction bounded (length limits, plus a checked printf/format, see
 `sandbox_limits`); temp tables and sorters kept in memory (`temp_store=MEMORY`), so they count
-against the SQLite heap cap a server sets (`sandbox_limits.apply_server_limits`) and never write
+against the memory caps a server sets (`process_memory.apply_server_limits`) and never write
 temp files.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-import os
 import re
 import sqlite3
 import threading
@@ -54,7 +50,9 @@ from mcp_tools.sandbox_authorizer import (  # noqa: F401 - the lists are re-expo
     DENIED_TABLES,
     make_authorizer,
 )
-from mcp_tools.sandbox_limits import DEADLINE_PASSED, clip_echo, install_function_guards, memory_error_message
+from mcp_tools.process_memory import memory_error_message
+from mcp_tools.query_watch import query_watch
+from mcp_tools.sandbox_limits import DEADLINE_PASSED, clip_echo, install_function_guards
 
 logger = logging.getLogger(__name__)
 
@@ -120,10 +118,12 @@ class SandboxConnection(sqlite3.Connection):
     last_function_error: str | None = None
     #: The running query's deadline check (None between queries), asked by the function guards.
     past_deadline: Any = None
+    #: Why the query watch stopped the running query before its deadline ("memory"), else None.
+    stop_reason: str | None = None
 
     def deadline_passed(self) -> bool:
         check = self.past_deadline
-        return check is not None and check()
+        return check is not None and (check() or self.stop_reason is not None)
 
 
 def _decode_text(raw: bytes) -> str:
@@ -252,7 +252,7 @@ def _classify(exc: BaseException, conn: SandboxConnection, timeout_s: float, tim
     msg = clip_echo(str(exc))
     low = msg.lower()
     code = getattr(exc, "sqlite_errorname", "") or ""
-    if isinstance(exc, MemoryError) or code == "SQLITE_NOMEM":
+    if isinstance(exc, MemoryError) or code == "SQLITE_NOMEM" or conn.stop_reason == "memory":
         return SandboxError(f"too large: {memory_error_message()}", kind="too_large")
     if conn.last_function_error == DEADLINE_PASSED and "user-defined function raised exception" in low:
         return SandboxError(f"timeout: query ran longer than {timeout_s:g} s and was interrupted", kind="timeout")
@@ -314,67 +314,6 @@ class _Activity:
 _activity = _Activity()
 
 
-class _Interrupter:
-    """One daemon thread that calls `conn.interrupt()` on connections whose deadline passed.
-
-    `arm` registers a running query, `disarm` removes it; both and the interrupt itself hold one
-    lock, so a query that was disarmed is never interrupted (the connection may be running the
-    next caller's query by then)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int]] = []
-        self._live: dict[int, sqlite3.Connection] = {}
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-        self.fired = 0
-
-    def arm(self, conn: sqlite3.Connection, deadline: float) -> int:
-        with self._cond:
-            token = next(self._seq)
-            heapq.heappush(self._heap, (deadline, token))
-            self._live[token] = conn
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="sqlite-interrupter", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-            return token
-
-    def disarm(self, token: int) -> bool:
-        """Remove `token`; True if its query was interrupted by the watchdog."""
-        with self._cond:
-            return self._live.pop(token, None) is None
-
-    def _loop(self) -> None:
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][1] not in self._live:
-                    heapq.heappop(self._heap)
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                deadline, token = self._heap[0]
-                delay = deadline - time.monotonic()
-                if delay > 0:
-                    self._cond.wait(delay)
-                    continue
-                heapq.heappop(self._heap)
-                conn = self._live.pop(token)
-                self.fired += 1
-                try:
-                    conn.interrupt()
-                except Exception:  # noqa: BLE001 - a closed connection has nothing to stop
-                    pass
-
-    def _after_fork(self) -> None:
-        self.__init__()  # the thread did not survive the fork; neither do the queries it watched
-
-
-_interrupter = _Interrupter()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_interrupter._after_fork)
-
-
 def run_query(
     conn_or_path: sqlite3.Connection | str | Path,
     sql: str,
@@ -430,10 +369,11 @@ def run_query(
 
     others_at_start, started = _activity.enter()
     # The handler returns True to abort; checked every N VM ops, so it also bounds fetching. The
-    # interrupter stops the query at its wall-clock deadline even when the handler cannot run.
+    # query watch stops the query at its wall-clock deadline even when the handler cannot run.
     conn.set_progress_handler(past_deadline, PROGRESS_EVERY_N_OPS)
     conn.past_deadline = past_deadline
-    token = _interrupter.arm(conn, deadline)
+    conn.stop_reason = None
+    token = query_watch.arm(conn, deadline)
     try:
         for attempt in range(NOMEM_RETRIES + 1):
             try:
@@ -445,6 +385,7 @@ def run_query(
                 pause = 0.02 * (attempt + 1)
                 if (
                     out_of_memory
+                    and conn.stop_reason is None  # stopped by the watch: it was this query's memory
                     and attempt < NOMEM_RETRIES
                     and deadline - time.monotonic() > 2 * pause
                     and not past_deadline()
@@ -458,7 +399,7 @@ def run_query(
                 raise err from exc
         raise AssertionError("unreachable")  # the loop returns or raises
     finally:
-        _interrupter.disarm(token)
+        query_watch.disarm(token)
         conn.past_deadline = None
         _activity.leave()
         try:

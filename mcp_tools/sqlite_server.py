@@ -6,7 +6,7 @@ Run over stdio:
     python -m mcp_tools.sqlite_server --db PATH       # one database; db_id is optional and ignored
 
 Options: --timeout-s (5), --max-rows (200), --max-chars (8000), --max-open-dbs (32),
---memory-limit-mb (256), --log-level.
+--memory-limit-mb (256), --express-threads (16), --log-level.
 
 One process serves both the schema tools and the query tool: schema lookups and queries hit the
 same databases, so one process per DB root keeps one warm cache of open connections and parsed
@@ -14,11 +14,12 @@ schemas instead of two, and halves the number of processes per rollout worker. N
 split (both are read-only and sandboxed alike).
 
 Every query goes through `mcp_tools.sandbox` (the security boundary) on a worker thread, never on
-the event loop: one slow query must not hold up the calls beside it. A watchdog a little past the
-query timeout answers even if SQLite is stuck inside one operation. Started as a program, the
-server caps its own memory (`sandbox_limits.apply_server_limits`: SQLite heap, address space),
-and after a call that grew its RSS hands what the query freed back to the OS
-(`sandbox_limits.release_freed_memory`).
+the event loop, from `mcp_tools.call_lanes`: one slow query must not hold up the calls beside it,
+nor many slow ones a cheap call. A watchdog a little past the query timeout answers even if
+SQLite is stuck inside one operation. Started as a program, the
+server caps its own memory (`process_memory.apply_server_limits`: RSS over its footprint at
+start, SQLite heap, address space), and after a call that grew its RSS hands what the query freed
+back to the OS (`process_memory.release_freed_memory`).
 Every refused or failed call is an MCP error result (`is_error=True`) whose text tells the model
 what went wrong and quotes at most a clipped piece of the input; the server itself never crashes
 on input. Text output is compact (a small model reads it): tables as `col | col` lines, at most
@@ -32,29 +33,22 @@ import inspect
 import json
 import logging
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
+from mcp_tools.call_lanes import EXPRESS_THREADS, CallLanes
 from mcp_tools.fast_stdio import fast_stdio_server
+from mcp_tools.process_memory import MEMORY_LIMIT_MB, apply_server_limits, memory_error_message, release_freed_memory
 from mcp_tools.result_rows import jsonable_cell
 from mcp_tools.sandbox import QueryResult, SandboxError, run_query
-from mcp_tools.sandbox_limits import (
-    MAX_ECHO_CHARS,
-    MEMORY_LIMIT_MB,
-    apply_server_limits,
-    clip_echo,
-    memory_error_message,
-    release_freed_memory,
-)
+from mcp_tools.sandbox_limits import MAX_ECHO_CHARS, clip_echo
 from mcp_tools.sqlite_catalog import Catalog, CatalogError, ColumnInfo, TableInfo, find_table, quote_ident
 
 logger = logging.getLogger(__name__)
@@ -62,16 +56,8 @@ logger = logging.getLogger(__name__)
 MAX_SAMPLE_ROWS = 20
 #: Longest cell shown in text output (structured content keeps the value).
 MAX_CELL_CHARS = 200
-#: Seconds past the query timeout after which the watchdog answers "timeout" itself. The query's
-#: own deadline check normally answers first; on a starved machine the worker thread may not run
-#: for a while, and the rest of the 0.5 s the answer may take is left for delivering it.
-WATCHDOG_GRACE_S = 0.05
-#: How often the watchdog looks whether a queued call's worker has started.
-QUEUE_POLL_S = 0.05
 #: Result columns returned (the rest are dropped and the truncation note says how many).
 MAX_RESULT_COLUMNS = 100
-#: Worker threads running queries at once; a query the watchdog gave up on frees its slot.
-MAX_QUERY_THREADS = 32
 #: Largest response of a query tool: its text and structured parts together, JSON-encoded.
 MAX_RESPONSE_BYTES = 64 * 1024
 #: Longest error text of a tool call (the SDK's own messages quote the tool name and arguments).
@@ -226,73 +212,43 @@ def text_result(text: str, *, is_error: bool = False) -> CallToolResult:
 class SqliteTools:
     """The tool bodies, bound to one Catalog and the output limits.
 
-    Every query runs on a worker thread (SQLite releases the GIL while it works), under a watchdog
-    a little past the timeout. Running cheap queries inline on the event loop saved about a third
-    of the server's CPU per call, but one query that spent its whole budget inside a single SQLite
-    operation (which no deadline check can split) then froze every other call for as long: a
-    38 s printf made a concurrent `SELECT 1` wait 38 s.
+    Every call body runs on a worker thread from `CallLanes` (a cheap call does not wait behind
+    slow ones), under a watchdog a little past the timeout.
 
     Anticipated failures come back as `CallToolResult(is_error=True)` built here rather than as a
     raised ToolError: the SDK would prefix every message with "Error executing tool <name>: ",
     tokens a small model does not need.
     """
 
-    def __init__(self, catalog: Catalog, *, timeout_s: float, max_rows: int, max_chars: int) -> None:
+    def __init__(self, catalog: Catalog, *, timeout_s: float, max_rows: int, max_chars: int,
+                 express_threads: int = EXPRESS_THREADS) -> None:
         self.catalog = catalog
         self.timeout_s = timeout_s
         self.max_rows = max_rows
         self.max_chars = max_chars
-        self._limiter: anyio.CapacityLimiter | None = None  # made on the event loop, at first use
+        self.lanes = CallLanes(timeout_s, express_threads=express_threads)
 
-    async def _run(self, work: Callable[[float], CallToolResult], what: str) -> CallToolResult:
-        """`work(timeout_s)` on a worker thread; the watchdog answers if it overruns (class doc).
+    async def _run(self, work: Callable[[float], CallToolResult], what: str, *,
+                   takes_budget: bool = True) -> CallToolResult:
+        """`work(timeout_s)` on a worker thread (`CallLanes.run`); errors and the watchdog's give-up
+        come back as error results."""
 
-        The watchdog's clock starts when the worker does, not when the call arrived: a cheap call
-        that waited for a thread behind slow ones still gets its whole time limit (its wait is
-        bounded: slow queries end at their own deadlines). A call that never gets a thread is
-        answered after twice the limit."""
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(MAX_QUERY_THREADS)
-        started: list[float] = []
-        outcome: list[Any] = []
-        done = anyio.Event()
-
-        def timed(timeout_s: float) -> CallToolResult:
-            started.append(time.monotonic())
+        def body(timeout_s: float) -> CallToolResult:
             try:
                 return work(timeout_s)
             finally:
                 # What a large query freed goes back to the OS before this thread serves another
-                # call (only when RSS grew; sandbox_limits.release_freed_memory).
+                # call (only when RSS grew; process_memory.release_freed_memory).
                 release_freed_memory()
 
-        async def runner() -> None:
-            try:
-                outcome.append(await anyio.to_thread.run_sync(
-                    timed, self.timeout_s, abandon_on_cancel=True, limiter=self._limiter))
-            except (SandboxError, CatalogError) as exc:
-                outcome.append(text_result(str(exc), is_error=True))
-            except MemoryError:  # Python's side hit the address-space cap (apply_server_limits)
-                outcome.append(text_result(f"too large: {memory_error_message()}", is_error=True))
-            finally:
-                done.set()
-
-        arrival = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(runner)
-            never_started = arrival + 2 * self.timeout_s + WATCHDOG_GRACE_S
-            while not done.is_set():
-                now = time.monotonic()
-                # Until the worker starts, look again every QUEUE_POLL_S (a thread usually starts at once).
-                limit = started[0] + self.timeout_s + WATCHDOG_GRACE_S if started else min(never_started,
-                                                                                            now + QUEUE_POLL_S)
-                if now >= limit and (started or now >= never_started):
-                    tg.cancel_scope.cancel()  # the thread finishes on its own (abandoned)
-                    break
-                with anyio.move_on_after(max(0.0, limit - now)):
-                    await done.wait()
-        if outcome:
-            return outcome[0]
+        try:
+            result = await self.lanes.run(body, takes_budget=takes_budget)
+        except (SandboxError, CatalogError) as exc:
+            return text_result(str(exc), is_error=True)
+        except MemoryError:  # Python's side hit the address-space cap (apply_server_limits)
+            return text_result(f"too large: {memory_error_message()}", is_error=True)
+        if result is not None:
+            return result
         # Only reached when SQLite is stuck inside one operation (or the machine is starved); the
         # thread finishes on its own, and the operation's cost is bounded (sandbox_limits).
         return text_result(f"timeout: {what} ran longer than {self.timeout_s:g} s and was interrupted", is_error=True)
@@ -320,7 +276,8 @@ class SqliteTools:
                 return text_result(render(tables))
             except CatalogError as exc:
                 return text_result(str(exc), is_error=True)
-        return await self._run(lambda _t: text_result(render(self.catalog.tables(db_id))), "reading the schema")
+        return await self._run(lambda _t: text_result(render(self.catalog.tables(db_id))), "reading the schema",
+                               takes_budget=False)
 
     async def list_tables(self, db_id: DbId) -> CallToolResult:
         """List the tables in a database."""
@@ -392,9 +349,11 @@ def build_server(
     max_rows: int = 200,
     max_chars: int = 8000,
     log_level: str = "WARNING",
+    express_threads: int = EXPRESS_THREADS,
 ) -> MCPServer:
     """An MCPServer exposing the five SQLite tools over `catalog`."""
-    tools = SqliteTools(catalog, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars)
+    tools = SqliteTools(catalog, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars,
+                        express_threads=express_threads)
     server = _SqliteMCPServer(
         "sqlite",
         instructions="Read-only SQLite tools. Explore the schema, then query with execute_sql.",
@@ -422,8 +381,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-chars", type=int, default=8000, help="characters of text per result")
     parser.add_argument("--max-open-dbs", type=int, default=32, help="databases kept open (LRU)")
     parser.add_argument(
-        "--memory-limit-mb", type=int, default=MEMORY_LIMIT_MB, help="SQLite heap cap of this process (0: none)"
+        "--memory-limit-mb", type=int, default=MEMORY_LIMIT_MB,
+        help="RSS the queries may add to the process's footprint at start; also its SQLite heap cap (0: none)"
     )
+    parser.add_argument("--express-threads", type=int, default=EXPRESS_THREADS,
+                        help="threads that try calls briefly while the main ones are busy (0: none; call_lanes)")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     try:
@@ -433,7 +395,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         parser.error(str(exc))
     server = build_server(
-        catalog, timeout_s=args.timeout_s, max_rows=args.max_rows, max_chars=args.max_chars, log_level=args.log_level
+        catalog, timeout_s=args.timeout_s, max_rows=args.max_rows, max_chars=args.max_chars, log_level=args.log_level,
+        express_threads=args.express_threads,
     )
     # Process-wide caps, so only here (a program of its own), not in build_server (tests, benchmarks);
     # after the imports and setup, whose address space the limit builds on.

@@ -313,7 +313,7 @@ def test_heap_cap_stops_memory_bombs_with_a_clear_message(db_dir: Path) -> None:
     """In a child process: the SQLite heap cap is process-wide, and pytest's process must keep none."""
     script = (
         "import sys, time\n"
-        "from mcp_tools.sandbox_limits import set_heap_limit\n"
+        "from mcp_tools.process_memory import set_heap_limit\n"
         "from mcp_tools.sandbox import SandboxError, open_readonly, run_query\n"
         "set_heap_limit(32 << 20)\n"
         "conn = open_readonly(sys.argv[1])\n"

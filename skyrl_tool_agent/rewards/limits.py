@@ -9,7 +9,7 @@ query runs as the server runs it:
 * on a connection from `mcp_tools.sandbox.open_readonly`: the same layers (read-only URI,
   `query_only`, the allow-list authorizer) and per-operation limits (value length, checked
   printf/trim, `temp_store=MEMORY`) as the `execute_sql` tool;
-* under the server's SQLite heap cap (`sandbox_limits.set_heap_limit`, `MEMORY_LIMIT_MB`), set in
+* under the server's SQLite heap cap (`process_memory.set_heap_limit`, `MEMORY_LIMIT_MB`), set in
   this process on first use. Only the heap cap: an address-space limit would bound the trainer's
   own tensors too;
 * with `run_query`'s deadline measured in CPU time of the query's thread (`clock="cpu"`): a
@@ -39,7 +39,7 @@ from mcp_tools.sandbox import (
     open_readonly,
     run_query,
 )
-from mcp_tools.sandbox_limits import MEMORY_LIMIT_MB, heap_limit_bytes, set_heap_limit
+from mcp_tools.process_memory import MEMORY_LIMIT_MB, heap_limit_bytes, set_heap_limit
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.config.env import EnvConfig
 

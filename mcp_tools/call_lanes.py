@@ -1,0 +1,237 @@
+"""How a server's tool calls get worker threads, so that a cheap call does not wait behind slow ones.
+
+Every call body runs on a worker thread (SQLite releases the GIL while it works), never on the
+event loop: one slow query must not hold up the calls beside it. Running cheap queries inline on
+the event loop saved about a third of the server's CPU per call, but one query that spent its
+whole budget inside a single SQLite operation (which no deadline check can split) then froze every
+other call for as long: a 38 s printf made a concurrent `SELECT 1` wait 38 s.
+
+Threads come from two lanes:
+
+* the main lane: `MAX_QUERY_THREADS`, first come first served. A call there has the server's
+  whole time limit, counted from the start of its thread, not from its arrival;
+* the express lane: `EXPRESS_THREADS`, newest call first. Only a call that found every main
+  thread busy goes there (slow queries running into their deadlines: with 32 of them in flight a
+  `count(*)` used to wait up to the whole limit for a thread, and behind 64 up to twice that).
+  It tries there with a short budget (`PROBE_S`) while it keeps its place in the main queue: a
+  cheap call is answered from the express lane; a call that needs longer is stopped at the budget
+  and runs again in the main lane, with its whole limit (the try cost it at most `PROBE_S` of
+  work, and a read-only query gives the same answer twice). Work that does not take a budget
+  (a schema's first load: cheap by kind) runs in the express lane to its end.
+
+A watchdog answers for a call whose thread is still running `WATCHDOG_GRACE_S` past its limit
+(SQLite stuck inside one operation, or a starved machine): `run` returns None and the thread, left
+behind, ends on its own. A call that got no thread within twice the limit gets None too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from mcp_tools.sandbox import SandboxError
+
+R = TypeVar("R")
+
+#: Worker threads of the main lane; a call the watchdog gave up on frees its slot.
+MAX_QUERY_THREADS = 32
+#: Worker threads of the express lane (0: none, every call waits for the main lane). Enough to try
+#: a burst of slow calls quickly: when the main lane's 32 slow queries end together, their
+#: clients send 32 more, and a cheap call behind them waits for their tries (with 4 threads it
+#: waited ~2 s; measured with 64 slow calls in flight, a 2 s limit).
+EXPRESS_THREADS = 16
+#: Time limit (s) of a try in the express lane. A Spider-sized query needs a few ms of CPU; with
+#: ~40 threads sharing the cores it still gets that within this much wall time.
+PROBE_S = 0.25
+#: Seconds past a call's limit after which the watchdog answers itself. The query's own deadline
+#: check normally answers first; on a starved machine the worker thread may not run for a while.
+WATCHDOG_GRACE_S = 0.05
+#: How often the watchdog looks whether a call's thread has started.
+QUEUE_POLL_S = 0.05
+
+
+class _Slots:
+    """`size` slots; waiters are served oldest first, or newest first."""
+
+    def __init__(self, size: int, *, newest_first: bool) -> None:
+        self.size = self.free = size
+        self._waiters: deque[anyio.Event] = deque()
+        self._newest_first = newest_first
+
+    def try_take(self) -> bool:
+        if self.free and not self._waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        granted = anyio.Event()
+        self._waiters.append(granted)
+        try:
+            await granted.wait()
+        except BaseException:
+            if granted.is_set():
+                self.give_back()  # handed over as the wait was cancelled: pass it on
+            else:
+                self._waiters.remove(granted)
+            raise
+
+    def give_back(self) -> None:
+        if self._waiters:
+            (self._waiters.pop() if self._newest_first else self._waiters.popleft()).set()
+        else:
+            self.free += 1
+
+
+class _Answer(Generic[R]):
+    """What a try in the express lane came to: a value or an exception to re-raise."""
+
+    def __init__(self, value: R | None = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+    def too_slow(self) -> bool:
+        """Whether the try ran out of its budget (the watchdog's None, or the query's timeout)."""
+        return (self.value is None and self.error is None) or (
+            isinstance(self.error, SandboxError) and self.error.kind == "timeout")
+
+    def get(self) -> R | None:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class CallLanes:
+    """The two lanes of one server (module docstring); made and used on its event loop."""
+
+    def __init__(self, timeout_s: float, *, main_threads: int = MAX_QUERY_THREADS,
+                 express_threads: int = EXPRESS_THREADS, probe_s: float = PROBE_S) -> None:
+        self.timeout_s = timeout_s
+        self.probe_s = probe_s
+        self._main = _Slots(main_threads, newest_first=False)
+        self._express = _Slots(express_threads, newest_first=True)
+        self._threads: anyio.CapacityLimiter | None = None  # anyio's own cap, above ours: never waits
+        self.express_answers = 0  # calls answered from the express lane
+        self.express_retries = 0  # tries there that ran out of budget and went to the main lane
+
+    async def run(self, work: Callable[[float], R], *, takes_budget: bool = True) -> R | None:
+        """`work(limit)` on a worker thread; None if the watchdog gave up on it (module docstring).
+
+        `takes_budget`: `work` stops at `limit` with SandboxError(kind="timeout") (a query), so
+        it may be tried in the express lane with `PROBE_S` and run again in the main lane. Else it
+        runs in the express lane, when it goes there, with the whole limit. Exceptions from
+        `work` are raised.
+        """
+        if self._threads is None:
+            self._threads = anyio.CapacityLimiter(self._main.size + self._express.size + 1)
+        give_up_at = time.monotonic() + 2 * self.timeout_s
+        if not self._main.try_take():
+            answer = await self._wait_for_main(work, takes_budget, give_up_at)
+            if answer is not None:
+                return answer.get()
+        try:
+            return await self._attempt(work, self.timeout_s, give_up_at)
+        finally:
+            self._main.give_back()
+
+    async def _wait_for_main(self, work: Callable[[float], R], takes_budget: bool,
+                             give_up_at: float) -> _Answer[R] | None:
+        """Wait for a main slot and try `work` in the express lane meanwhile. The express answer,
+        or None with a main slot held; `_Answer(None)` when no thread came by `give_up_at`."""
+        budget = self.probe_s if takes_budget else self.timeout_s
+        use_express = self._express.size > 0 and (not takes_budget or 4 * budget <= self.timeout_s)
+        have_main = trying = False
+        answers: list[_Answer[R]] = []
+        main_scope, express_scope = anyio.CancelScope(), anyio.CancelScope()
+
+        async def wait_main() -> None:
+            nonlocal have_main
+            with main_scope:
+                await self._main.take()
+                have_main = True
+                if not trying:
+                    express_scope.cancel()
+
+        async def try_express() -> None:
+            nonlocal trying
+            with express_scope:
+                await self._express.take()
+                try:
+                    if have_main:
+                        return
+                    trying = True
+                    try:
+                        value = await self._attempt(work, budget, give_up_at)
+                    except Exception as exc:  # noqa: BLE001 - the caller's to handle
+                        answers.append(_Answer(error=exc))
+                    else:
+                        answers.append(_Answer(value))
+                finally:
+                    trying = False
+                    self._express.give_back()
+            if not answers:  # the main lane came first
+                return
+            if takes_budget and answers[0].too_slow():
+                answers.clear()  # the main lane runs it again, with the whole limit
+                self.express_retries += 1
+            else:
+                self.express_answers += 1
+                main_scope.cancel()
+
+        try:
+            with anyio.move_on_after(give_up_at - time.monotonic()):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait_main)
+                    if use_express:
+                        tg.start_soon(try_express)
+        except BaseException:
+            if have_main:
+                self._main.give_back()
+            raise
+        if answers:
+            if have_main:
+                self._main.give_back()
+            return answers[0]
+        return None if have_main else _Answer(None)
+
+    async def _attempt(self, work: Callable[[float], R], limit: float, give_up_at: float) -> R | None:
+        """`work(limit)` on a worker thread; None once it runs `WATCHDOG_GRACE_S` past `limit`
+        from its thread's start, or has not started by `give_up_at` (the thread is left behind)."""
+        started: list[float] = []
+        outcome: list[_Answer[R]] = []
+        done = anyio.Event()
+
+        def timed() -> R:
+            started.append(time.monotonic())
+            return work(limit)
+
+        async def runner() -> None:
+            try:
+                outcome.append(_Answer(await anyio.to_thread.run_sync(
+                    timed, abandon_on_cancel=True, limiter=self._threads)))
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                outcome.append(_Answer(error=exc))
+            finally:
+                done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            while not done.is_set():
+                now = time.monotonic()
+                # Until the thread starts, look again every QUEUE_POLL_S (it usually starts at once).
+                end = started[0] + limit + WATCHDOG_GRACE_S if started else min(give_up_at, now + QUEUE_POLL_S)
+                if now >= end and (started or now >= give_up_at):
+                    tg.cancel_scope.cancel()  # the thread finishes on its own (abandoned)
+                    break
+                with anyio.move_on_after(max(0.0, end - now)):
+                    await done.wait()
+        return outcome[0].get() if outcome else None
+
+
+__all__ = ["EXPRESS_THREADS", "MAX_QUERY_THREADS", "PROBE_S", "CallLanes"]
