@@ -58,8 +58,9 @@ class CheckpointParts:
     root: Path  # the run's checkpoint directory
 
 
-def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int) -> Path:
-    """Write a checkpoint at `step` keeping the newest `keep` (collective: every rank calls it)."""
+def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int, elapsed_s: float) -> Path:
+    """Write a checkpoint at `step` keeping the newest `keep` (collective: every rank calls it);
+    `elapsed_s`: the time budget's clock (rank 0's), which a resumed run goes on counting."""
     ctx = parts.ctx
     root = parts.root
     final = root / f"step-{step:06d}"
@@ -73,7 +74,8 @@ def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int)
     (tmp / f"rng_rank{ctx.rank}.json").write_text(json.dumps(rng_state()) + "\n")
     if ctx.is_main:
         torch.save({"scheduler": parts.scheduler.state_dict()}, tmp / "optim.pt")
-        state = {"step": step, "loader": parts.loader.state_dict(), "world_size": ctx.world_size}
+        state = {"step": step, "loader": parts.loader.state_dict(), "world_size": ctx.world_size,
+                 "elapsed_s": elapsed_s}
         (tmp / STATE_FILE).write_text(json.dumps(state) + "\n")
     ctx.barrier()
     if ctx.is_main:
@@ -110,9 +112,10 @@ def agreed_checkpoint(ctx: Any, root: Path, path: str) -> Path | None:
     return Path(chosen)
 
 
-def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> int | None:
+def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> tuple[int, float] | None:
     """Restore engine (weights + optimizer shards), LR schedule, RNG and loader from `path` ('auto' =
-    the latest complete checkpoint, if any) and return its step. Collective; None when there is none."""
+    the latest complete checkpoint, if any) and return its step and the time budget's clock then
+    (seconds). Collective; None when there is none."""
     ctx = parts.ctx
     ckpt = agreed_checkpoint(ctx, parts.root, path)
     if ckpt is None:
@@ -141,6 +144,6 @@ def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> int | None
     if rng is not None:
         set_rng_state(rng)
     parts.loader.load_state_dict(state["loader"])
-    step = int(state["step"])
-    logger.info("resumed from %s at step %d", ckpt, step)
-    return step
+    step, elapsed_s = int(state["step"]), float(state.get("elapsed_s", 0.0))
+    logger.info("resumed from %s at step %d (%.1f min of the time budget spent)", ckpt, step, elapsed_s / 60)
+    return step, elapsed_s

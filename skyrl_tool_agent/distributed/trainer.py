@@ -81,16 +81,16 @@ class DistributedGRPOTrainer(DataParallelTrainer):
         """DeepSpeed engine state (sharded weights + optimizer) plus a consolidated 16-bit
         `save_pretrained` export; collective."""
         return save_distributed_checkpoint(self._checkpoint_parts(), self.step,
-                                           keep=self.config.training.keep_checkpoints)
+                                           keep=self.config.training.keep_checkpoints, elapsed_s=self.elapsed_s())
 
     def resume(self, path: str | None) -> bool:
         """`path` = a checkpoint dir, 'auto' (latest under output_dir, if any) or None; collective."""
         if path is None:
             return False
-        step = load_distributed_checkpoint(self._checkpoint_parts(), path)
-        if step is None:
+        restored = load_distributed_checkpoint(self._checkpoint_parts(), path)
+        if restored is None:
             return False
-        self.step = step
+        self.step, self.prior_elapsed_s = restored  # the time budget counts across --resume
         return True
 
     def _checkpoint_parts(self) -> CheckpointParts:
