@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         if not minutes:
             raise SystemExit("error: give --minutes (training.time_budget_minutes is null)")
         marks = [minutes * (i + 1) / args.points for i in range(args.points)]
-        eval_tasks = TaskSplits.load(config).run_eval()  # what the main job evaluates: all dev by default
+        splits = TaskSplits.load(config)
+        eval_tasks, dev = splits.run_eval(), splits.dev  # what the main job evaluates: all dev by default
         if args.only != "sft" and not args.grpo_run:
             out = Path(tempfile.mkdtemp(prefix="bench_learning_grpo_"))
             args.overrides += [f"training.output_dir={out}", "training.eval_every=0", "training.wandb.mode=disabled"]

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.fixtures.config_files import CONFIGS, REPO
 

@@ -43,13 +43,21 @@ def test_shipped_files_match_their_hashes(manifest) -> None:
 
 
 def test_manifest_records_how_it_was_built(manifest) -> None:
-    assert manifest["command"].startswith("python training/scripts/build_default_model.py")
+    """The shipped start: the warm start (its own command under `start`) continued on the generated
+    pool until its validation curve was flat (`build-model --to-plateau`), with that curve."""
+    from skyrl_tool_agent.config.training import TrainingConfig
+    from skyrl_tool_agent.warmstart.plateau import PlateauRule, plateau_reached
+
+    build = "python training/scripts/build_default_model.py"
+    assert manifest["command"].startswith(f"{build} --to-plateau") and manifest["start"]["command"].startswith(build)
     sft = manifest["sft"]
-    assert sft["settings"]["seed"] == 0 and len(sft["loss"]) == sft["planned_steps"] >= 1000
+    assert len(sft["loss"]) == sft["planned_steps"] >= PlateauRule().min_steps
     curve = sft["evals"]
     assert curve[-1]["step"] == sft["planned_steps"]  # the held-out curve runs to the last step
     assert all(0.0 <= e["execution_accuracy"] <= 1.0 for e in curve)
-    assert manifest["heldout_tasks"] == 128 and manifest["shipped_dtype"] == "bfloat16"
+    assert plateau_reached(curve, PlateauRule()) and manifest["plateau"]["stopped"].startswith("plateau:")
+    # held out of the build = the validation split every run reads by default
+    assert manifest["heldout_tasks"] == TrainingConfig().data.validation_tasks and manifest["shipped_dtype"] == "bfloat16"
 
 
 def test_main_job_default_loads_the_shipped_model() -> None:
@@ -100,9 +108,10 @@ def test_a_damaged_shipped_model_is_a_load_error(tmp_path: Path, monkeypatch: py
 
 @pytest.mark.slow
 def test_build_command_still_builds_the_same_shape(manifest, tmp_path: Path) -> None:
-    """The recorded command with a few steps instead of thousands: same tokenizer (deterministic BPE
-    on the same oracle corpus) and the same architecture."""
-    args = shlex.split(manifest["command"])[2:]  # drop 'python training/scripts/build_default_model.py'
+    """The warm start's recorded command with a few steps instead of thousands: same tokenizer
+    (deterministic BPE on the same oracle corpus) and the same architecture."""
+    # the architecture and tokenizer come from the warm start the plateau build continued
+    args = shlex.split(manifest["start"]["command"])[2:]  # drop 'python training/scripts/build_default_model.py'
     for flag in ("--sft-steps", "--eval-every", "--out"):
         if flag in args:
             i = args.index(flag)
@@ -122,6 +131,17 @@ def test_build_command_still_builds_the_same_shape(manifest, tmp_path: Path) -> 
     report = json.loads((out / MANIFEST_FILE).read_text())
     assert len(report["sft"]["loss"]) == 2 and report["heldout_tasks"] == 4
     assert not list(tmp_path.glob(".built-*"))  # built in a staging directory, renamed into place
+
+    # ... and it ships (`build-model --ship`, here into a temporary copy of the package folder):
+    # bf16 files, their hashes, a greedy check made loading it as the main job loads the shipped model.
+    from skyrl_tool_agent.config import load_config
+    from skyrl_tool_agent.pipeline import ship_embedded
+
+    dest = tmp_path / "assets" / "embedded"
+    record = ship_embedded(load_config(overrides=["training.data.validation_tasks=4"]), out, dest=dest)
+    assert verify_manifest(dest)["greedy_check"]["solved"] == record["greedy_check"]["solved"]
+    assert len(record["greedy_check"]["solved"]) == 4 and record["shipped_dtype"] == "bfloat16"
+    assert not list(dest.parent.glob(".embedded-*"))  # staged aside, renamed into place
 
 
 @pytest.mark.slow

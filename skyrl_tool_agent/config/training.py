@@ -59,14 +59,15 @@ class DataConfig(Section):
         "(for the built-in data these are the warm start's own tasks, which a "
         "warm-started policy has memorised: little left to learn); generated = builtin only: every "
         "slot assignment of the built-in templates whose query is not in dev nor in the validation "
-        "split (~10.6k questions, all paraphrases, generated from db_root at start), so RL steps "
-        "mostly see questions the warm start never trained on. The warm start always uses train_file.",
+        "split (~10.4k questions, all paraphrases, generated from db_root at start): the questions "
+        "the shipped start was trained on to its plateau (oracle episodes; build-model --to-plateau), "
+        "so GRPO goes on where supervised training on them has stopped.",
     )
     validation_tasks: int = knob(
-        128,
+        256,
         "builtin only: gold queries carved out of the generated pool as a validation split (one "
-        "question each; no paraphrase of them is trained on). The warm-start curve and any tuning "
-        "read it; dev is only reported.",
+        "question each; no paraphrase of them is trained on, by the shipped start's plateau build "
+        "either). The warm-start curve and any tuning read it; dev is only reported.",
         ge=1,
     )
 

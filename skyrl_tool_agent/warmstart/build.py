@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import render_conversation

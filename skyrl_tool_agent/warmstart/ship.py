@@ -62,8 +62,12 @@ def ship_embedded_model(built_dir: Path, dest: Path, runtime: EnvRuntime, check_
         model.to(torch.bfloat16).save_pretrained(staging)
         AutoTokenizer.from_pretrained(built_dir).save_pretrained(staging)
         record["shipped_dtype"] = "bfloat16"
-        record["greedy_check"] = greedy_check(staging, runtime, check_tasks, settings)
         record["files"] = tree_hashes(staging, exclude=(MANIFEST_FILE,))
+        # Loaded as the main job loads the shipped copy, manifest check included: written first
+        # without the check's outcome, then again with it (the hashed files do not change).
+        record.pop("greedy_check", None)
+        (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        record["greedy_check"] = greedy_check(staging, runtime, check_tasks, settings)
         (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         staging.rename(dest)
