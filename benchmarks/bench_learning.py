@@ -54,9 +54,14 @@ def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
         run_logger = RunLogger(out, wandb_config=config.training.wandb)
         before = trainer.evaluate()
         curve, trained_s = [], 0.0
+
+        def step_line(metrics: dict[str, Any]) -> None:  # a long run shows progress
+            if metrics["step"] % 10 == 0:
+                console.print(f"GRPO step {metrics['step']}, {metrics['time/elapsed_s'] / 60:.1f} min, "
+                              f"reward {metrics['reward/mean'] or 0:.3f}")
         for mark in marks:
             t0 = time.monotonic()
-            trainer.train(run_logger, deadline=t0 + 60 * mark - trained_s)
+            trainer.train(run_logger, deadline=t0 + 60 * mark - trained_s, on_step=step_line)
             trained_s += time.monotonic() - t0 - trainer.last_eval_seconds
             curve.append({"minutes": trained_s / 60, "step": trainer.step, **trainer.last_eval})
             console.print(f"GRPO {trained_s / 60:.1f} min, step {trainer.step}: {config.training.eval_split} EX "
@@ -142,7 +147,12 @@ def main(argv: list[str] | None = None) -> None:
         if "grpo" in results:
             results["start"] = results["grpo"]["before"]
         if args.only != "grpo":
-            sft = continue_warm_start(config, minutes, eval_at_minutes=tuple(marks[:-1]), eval_tasks=eval_tasks)
+            def sft_line(step: int, loss: float) -> None:
+                if step % 100 == 0:
+                    console.print(f"SFT step {step}, loss {loss:.4f}")
+
+            sft = continue_warm_start(config, minutes, eval_at_minutes=tuple(marks[:-1]), eval_tasks=eval_tasks,
+                                      progress=sft_line)
             results["sft"] = sft
             results.setdefault("start", sft["before"])
             if "grpo" in results and results["grpo"]["before"]["solved"] != sft["before"]["solved"]:
