@@ -29,7 +29,7 @@ from skyrl_tool_agent.grpo.checkpoint import (
     write_manifest,
 )
 from skyrl_tool_agent.grpo.run_logging import RunLogger, read_metrics
-from skyrl_tool_agent.grpo.trainer import build_optimizer
+from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
 from tests.fixtures.tiny_policy import tiny_policy
 

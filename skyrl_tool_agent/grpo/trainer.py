@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
 from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
+from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
@@ -56,25 +56,6 @@ class StepOutput:
 def on_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
     """`batch` with every tensor on `device` (collated batches live on the CPU)."""
     return TrainBatch(**{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)})
-
-
-def build_optimizer(policy: QwenPolicy, config: Config) -> tuple[torch.optim.Optimizer, Any]:
-    t = config.training
-    optimizer = torch.optim.AdamW(
-        policy.trainable_parameters(), lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps,
-        weight_decay=t.weight_decay,
-    )
-
-    def factor(step: int) -> float:
-        warm = min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else 1.0
-        frac = min(1.0, step / max(1, t.max_steps))
-        if t.lr_scheduler == "linear":
-            return warm * (1.0 - frac)
-        if t.lr_scheduler == "cosine":
-            return warm * 0.5 * (1.0 + math.cos(math.pi * frac))
-        return warm
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 class GRPOTrainer:
