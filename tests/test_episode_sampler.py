@@ -5,6 +5,7 @@ shipped model are token for token those of the HF-model sampler."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -20,7 +21,8 @@ from skyrl_tool_agent.policy.logprobs import token_logprobs
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, unsupported_reason
-from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.rollout.agents import make_agent
+from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from tests.fixtures.config_files import REPO
 
@@ -101,6 +103,31 @@ def test_policy_rebuilds_the_kernel_after_a_weight_update_and_falls_back_when_un
     dora = get_peft_model(Qwen2ForCausalLM(model.get_base_model().config),
                           LoraConfig(r=4, target_modules=TARGETS, use_dora=True))
     assert "DoRA" in unsupported_reason(dora)
+
+
+def test_an_ended_episode_releases_its_kept_cache():
+    """Memory follows the episodes in flight: once an episode ends, the cache kept for its next
+    turn is released (before, every ended episode's cache -- and with it its whole generation
+    batch's KV -- stayed until the collection ended: bench_headroom's 2,560 dev episodes at 128 in
+    flight grew past 16 GB and were killed)."""
+    check = json.loads((SHIPPED_EMBEDDED_DIR / MANIFEST_FILE).read_text())["greedy_check"]
+    tasks = [Task(**t) for t in check["tasks"]][:4]
+    policy = QwenPolicy.from_config(ModelConfig(), mode="lora")
+    agent = make_agent(policy, temperature=1.0, max_new_tokens=64)
+    assert agent.episode_kv is not None
+    runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
+    kept_while_running: list[int] = []
+    try:
+        collector = TrajectoryCollector(runtime, agent, tokenizer=policy.tokenizer,
+                                        settings=CollectorSettings(max_turns=3, concurrency=4))
+        torch.manual_seed(0)
+        trajectories = asyncio.run(collector.collect(
+            tasks, group_size=3, on_episode_done=lambda _: kept_while_running.append(len(agent.episode_kv))))
+    finally:
+        runtime.close()
+    assert len(trajectories) == 12 and max(t.result.turns for t in trajectories) >= 2  # caches were kept and used
+    assert len(agent.episode_kv) == 0
+    assert max(kept_while_running) <= 4  # never more than the episodes in flight
 
 
 @pytest.mark.slow

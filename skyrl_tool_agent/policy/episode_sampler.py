@@ -47,6 +47,11 @@ class EpisodeKV:
     def keep(self, key: Hashable, cache: KVCache, row: int, ids: list[int]) -> None:
         self._kept[key] = _Kept(cache, row, ids)
 
+    def drop(self, key: Hashable) -> None:
+        """Forget the episode `key` (it has ended): a cache kept for a turn that never comes would
+        otherwise hold its whole generation batch's KV until the collection ends."""
+        self._kept.pop(key, None)
+
     def take(self, key: Hashable, prompt: Sequence[int]) -> _Kept | None:
         kept = self._kept.pop(key, None)
         if kept is None or len(kept.ids) >= len(prompt) or list(prompt[: len(kept.ids)]) != kept.ids:

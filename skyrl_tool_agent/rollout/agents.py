@@ -56,6 +56,12 @@ class PolicyAgent:
             turns.append(AgentTurn(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish))
         return turns
 
+    def end_episode(self, seq: int) -> None:
+        """The collector's episode `seq` has ended: its kept KV cache is released now, so memory
+        follows the episodes in flight, not every episode of the collection."""
+        if self.episode_kv is not None:
+            self.episode_kv.drop(seq)
+
 
 @functools.lru_cache(maxsize=8192)  # the oracle asks for every turn of every episode
 def gold_tables(sql: str) -> tuple[str, ...]:

@@ -158,6 +158,7 @@ class TrajectoryCollector:
         )
         runner = asyncio.create_task(batcher.run())
         semaphore = asyncio.Semaphore(self.settings.concurrency)
+        end_episode = getattr(self.agent, "end_episode", None)
         start = time.monotonic()
 
         async def one(seq: int, task: Task, index: int) -> Trajectory:
@@ -167,6 +168,8 @@ class TrajectoryCollector:
                     traj = await self._episode_with_retries(task, index, batcher, seq)
                 finally:
                     batcher.active_episodes -= 1
+                    if end_episode is not None:  # an agent holding per-episode state (a KV cache) frees it
+                        end_episode(seq)
                 if on_episode_done is not None:
                     on_episode_done(traj)
                 return traj

@@ -35,4 +35,7 @@ class AgentTurn:
 
 
 class Agent(Protocol):
+    """Answers a batch of turns. An agent that keeps state per episode between turns (a KV cache)
+    may also have `end_episode(seq)`, which the collector calls when episode `seq` ends."""
+
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]: ...
