@@ -12,7 +12,9 @@ training vs no training, from the same start, greedy on every dev task at fixed 
 Every evaluation is greedy on all dev tasks; each change is reported with its paired-bootstrap 95%
 interval (tasks resampled, before and after of a task kept together), and so is GRPO - SFT at the
 last mark. M defaults to the main job's GRPO budget (`training.time_budget_minutes`). Writes
-JSON and a PNG of dev execution accuracy against training minutes. Dev is only reported here: no
+JSON and a PNG of dev execution accuracy against training minutes. `--arms-in-parallel` runs the two
+arms at the same time, each a process on half the cores (equal time on equal hardware, half the
+wall clock: how the 45-minute comparison fits a session). Dev is only reported here: no
 setting is chosen on it. Not a unit test.
 """
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -87,6 +91,21 @@ def grpo_from_run(run_dir: Path) -> dict[str, Any]:
             "from_run": str(run_dir), "stop_reason": record["stop_reason"]}
 
 
+def arms_in_parallel(argv: list[str], tmp: Path) -> dict[str, Any]:
+    """Both arms at once, each a child process of this script (`--only`) pinned to half the cores:
+    equal time on equal hardware, in half the wall clock. Returns {arm: results}."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    threads = str(max(1, cores // 2))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    children = {arm: subprocess.Popen([sys.executable, __file__, *argv, "--only", arm,
+                                       "--json-out", str(tmp / f"{arm}.json"), "--png-out", "-"], env=env)
+                for arm in ("grpo", "sft")}
+    failed = [arm for arm, child in children.items() if child.wait() != 0]
+    if failed:
+        raise SystemExit(f"error: the {' and '.join(failed)} arm failed (its output is above)")
+    return {arm: json.loads((tmp / f"{arm}.json").read_text())["results"][arm] for arm in children}
+
+
 def plot(results: dict[str, Any], out_png: Path, title: str) -> Path:
     from skyrl_tool_agent.eval.plots import plt, save_figure  # pyplot on the headless backend
 
@@ -122,9 +141,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--grpo-run", metavar="OUTPUT_DIR",
                    help="take the GRPO arm from a finished main job (train_grpo.py's before_after.json: its before/after "
                         "on all dev tasks and its training minutes) instead of running it; --minutes defaults to its time")
+    p.add_argument("--arms-in-parallel", action="store_true",
+                   help="run GRPO and SFT at the same time, each on half the cores (equal hardware, half the wall clock)")
     p.add_argument("--json-out", default=str(RESULTS_DIR / "bench_learning.json"))
     p.add_argument("--png-out", default=str(RESULTS_DIR / "bench_learning.png"))
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    if args.arms_in_parallel and (args.only or args.grpo_run):
+        p.error("--arms-in-parallel runs both arms: leave out --only and --grpo-run")
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.eval.splits import TaskSplits
         from skyrl_tool_agent.pipeline import continue_warm_start
@@ -140,13 +164,19 @@ def main(argv: list[str] | None = None) -> None:
         marks = [minutes * (i + 1) / args.points for i in range(args.points)]
         splits = TaskSplits.load(config)
         eval_tasks, dev = splits.run_eval(), splits.dev  # what the main job evaluates: all dev by default
-        if args.only != "sft" and not args.grpo_run:
+        if args.arms_in_parallel:
+            # the children's own --json-out comes last, so it wins over the user's
+            results = arms_in_parallel([a for a in argv if a != "--arms-in-parallel"],
+                                       Path(tempfile.mkdtemp(prefix="bench_learning_arms_")))
+        if args.only != "sft" and not args.grpo_run and not args.arms_in_parallel:
             out = Path(tempfile.mkdtemp(prefix="bench_learning_grpo_"))
             args.overrides += [f"training.output_dir={out}", "training.eval_every=0", "training.wandb.mode=disabled"]
             results["grpo"] = grpo_curve(config_from_args(args), marks, out)
         if "grpo" in results:
             results["start"] = results["grpo"]["before"]
-        if args.only != "grpo":
+        if args.arms_in_parallel and results["grpo"]["before"]["solved"] != results["sft"]["before"]["solved"]:
+            console.print("[yellow]warning: the two arms' greedy starts differ (nondeterministic decoding?)")
+        if args.only != "grpo" and not args.arms_in_parallel:
             def sft_line(step: int, loss: float) -> None:
                 if step % 100 == 0:
                     console.print(f"SFT step {step}, loss {loss:.4f}")
@@ -176,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     print_table(f"Dev execution accuracy (greedy, {len(eval_tasks)} of {len(dev)} tasks) from {config.model.name_or_path}",
                 ["method", "minutes", "steps", "dev EX", "change, points [95% CI]"], rows,
                 caption=f"{info['cpu']}, {info['usable_cores']} cores; {load_note(info)}")
-    write_json(args.json_out, "bench_learning", {"minutes": minutes, "marks": marks, "config": config.to_dict()},
+    write_json(args.json_out, "bench_learning", {"minutes": minutes, "marks": marks, "arms_in_parallel": args.arms_in_parallel,
+                                                 "config": config.to_dict()},
                results, info)
     if "grpo" in results and "sft" in results:
         plot(results, Path(args.png_out), f"GRPO vs continued SFT from the shipped start, {info['cpu']}, "
