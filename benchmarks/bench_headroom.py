@@ -27,6 +27,29 @@ from common import RESULTS_DIR, console, load_note, machine_info, print_table, w
 from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args  # noqa: E402
 
 
+def plot(results: dict, out_png: Path, title: str) -> Path:
+    """pass@k against k (1..samples) per temperature, greedy as a line: the room sampling finds."""
+    from skyrl_tool_agent.eval.metrics import pass_at_k
+    from skyrl_tool_agent.eval.plots import plt, save_figure  # pyplot on the headless backend
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for name, r in results.items():
+        if r["temperature"] == 0:
+            ax.axhline(r["pass@1"], color="black", linestyle="--", linewidth=1, label=f"greedy ({r['pass@1']:.3f})")
+            continue
+        n = r["samples"]
+        ks = list(range(1, n + 1))
+        ax.plot(ks, [mean(pass_at_k(n, c, k) for c in r["solved_per_task"]) for k in ks], marker="o", markersize=3,
+                label=f"{name}: {100 * r['mixed_groups']:.0f}% of tasks mixed")
+    ax.set_xlabel("k (samples per task)")
+    ax.set_ylabel("pass@k (execution accuracy)")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    return save_figure(fig, out_png, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
@@ -37,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=128, help="episodes in flight / per generation batch")
     p.add_argument("--limit", type=int, help="a stratified subset of N tasks (quick checks; reported figures use all)")
     p.add_argument("--json-out", default=None, help="default benchmarks/results/bench_headroom_<split>.json")
+    p.add_argument("--png-out", default=None, help="default benchmarks/results/bench_headroom_<split>.png")
     args = p.parse_args(argv)
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.env.pools import EnvRuntime
@@ -81,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     out = args.json_out or str(RESULTS_DIR / f"bench_headroom_{args.split}.json")
     write_json(out, "bench_headroom", {"split": args.split, "tasks": len(tasks), "num_samples": args.num_samples,
                                        "model": config.model.name_or_path, "max_turns": g.max_turns}, results, info)
+    plot(results, Path(args.png_out or RESULTS_DIR / f"bench_headroom_{args.split}.png"),
+         f"Headroom on {args.split} ({len(tasks)} tasks): pass@k vs greedy, {info['cpu']}")
 
 
 if __name__ == "__main__":
