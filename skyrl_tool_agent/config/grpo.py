@@ -48,6 +48,9 @@ class CurriculumConfig(Section):
     adaptive: the linear schedule, plus per-task weights from fed-back pass rates: a task with at
     least `adaptive_min_attempts` attempts whose pass rate is above `adaptive_high` (always solved)
     or below `adaptive_low` (never solved; GRPO advantages all zero) gets `adaptive_min_weight`.
+    The weights act only on tasks drawn again, i.e. once a bucket has been gone through: the CPU
+    main job draws 1,208 tasks from the generated pool's 10,383, none twice, so there adaptive
+    samples exactly what linear does.
     """
 
     mode: Literal["linear", "uniform", "adaptive"] = knob(
