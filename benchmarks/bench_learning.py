@@ -71,6 +71,9 @@ def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
             console.print(f"GRPO {trained_s / 60:.1f} min, step {trainer.step}: {config.training.eval_split} EX "
                           f"{trainer.last_eval['execution_accuracy']:.3f}")
             if trainer.step >= config.training.max_steps:
+                if mark != marks[-1]:  # the arm would otherwise look shorter than asked, silently
+                    console.print(f"[yellow]warning: GRPO reached training.max_steps={config.training.max_steps} at "
+                                  f"{trained_s / 60:.1f} of {marks[-1]:g} minutes; raise it for a longer run")
                 break
         run_logger.finish()
     finally:
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     add_config_args(p)
-    p.add_argument("--minutes", type=float, help="training minutes per method (default: training.time_budget_minutes)")
+    p.add_argument("--minutes", type=float, help="training minutes per method (default: training.time_budget_minutes); "
+                   "GRPO also stops at training.max_steps (200 by default, ~14 min on 2 cores): raise it for longer runs")
     p.add_argument("--points", type=int, default=3, help="evaluations per method, evenly spaced in time")
     p.add_argument("--only", choices=["grpo", "sft"], help="run one method (the other's figures are left out)")
     p.add_argument("--grpo-run", metavar="OUTPUT_DIR",
