@@ -1,4 +1,4 @@
-"""Seconds per GRPO step, today's sampler vs `Qwen2Kernel` (`QwenPolicy.fast_sampling`), on the same batches.
+"""Seconds per GRPO step, today's sampler vs `Qwen2Kernel` (`QwenPolicy.sampler` hf vs kernel), on the same batches.
 
     python benchmarks/bench_step.py [--reps 3] [--warmup 1] [--tasks-per-step 8] [--group-size 8]
                                     [--profile] [--json-out FILE]
@@ -52,7 +52,7 @@ from skyrl_tool_agent.pipeline import LocalBackend, build_loader  # noqa: E402
 from skyrl_tool_agent.policy.prefix import common_prefix_length  # noqa: E402
 from skyrl_tool_agent.rollout.trajectory import Trajectory  # noqa: E402
 
-VARIANTS = {"old": False, "new": True}  # name -> QwenPolicy.fast_sampling
+VARIANTS = {"old": "hf", "new": "kernel"}  # name -> QwenPolicy.sampler
 LABELS = {"old": "today (HF model, shared system prompt)", "new": "Qwen2Kernel sampler"}
 
 
@@ -151,7 +151,7 @@ class StepRunner:
 
     def step(self, name: str) -> float:
         self._restore(self.start)
-        self.trainer.policy.fast_sampling = VARIANTS[name]
+        self.trainer.policy.sampler = VARIANTS[name]
         self.cpu = {"rollout": 0.0, "update": 0.0}
         t0, cpu0 = time.perf_counter(), time.process_time()
         out = self.trainer.train_step()

@@ -146,9 +146,9 @@ def test_greedy_episodes_on_builtin_tasks_equal_the_hf_sampler():
     assert policy.fast_sampling_unsupported() is None
     runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
     try:
-        policy.fast_sampling = False
+        policy.sampler = "hf"
         old = greedy_evaluation(policy, runtime, tasks, settings).trajectories
-        policy.fast_sampling = True
+        policy.sampler = "kernel"
         new = greedy_evaluation(policy, runtime, tasks, settings).trajectories
     finally:
         runtime.close()

@@ -89,6 +89,15 @@ class ModelConfig(Section):
     trust_remote_code: bool = knob(
         False, "Allow custom modeling code from the hub (Qwen2 is built into transformers)."
     )
+    sampler: Literal["auto", "engine", "kernel", "hf"] = knob(
+        "auto",
+        "What samples rollouts. engine = RolloutEngine (every episode in flight in one slot KV cache, "
+        "continuous batching, CUDA-graph decode steps on CUDA); kernel = Qwen2Kernel batches (a "
+        "generation batch runs until its slowest row; prefix tree with the shared system prompt read "
+        "once: fastest on a small CPU); hf = the HF model's forward (the reference, and what "
+        "ZeRO-3 sharded or 4-bit weights always use). auto = engine on CUDA, kernel elsewhere. A "
+        "model the engine or kernel cannot run (not qwen2, 4-bit, sliding window) falls back to hf.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter settings.")
     quantization: QuantizationConfig = Field(
         default_factory=QuantizationConfig, description="4-bit base model (QLoRA) settings."

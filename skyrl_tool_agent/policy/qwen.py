@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.policy.engine import RolloutEngine
 from skyrl_tool_agent.policy.episode_sampler import EpisodeKV, sample_episodes
 from skyrl_tool_agent.policy.loading import (
     check_4bit_training_layout,
@@ -64,7 +65,8 @@ class Generation:
 class QwenPolicy:
     """A causal LM + tokenizer pair with batched sampling and training-time log-probs."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, mode: str = "lora") -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, mode: str = "lora",
+                 sampler: str = "auto") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.mode = mode
@@ -74,11 +76,12 @@ class QwenPolicy:
         self.is_4bit = any(getattr(p, "quant_state", None) is not None for p in model.parameters())
         # Extra `model.generate` arguments (the DeepSpeed policy adds synced_gpus=True).
         self.generate_kwargs: dict[str, Any] = {}
-        # Sample with `Qwen2Kernel` (merged LoRA, fused matmuls, prefix tree, caches kept across an
-        # episode's turns) where it can run the model; False = the HF-model samplers below, which
-        # are also the fallback for models it does not handle (see `fast_sampling_unsupported`).
-        self.fast_sampling = True
+        # `model.sampler`: engine (RolloutEngine), kernel (Qwen2Kernel batches) or hf; auto = engine on
+        # CUDA, kernel elsewhere. The HF-model samplers below are also the fallback for models the
+        # other two cannot run (see `fast_sampling_unsupported`).
+        self.sampler = sampler
         self._kernel: Qwen2Kernel | None = None
+        self._engine: RolloutEngine | None = None
         self._kernel_blocker: str | None = unsupported_reason(model)
         if self._kernel_blocker:
             logger.info("sampling through the HF model: %s", self._kernel_blocker)
@@ -91,7 +94,7 @@ class QwenPolicy:
         device = resolve_device(config.device)
         tokenizer = load_tokenizer(path, config)
         model = load_model(path, config, device, mode=mode)
-        return cls(model, tokenizer, mode=mode)
+        return cls(model, tokenizer, mode=mode, sampler=config.sampler)
 
     @staticmethod
     def _stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -105,10 +108,19 @@ class QwenPolicy:
         return ids
 
     # -------------------------------------------------------------- sampling
+    def resolved_sampler(self) -> str:
+        """What samples: 'engine', 'kernel' or 'hf' (`model.sampler`, auto resolved, falling back
+        to hf where the model needs it)."""
+        if self.fast_sampling_unsupported() is not None:
+            return "hf"
+        if self.sampler == "auto":
+            return "engine" if self.device.type == "cuda" else "kernel"
+        return self.sampler
+
     def fast_sampling_unsupported(self) -> str | None:
-        """Why `generate` uses the HF-model samplers (None: it uses `Qwen2Kernel`)."""
-        if not self.fast_sampling:
-            return "fast_sampling is off"
+        """Why `generate` uses the HF-model samplers (None: it uses the engine or `Qwen2Kernel`)."""
+        if self.sampler == "hf":
+            return "model.sampler is hf"
         if self.generate_kwargs:  # sharded (ZeRO-3) weights: only the HF forward gathers them
             return f"generate arguments {sorted(self.generate_kwargs)}"
         return self._kernel_blocker
@@ -117,6 +129,25 @@ class QwenPolicy:
         """A store for the KV caches of one collection's episodes between their turns (pass it to
         `generate` with each prompt's episode key)."""
         return EpisodeKV()
+
+    def rollout_engine(self, *, slots: int, capacity: int) -> RolloutEngine | None:
+        """The continuous-batching engine for `slots` episodes of up to `capacity` tokens, when
+        `resolved_sampler()` is 'engine' (None otherwise). Reused while it is large enough;
+        `release_rollout_engine` frees its cache."""
+        if self.resolved_sampler() != "engine":
+            return None
+        engine = self._engine
+        if engine is None or engine.slots < slots or engine.capacity < capacity + engine.interval + 2:
+            self.release_rollout_engine()
+            self._engine = RolloutEngine(self.model, slots=slots, capacity=capacity, stop_ids=self.stop_token_ids,
+                                         pad_id=self.tokenizer.pad_token_id)
+        return self._engine
+
+    def release_rollout_engine(self) -> None:
+        """Free the engine's KV cache and graphs (e.g. for the memory of an update)."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def _sampling_kernel(self) -> Qwen2Kernel:
         """The kernel for the current weights: rebuilt after any in-place write to a parameter
@@ -131,14 +162,23 @@ class QwenPolicy:
                  episode_kv: EpisodeKV | None = None) -> list[Generation]:
         """Sample one continuation per prompt (a GRPO group is G copies of a prompt).
 
-        `Qwen2Kernel` samples when it can run the model (`fast_sampling_unsupported`); with
-        `episode_kv`, a prompt continuing the episode `episode_keys[i]` reuses that episode's cache.
-        Otherwise prompts sharing a long prefix (the system prompt) use the shared-prefix sampler,
-        and others `model.generate` on a left-padded batch.
+        By `resolved_sampler()`: the engine (each prompt its own episode, seeded from the torch
+        RNG; a collection drives the engine itself through `rollout_engine`); `Qwen2Kernel`, where
+        with `episode_kv` a prompt continuing the episode `episode_keys[i]` reuses that episode's
+        cache; or the HF model: prompts sharing a long prefix (the system prompt) use the
+        shared-prefix sampler, and others `model.generate` on a left-padded batch.
         """
         if not prompts:
             return []
-        if self.fast_sampling_unsupported() is None and all(prompts):
+        sampler = self.resolved_sampler() if all(prompts) else "hf"
+        if sampler == "engine":
+            engine = self.rollout_engine(slots=len(prompts), capacity=max(map(len, prompts)) + params.max_new_tokens)
+            assert engine is not None
+            seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the caller's torch RNG
+            results = engine.generate(prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                                      top_p=params.top_p, seeds=seeds)
+            return [Generation(i, lp, "stop" if s else "length") for i, lp, s in results]
+        if sampler == "kernel":
             ids, logps, stopped = sample_episodes(
                 self._sampling_kernel(), prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                 top_p=params.top_p, stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id,

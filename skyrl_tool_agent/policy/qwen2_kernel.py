@@ -132,6 +132,24 @@ class Qwen2Kernel:
         self.dtype = self.embed.dtype
         self.device = self.embed.device
 
+    def tensors(self) -> list[Tensor]:
+        """Every weight tensor of the snapshot, in a fixed order."""
+        out = [self.embed, self.final_norm, self.lm_head]
+        for layer in self.layers:
+            out += [t for t in vars(layer).values() if t is not None]
+        return out
+
+    @torch.no_grad()
+    def refresh_(self, model: torch.nn.Module) -> None:
+        """Bring the snapshot to the current weights of `model` by writing into the same tensors
+        (a CUDA graph captured over them stays valid). Tensors that are views of the model's own
+        parameters (no adapter on them) are current already."""
+        fresh = Qwen2Kernel(model)
+        for mine, theirs in zip(self.tensors(), fresh.tensors(), strict=True):
+            if mine.data_ptr() != theirs.data_ptr():
+                mine.copy_(theirs)
+        self.version = fresh.version
+
     @staticmethod
     def _fuse(layer: torch.nn.Module) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp

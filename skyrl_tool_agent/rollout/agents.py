@@ -26,7 +26,15 @@ __all__ = ["Agent", "AgentTurn", "OracleAgent", "PolicyAgent", "ScriptedAgent", 
 
 
 class PolicyAgent:
-    """Samples turns from a `QwenPolicy`; generation runs in a worker thread so tool calls overlap."""
+    """Samples turns from a `QwenPolicy`.
+
+    With the policy's `RolloutEngine` (`start_collection` opens it), every turn is submitted to the
+    engine as it arrives and resolves as soon as its own tokens are done (continuous batching:
+    `continuous` tells the collector not to wait for a batch); each episode is seeded from one
+    draw of the torch RNG and its number, so its tokens do not depend on what it was batched with.
+    Otherwise a batch of turns is generated in a worker thread (so tool calls overlap) and returns
+    when its slowest row is done.
+    """
 
     def __init__(self, policy: Any, params: Any) -> None:
         self.policy = policy
@@ -36,10 +44,31 @@ class PolicyAgent:
         # agent's episodes (one collection) and, with each prompt, the episode it continues.
         new_store = getattr(policy, "new_episode_kv", None)
         self.episode_kv = new_store() if callable(new_store) else None
+        self.engine: Any = None
+        self.continuous = False
+        self._base_seed = 0
+
+    def start_collection(self, *, concurrency: int, max_total_tokens: int) -> None:
+        """Open the policy's rollout engine for `concurrency` episodes of `max_total_tokens`, where it has one."""
+        open_engine = getattr(self.policy, "rollout_engine", None)
+        self.engine = open_engine(slots=concurrency, capacity=max_total_tokens) if callable(open_engine) else None
+        self.continuous = self.engine is not None
+        if self.continuous:
+            import torch  # the sampling seed comes from the caller's torch RNG (seeded per training step)
+
+            self._base_seed = int(torch.randint(0, 2**31 - 1, ()).item())
+
+    def finish_collection(self) -> None:
+        """The collection is over: the engine's cache is freed (the update needs the memory)."""
+        if self.engine is not None:
+            self.policy.release_rollout_engine()
+            self.engine, self.continuous = None, False
 
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
         from dataclasses import replace
 
+        if self.engine is not None:
+            return await self._act_on_engine(requests)
         prompts = [r.token_ids or [] for r in requests]
         params = replace(self.params, max_new_tokens=max(r.max_new_tokens for r in requests))
         generate: Callable[..., Any] = self.policy.generate
@@ -48,17 +77,32 @@ class PolicyAgent:
             # no continuation of its old cache: the store checks the tokens, not only the key).
             generate = functools.partial(generate, episode_keys=[r.seq for r in requests], episode_kv=self.episode_kv)
         generations = await asyncio.to_thread(generate, prompts, params)
-        turns = []
-        for request, gen in zip(requests, generations):
-            ids, logprobs = gen.token_ids[: request.max_new_tokens], gen.logprobs[: request.max_new_tokens]
-            finish = gen.finish_reason if len(ids) == len(gen.token_ids) else "length"
-            text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
-            turns.append(AgentTurn(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish))
-        return turns
+        return [self._turn(request, gen.token_ids, gen.logprobs, gen.finish_reason)
+                for request, gen in zip(requests, generations)]
+
+    async def _act_on_engine(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
+        from skyrl_tool_agent.policy.token_sampling import episode_seed
+
+        futures = [
+            asyncio.wrap_future(self.engine.submit(
+                r.token_ids or [], max_new_tokens=r.max_new_tokens, temperature=self.params.temperature,
+                top_p=self.params.top_p, key=r.seq, seed=episode_seed(self._base_seed, r.seq)))
+            for r in requests
+        ]
+        results = await asyncio.gather(*futures)
+        return [self._turn(r, ids, logps, "stop" if stopped else "length") for r, (ids, logps, stopped) in zip(requests, results)]
+
+    def _turn(self, request: TurnRequest, token_ids: list[int], logprobs: list[float], finish_reason: str) -> AgentTurn:
+        ids, logps = token_ids[: request.max_new_tokens], logprobs[: request.max_new_tokens]
+        finish = finish_reason if len(ids) == len(token_ids) else "length"
+        text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+        return AgentTurn(text=text, token_ids=ids, logprobs=logps, finish_reason=finish)
 
     def end_episode(self, seq: int) -> None:
-        """The collector's episode `seq` has ended: its kept KV cache is released now, so memory
-        follows the episodes in flight, not every episode of the collection."""
+        """The collector's episode `seq` has ended: its kept KV cache (or engine slot) is released
+        now, so memory follows the episodes in flight, not every episode of the collection."""
+        if self.engine is not None:
+            self.engine.release(seq)
         if self.episode_kv is not None:
             self.episode_kv.drop(seq)
 

@@ -98,11 +98,24 @@ class _GenerationBatcher:
         return await future
 
     async def run(self) -> None:
+        # A continuous agent (the rollout engine) batches on its own, turn by turn, and draws each
+        # episode's tokens from the episode's own seed: every request goes to it at once, and its
+        # turns resolve one by one, so no batch waits for its slowest row or for other episodes.
+        continuous = bool(getattr(self.agent, "continuous", False))
+        in_flight: set[asyncio.Task] = set()
+        try:
+            await self._serve(continuous, in_flight)
+        finally:
+            for task in in_flight:
+                task.cancel()
+
+    async def _serve(self, continuous: bool, in_flight: set[asyncio.Task]) -> None:
         while True:
             await self._wakeup.wait()
             # Give episodes that are finishing a tool call a moment to join this batch.
             deadline = math.inf if self.deterministic else time.monotonic() + self.wait_s
-            while len(self.pending) < min(self.active_episodes, self.max_batch) and time.monotonic() < deadline:
+            while (not continuous and len(self.pending) < min(self.active_episodes, self.max_batch)
+                   and time.monotonic() < deadline):
                 await asyncio.sleep(0 if self.deterministic else 0.0002)
             if self.deterministic:
                 self.pending.sort(key=lambda item: item[0].seq)
@@ -113,16 +126,24 @@ class _GenerationBatcher:
                 continue
             self.batches += 1
             self.batched_requests += len(batch)
-            try:
-                turns = await self.agent.act([r for r, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - fail these episodes, keep collecting
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_, future), turn in zip(batch, turns):
+            if continuous:
+                task = asyncio.create_task(self._answer(batch))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            else:
+                await self._answer(batch)
+
+    async def _answer(self, batch: list[tuple[TurnRequest, asyncio.Future[AgentTurn]]]) -> None:
+        try:
+            turns = await self.agent.act([r for r, _ in batch])
+        except Exception as exc:  # noqa: BLE001 - fail these episodes, keep collecting
+            for _, future in batch:
                 if not future.done():
-                    future.set_result(turn)
+                    future.set_exception(exc)
+            return
+        for (_, future), turn in zip(batch, turns):
+            if not future.done():
+                future.set_result(turn)
 
 
 class TrajectoryCollector:
@@ -153,6 +174,9 @@ class TrajectoryCollector:
         on_episode_done: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Run `group_size` episodes per task; returns trajectories ordered by (task, group index)."""
+        start_collection = getattr(self.agent, "start_collection", None)
+        if start_collection is not None:  # e.g. the rollout engine, sized for this collection
+            start_collection(concurrency=self.settings.concurrency, max_total_tokens=self.settings.max_total_tokens)
         batcher = _GenerationBatcher(
             self.agent, self.settings.max_batch, self.settings.batch_wait_s, self.settings.deterministic
         )
@@ -180,6 +204,9 @@ class TrajectoryCollector:
         finally:
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
+            finish_collection = getattr(self.agent, "finish_collection", None)
+            if finish_collection is not None:
+                finish_collection()
         elapsed = time.monotonic() - start
         steps = sum(t.result.turns for t in trajectories)
         self.last_stats = {

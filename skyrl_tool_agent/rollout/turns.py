@@ -35,7 +35,10 @@ class AgentTurn:
 
 
 class Agent(Protocol):
-    """Answers a batch of turns. An agent that keeps state per episode between turns (a KV cache)
-    may also have `end_episode(seq)`, which the collector calls when episode `seq` ends."""
+    """Answers a batch of turns. Optional hooks the collector calls when an agent has them:
+    `end_episode(seq)` when episode `seq` ends (an agent keeping a KV cache per episode frees it);
+    `start_collection(concurrency=, max_total_tokens=)` before a collection's first episode and
+    `finish_collection()` after its last; and a true `continuous` attribute means the agent
+    batches on its own (each request goes to `act` at once, and answers come back turn by turn)."""
 
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]: ...

@@ -1,0 +1,270 @@
+"""`RolloutEngine` samples what the model says, whatever it is batched with.
+
+- greedy tokens are the HF forward's argmax chain (prefix sharing, two turns through kept slots);
+- sampled tokens' log-probs equal the model's teacher-forced log-probs (fp32, 1e-5), top-p too;
+- continuous batching: an episode gets the same tokens alone, beside others that arrive while it
+  decodes, and with another stop-check interval (counter-based per-episode draws);
+- the draws are unbiased (frequencies match the distribution) and top-p keeps only the nucleus;
+- a weight update reaches the engine in place (the tensors a CUDA graph holds stay the same);
+- the Triton decode attention (run by Triton's CPU interpreter) equals the torch reference, alone
+  and inside the engine;
+- the real env through the collector: greedy episodes equal the `Qwen2Kernel` sampler's.
+The CUDA-graph path and the speed are measured on a GPU by benchmarks/bench_rollout.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, EnvConfig, ModelConfig
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.greedy import greedy_evaluation
+from skyrl_tool_agent.policy.engine import RolloutEngine
+from skyrl_tool_agent.policy.logprobs import token_logprobs
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
+from skyrl_tool_agent.rollout.collector import CollectorSettings
+from tests.fixtures.config_files import REPO
+
+STOP = 2
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _lora_model(vocab: int = 97) -> torch.nn.Module:
+    """A tiny Qwen2 with LoRA adapters that change its outputs (lora_B is zero at init)."""
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = get_peft_model(Qwen2ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.2)
+    return model.eval()
+
+
+def _prompts(n_tasks: int = 3, per_task: int = 3, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(3, 97, (40,), generator=g).tolist()
+    tasks = [system + torch.randint(3, 97, (int(n),), generator=g).tolist()
+             for n in torch.randint(1, 15, (n_tasks,), generator=g)]
+    return [t for t in tasks for _ in range(per_task)]
+
+
+def _teacher_forced(model: torch.nn.Module, prompt: list[int], sampled: list[int], temperature: float) -> torch.Tensor:
+    full = torch.tensor([prompt + sampled])
+    with torch.no_grad():
+        logits = model(input_ids=full).logits
+    return token_logprobs(logits[:, len(prompt) - 1:-1], full[:, len(prompt):], temperature)[0]
+
+
+def _argmax_chain(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
+    seq, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(token)
+            seq.append(token)
+            if token == STOP:
+                break
+    return out
+
+
+def _turns(engine: RolloutEngine, prompts: list[list[int]], keys: list[int], seeds: list[int], **params) -> list:
+    futures = [engine.submit(p, key=k, seed=s, **params) for p, k, s in zip(prompts, keys, seeds)]
+    return [f.result(timeout=120) for f in futures]
+
+
+def test_greedy_tokens_are_the_hf_argmax_chain_over_two_turns():
+    model = _lora_model()
+    engine = RolloutEngine(model, slots=16, capacity=160, stop_ids=[STOP], pad_id=0)
+    try:
+        prompts = _prompts()
+        keys = list(range(len(prompts)))
+        first = _turns(engine, prompts, keys, keys, max_new_tokens=12, temperature=0.0, top_p=1.0)
+        for prompt, (ids, _, stopped) in zip(prompts, first):
+            assert ids == _argmax_chain(model, prompt, 12)
+            assert stopped == (ids[-1] == STOP)
+        g = torch.Generator().manual_seed(5)
+        second = [p + ids + torch.randint(3, 97, (3 + i % 5,), generator=g).tolist()
+                  for i, (p, (ids, _, _)) in enumerate(zip(prompts, first))]
+        prefilled = engine.stats["prefill_tokens"]
+        again = _turns(engine, second, keys, keys, max_new_tokens=10, temperature=0.0, top_p=1.0)
+        for prompt, (ids, _, _) in zip(second, again):
+            assert ids == _argmax_chain(model, prompt, 10)
+        # The second turn ran only what each episode appended (its slot held the rest).
+        appended = sum(len(s) - len(p) - len(ids) + 1 for s, p, (ids, _, _) in zip(second, prompts, first))
+        assert engine.stats["prefill_tokens"] - prefilled == appended
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_sampled_logprobs_equal_the_training_forward(top_p: float):
+    model = _lora_model()
+    engine = RolloutEngine(model, slots=16, capacity=160, stop_ids=[STOP], pad_id=0)
+    try:
+        prompts = _prompts()
+        keys = list(range(len(prompts)))
+        seeds = [11 * k + 3 for k in keys]
+        out = _turns(engine, prompts, keys, seeds, max_new_tokens=16, temperature=0.8, top_p=top_p)
+        for prompt, (ids, logps, _) in zip(prompts, out):
+            assert len(ids) == len(logps) >= 1
+            assert torch.allclose(torch.tensor(logps), _teacher_forced(model, prompt, ids, 0.8), atol=1e-5)
+        assert len({tuple(ids) for ids, _, _ in out}) > len(prompts) // 2  # a group's samples differ
+    finally:
+        engine.close()
+
+
+def test_an_episode_samples_the_same_tokens_alone_and_continuously_batched():
+    model = _lora_model()
+    prompts = _prompts(n_tasks=4, per_task=3, seed=7)
+    seeds = [1000 + i for i in range(len(prompts))]
+    params = dict(max_new_tokens=24, temperature=1.0, top_p=1.0)
+    alone = []
+    solo = RolloutEngine(model, slots=1, capacity=160, stop_ids=[STOP], pad_id=0)
+    try:
+        for i, p in enumerate(prompts):
+            alone.append(_turns(solo, [p], [i], [seeds[i]], **params)[0])
+            solo.release(i)
+    finally:
+        solo.close()
+    # All at once on another stop-check interval, the second half arriving while the first decodes.
+    engine = RolloutEngine(model, slots=16, capacity=160, stop_ids=[STOP], pad_id=0, stop_check_interval=3)
+    try:
+        half = len(prompts) // 2
+        futures = [engine.submit(p, key=i, seed=seeds[i], **params) for i, p in enumerate(prompts[:half])]
+        time.sleep(0.05)
+        futures += [engine.submit(p, key=half + i, seed=seeds[half + i], **params) for i, p in enumerate(prompts[half:])]
+        together = [f.result(timeout=120) for f in futures]
+        assert engine.stats["chunks"] > 1
+    finally:
+        engine.close()
+    for (a_ids, a_lp, a_stop), (b_ids, b_lp, b_stop) in zip(alone, together):
+        assert a_ids == b_ids and a_stop == b_stop
+        assert torch.allclose(torch.tensor(a_lp), torch.tensor(b_lp), atol=1e-5)
+    assert len({tuple(ids) for ids, _, _ in alone}) > len(prompts) // 2
+
+
+def test_more_episodes_than_slots_wait_for_a_released_slot():
+    model = _lora_model()
+    engine = RolloutEngine(model, slots=2, capacity=120, stop_ids=[STOP], pad_id=0)
+    try:
+        prompts = _prompts(n_tasks=2, per_task=2)
+        futures = [engine.submit(p, key=i, seed=i, max_new_tokens=6, temperature=1.0, top_p=1.0)
+                   for i, p in enumerate(prompts)]
+        done = [f.result(timeout=60) for f in futures[:2]]
+        assert not futures[2].done() and not futures[3].done()  # no slot yet
+        engine.release(0)
+        engine.release(1)
+        assert all(len(f.result(timeout=60)[0]) >= 1 for f in futures[2:]) and len(done) == 2
+        too_long = engine.submit([5] * 100, key=9, seed=0, max_new_tokens=50, temperature=1.0, top_p=1.0)
+        with pytest.raises(ValueError, match="capacity"):
+            too_long.result(timeout=5)
+    finally:
+        engine.close()
+
+
+def test_draws_follow_the_distribution_and_top_p_keeps_the_nucleus():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03])).repeat(20000, 1)
+    uniform = counter_uniform(torch.full((20000,), 12345), torch.arange(20000))
+    ones = torch.ones(20000)
+    token, logp = sample_tokens(logits, ones, ones, uniform, nucleus=False)
+    freq = torch.bincount(token, minlength=5).float() / 20000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03]), atol=0.012)
+    assert torch.allclose(logp, logits[0][token], atol=1e-6)
+    token, _ = sample_tokens(logits, ones, torch.full((20000,), 0.7), uniform, nucleus=True)
+    freq = torch.bincount(token, minlength=5).float() / 20000
+    assert freq[2:].sum() == 0  # the 0.7 nucleus: tokens whose mass before them is < 0.7
+    assert torch.allclose(freq[:2], torch.tensor([0.5, 0.25]) / 0.75, atol=0.012)
+    greedy, _ = sample_tokens(logits[:3], torch.zeros(3), torch.ones(3), uniform[:3], nucleus=False)
+    assert greedy.tolist() == [0, 0, 0]
+
+
+def test_a_weight_update_reaches_the_engine_in_place():
+    model = _lora_model()
+    engine = RolloutEngine(model, slots=4, capacity=120, stop_ids=[STOP], pad_id=0)
+    try:
+        prompt = _prompts(1, 1)[0]
+        pointers = [t.data_ptr() for t in engine.kernel.tensors()]
+        _turns(engine, [prompt], [0], [0], max_new_tokens=8, temperature=0.0, top_p=1.0)
+        engine.release(0)
+        with torch.no_grad():  # an optimizer step writes the adapters in place
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(0.3 * torch.randn_like(p))
+        ids = _turns(engine, [prompt], [1], [0], max_new_tokens=8, temperature=0.0, top_p=1.0)[0][0]
+        assert ids == _argmax_chain(model, prompt, 8)
+        assert [t.data_ptr() for t in engine.kernel.tensors()] == pointers
+    finally:
+        engine.close()
+
+
+_TRITON_CHECK = r"""
+import torch
+from skyrl_tool_agent.policy.decode_attention import decode_attention, reference_decode_attention
+from skyrl_tool_agent.policy.engine import RolloutEngine
+from tests.test_rollout_engine import _argmax_chain, _lora_model, _prompts, _turns
+torch.manual_seed(0)
+worst = 0.0
+for heads, kv_heads, dim in [(4, 2, 8), (12, 2, 128), (4, 2, 64)]:
+    keys, values = torch.randn(5, kv_heads, 150, dim), torch.randn(5, kv_heads, 150, dim)
+    q = torch.randn(6, heads, dim)
+    slots, lengths = torch.tensor([3, 0, 4, 4, 1, 2]), torch.tensor([1, 150, 64, 65, 7, 100])
+    ref = reference_decode_attention(q, keys, values, slots, lengths, dim ** -0.5)
+    worst = max(worst, float((decode_attention(q, keys, values, slots, lengths, dim ** -0.5) - ref).abs().max()))
+assert worst < 1e-5, worst
+model = _lora_model()
+engine = RolloutEngine(model, slots=4, capacity=80, stop_ids=[2], pad_id=0, attention="triton")
+prompts = _prompts(2, 2)
+out = _turns(engine, prompts, [0, 1, 2, 3], [0, 1, 2, 3], max_new_tokens=6, temperature=0.0, top_p=1.0)
+assert [ids for ids, _, _ in out] == [_argmax_chain(model, p, 6) for p in prompts]
+engine.close()
+print("ok", worst)
+"""
+
+
+def test_triton_decode_attention_equals_the_reference():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, "-c", _TRITON_CHECK], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-3000:]
+
+
+def test_greedy_episodes_through_the_env_equal_the_kernel_sampler():
+    """The collector drives the engine (turns submitted as they arrive, slots released as episodes
+    end); the shipped model's greedy multi-turn episodes are token for token the kernel's."""
+    check = json.loads((SHIPPED_EMBEDDED_DIR / MANIFEST_FILE).read_text())["greedy_check"]
+    tasks = [Task(**t) for t in check["tasks"]][:8]
+    settings = CollectorSettings(**check["collector"])
+    policy = QwenPolicy.from_config(ModelConfig(), mode="lora")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.01)
+    runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
+    try:
+        policy.sampler = "kernel"
+        kernel = greedy_evaluation(policy, runtime, tasks, settings).trajectories
+        policy.sampler = "engine"
+        engine = greedy_evaluation(policy, runtime, tasks, settings).trajectories
+    finally:
+        runtime.close()
+    assert policy._engine is None  # the collection freed it
+    assert max(t.result.turns for t in engine) >= 2
+    assert [t.token_ids for t in engine] == [t.token_ids for t in kernel]
+    for a, b in zip(engine, kernel):
+        assert torch.allclose(torch.tensor(a.sampling_logprobs), torch.tensor(b.sampling_logprobs), atol=1e-4)
