@@ -276,6 +276,21 @@ def flip_sampling(kit: Kit) -> None:
     assert (trainer.sampling.top_p, trainer.sampling.max_new_tokens) == (0.5, 7)
 
 
+def flip_sampler(kit: Kit) -> None:
+    """model.sampler picks what samples a collection: engine (the agent turns continuous, on the
+    policy's RolloutEngine), kernel (Qwen2Kernel batches), hf (the model's forward); auto = kernel on CPU."""
+    from skyrl_tool_agent.rollout.agents import make_agent
+
+    for choice, resolved in (("engine", "engine"), ("kernel", "kernel"), ("hf", "hf"), ("auto", "kernel")):
+        policy = kit.trainer(kit.config(model__sampler=choice)).policy
+        agent = make_agent(policy, temperature=1.0)
+        agent.start_collection(concurrency=2, max_total_tokens=64)
+        assert policy.resolved_sampler() == resolved and agent.continuous is (resolved == "engine")
+        assert (policy._engine is not None) is (resolved == "engine")
+        agent.finish_collection()
+        assert policy._engine is None
+
+
 def flip_episode_limits(kit: Kit) -> None:
     s = CollectorSettings.from_config(kit.config(grpo__max_turns=5, grpo__max_total_tokens=900,
                                                  env__collector__concurrency=3, env__collector__max_episode_retries=2,
@@ -368,6 +383,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "grpo.fixed_length_normalizer": flip_fixed_length_normalizer,
     "grpo.temperature": flip_temperature,
     **dict.fromkeys(("grpo.top_p", "grpo.max_new_tokens_per_turn"), flip_sampling),
+    "model.sampler": flip_sampler,
     **dict.fromkeys(("grpo.max_turns", "grpo.max_total_tokens", "env.collector.concurrency",
                      "env.collector.max_episode_retries", "env.reward.eval_keep_distinct"), flip_episode_limits),
     **dict.fromkeys(("grpo.clip_eps_low", "grpo.clip_eps_high"), flip_clip_eps),

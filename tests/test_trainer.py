@@ -267,3 +267,69 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
     adapters = [load_file(tmp_path / name / "final" / "adapter_model.safetensors") for name in ("a", "b")]
     assert adapters[0].keys() == adapters[1].keys()
     assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
+
+
+def test_lr_schedule_advances_only_on_steps_that_train(setup, tmp_path):
+    """A step whose groups are all uniform (every episode the oracle's, so every reward equal) drops
+    them all: no optimizer step, so the LR schedule must not move either (no "lr_scheduler.step()
+    before optimizer.step()" warning, warmup not spent on it). The next step, whose groups have a
+    spread (member 1 answers wrong), trains and advances the schedule by exactly one. Real MCP
+    servers, the real tiny model, real collector episodes; only the agent is scripted."""
+    import asyncio
+    import warnings
+
+    from skyrl_tool_agent.config import Config
+    from skyrl_tool_agent.env.chat_format import format_answer
+    from skyrl_tool_agent.grpo.trainer import GRPOTrainer
+    from skyrl_tool_agent.pipeline import build_loader
+    from skyrl_tool_agent.rollout.agents import ScriptedAgent, oracle_turn_texts
+    from skyrl_tool_agent.rollout.collector import TrajectoryCollector
+    from tests.fixtures.tiny_policy import tiny_policy
+
+    root, model_dir = setup
+    lr, warmup = 0.01, 4  # LambdaLR factor (step + 1) / warmup: lr/4 before any update, lr/2 after one
+    config = Config(
+        model={"device": "cpu", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
+        training={"tasks_per_step": 2, "max_steps": 8, "learning_rate": lr, "warmup_steps": warmup,
+                  "wandb": {"mode": "disabled"}},
+        grpo={"group_size": 2, "filter_uniform_groups": True, "refill_rounds": 0, "kl_coef": 0.0,
+              "max_turns": 4, "max_new_tokens_per_turn": 40, "max_total_tokens": 1200},
+    )
+
+    class ScriptedTrainer(GRPOTrainer):
+        wrong_member: int | None = None  # this group member submits a wrong query (None: all the oracle)
+
+        def collect(self, tasks, group_size, params, settings=None, on_episode_done=None):  # type: ignore[override]
+            def script(r):
+                if r.group_index == self.wrong_member:
+                    return [format_answer("SELECT name FROM customer WHERE 0")]
+                return oracle_turn_texts(r.task, r.env_info)
+
+            collector = TrajectoryCollector(self.runtime, ScriptedAgent(script), tokenizer=self.policy.tokenizer,
+                                            settings=settings or self.collector_settings)
+            return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
+
+    runtime = EnvRuntime(EnvConfig(), root / "dbs")
+    try:
+        trainer = ScriptedTrainer(config, tiny_policy(model_dir, mode="lora"), runtime,
+                                  build_loader(config, SHOP_TASKS), [], output_dir=tmp_path / "out")
+        assert trainer.scheduler.last_epoch == 0 and trainer.scheduler.get_last_lr()[0] == pytest.approx(lr / warmup)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dropped = trainer.train_step()
+        assert [t.result.solved for t in dropped.trajectories] == [True] * 4
+        assert dropped.metrics["train/groups_dropped"] == 2 and dropped.metrics["train/trajectories_used"] == 0
+        assert dropped.metrics["train/optimizer_steps"] == 0 and not trainer.optimizer.state  # nothing trained
+        assert trainer.scheduler.last_epoch == 0, "the LR schedule advanced on a step without an optimizer step"
+        assert dropped.metrics["train/lr"] == pytest.approx(lr / warmup)
+        assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+
+        trainer.wrong_member = 1
+        trained = trainer.train_step()
+    finally:
+        runtime.close()
+    assert [t.result.solved for t in trained.trajectories] == [True, False, True, False]
+    assert trained.metrics["train/groups_dropped"] == 0 and trained.metrics["train/optimizer_steps"] == 1
+    assert trainer.scheduler.last_epoch == 1  # one update, one schedule step
+    assert trained.metrics["train/lr"] == pytest.approx(lr * 2 / warmup)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr * 2 / warmup)

@@ -160,9 +160,15 @@ class TrainingConfig(Section):
         gt=0,
     )
     lr_scheduler: Literal["constant", "linear", "cosine"] = knob(
-        "constant", "Learning-rate decay after warmup. linear and cosine reach 0 at max_steps."
+        "constant",
+        "Learning-rate decay after warmup. The schedule counts updates (steps whose rollout batch "
+        "trained): a step whose groups were all dropped does not advance it, so linear and cosine "
+        "reach 0 at max_steps only if every step trained.",
     )
-    warmup_steps: int = knob(0, "Linear warmup from 0 over this many training steps.", h100=10, ge=0)
+    warmup_steps: int = knob(
+        0, "Linear warmup from 0 over this many updates. Steps that did not train (all groups dropped) do "
+        "not count; see lr_scheduler.", h100=10, ge=0
+    )
     weight_decay: float = knob(0.0, "AdamW weight decay.", ge=0)
     adam_betas: tuple[float, float] = knob((0.9, 0.999), "AdamW (beta1, beta2).")
     adam_eps: float = knob(1e-8, "AdamW epsilon.", gt=0)

@@ -211,7 +211,8 @@ class GRPOTrainer:
         `gradient_accumulation` micro-batches (null: one step per pass, normalised over the whole
         batch). Every statistic is the mean over all the optimizer steps: ``loss`` and ``pg_loss``
         are each step's loss as minimised (they add up over its micro-batches), the others are
-        token-weighted means (``optimizer_steps``: how many steps were taken)."""
+        token-weighted means (``optimizer_steps``: how many steps were taken). The LR schedule
+        then advances once: it counts rollout batches that trained (`grpo.optimizer`)."""
         g, t = self.config.grpo, self.config.training
         fixed_length = g.resolved_fixed_length()  # null in YAML means max_total_tokens
         micro_batches = self._micro_batches(batch, max(1, t.micro_batch_size))
@@ -293,8 +294,7 @@ class GRPOTrainer:
             batch = collate([tr for tr, _ in kept], [self._token_credit(tr, a) for tr, a in kept],
                             self.policy.tokenizer.pad_token_id)
             update_stats = self._update(batch)
-        else:
-            self.scheduler.step()
+        # No kept group: no optimizer step, so the LR schedule stays where it is (it counts updates).
         update_s = time.monotonic() - t1
         self.step += 1
         policy_tokens = sum(tr.num_policy_tokens for tr in trajectories)
