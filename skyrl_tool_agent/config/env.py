@@ -191,7 +191,9 @@ class CollectorConfig(Section):
     """The async trajectory collector."""
 
     concurrency: int = knob(
-        64, "Episodes in flight at once; also the most episodes one generation batch holds.", ge=1)
+        64, "Episodes in flight at once; also the most episodes one generation batch holds. On CUDA "
+        "the rollout engine keeps a KV-cache slot per episode in flight: tasks_per_step x group_size "
+        "puts a whole step's episodes in flight at once.", h100=256, ge=1)
     max_episode_retries: int = knob(
         1, "Retries of an episode failed by infrastructure. That is a server crash or timeout, not a "
         "wrong answer.",

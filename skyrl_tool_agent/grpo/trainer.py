@@ -269,6 +269,9 @@ class GRPOTrainer:
         g = self.config.grpo
         t0 = time.monotonic()
         torch.manual_seed(self.config.training.seed * 100_003 + self.step)  # sampling RNG per step
+        on_cuda = self.policy.device.type == "cuda"
+        if on_cuda:  # memory/gpu_peak_gib is this step's peak (rollout's KV cache, update's activations)
+            torch.cuda.reset_peak_memory_stats(self.policy.device)
         tasks = self.loader.next_batch()
         trajectories = self.collect(tasks, g.group_size, self.sampling)
         decided = self._decide(trajectories)
@@ -330,6 +333,8 @@ class GRPOTrainer:
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
         }
+        if on_cuda:
+            metrics["memory/gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**30
         return StepOutput(metrics, trajectories, list(tasks), decided.advantages, decided.kept)
 
     def _decide(self, trajectories: Sequence[Trajectory]) -> EpisodeDecisions:

@@ -28,8 +28,8 @@ def reference_decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: T
     batch, heads, dim = q.shape
     kv_heads = keys.shape[1]
     used = int(lengths.max())
-    k = keys.index_select(0, slots)[:, :, :used]  # [B, KVH, T, D]
-    v = values.index_select(0, slots)[:, :, :used]
+    k = keys[:, :, :used].index_select(0, slots)  # [B, KVH, T, D]: only the used positions are copied
+    v = values[:, :, :used].index_select(0, slots)
     grouped = q.view(batch, kv_heads, heads // kv_heads, dim) * scale
     scores = torch.matmul(grouped, k.transpose(-1, -2))  # [B, KVH, G, T]
     hidden = torch.arange(used, device=q.device) >= lengths.view(batch, 1, 1, 1)
@@ -55,7 +55,7 @@ if triton is not None:
         head = kv_head * GROUPS + g
         q_mask = (g < GROUPS)[:, None] & (d < HEAD_DIM)[None, :]
         q = tl.load(q_ptr + row * stride_qb + head[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
-        q = (q * scale).to(q_ptr.dtype.element_ty)
+        q = (q.to(tl.float32) * scale).to(q_ptr.dtype.element_ty)
         base = slot * stride_ks + kv_head * stride_kh
         m = tl.full([GROUPS_PAD], float("-inf"), tl.float32)
         total = tl.zeros([GROUPS_PAD], tl.float32)

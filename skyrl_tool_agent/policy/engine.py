@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -146,7 +147,9 @@ class RolloutEngine:
         self._inbox: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.stats = {"decode_steps": 0, "decoded_rows": 0, "prefill_tokens": 0, "chunks": 0}
+        # Counters for benchmarks and logs; the seconds are wall time, prefill synchronised at its end.
+        self.stats = {"decode_steps": 0, "decoded_rows": 0, "prefill_tokens": 0, "chunks": 0,
+                      "decode_s": 0.0, "prefill_s": 0.0, "capture_s": 0.0}
 
     # ------------------------------------------------------------------ public API (any thread)
     def submit(self, prompt: Sequence[int], *, max_new_tokens: int, temperature: float, top_p: float,
@@ -235,7 +238,11 @@ class RolloutEngine:
                 self._closed = True
         if self._waiting or turns:
             turns, self._waiting = [*self._waiting, *turns], []
+            start = time.perf_counter()
             self._admit(turns)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.stats["prefill_s"] += time.perf_counter() - start
 
     def _free_slot(self, slot: _Slot) -> None:
         if self._by_key.get(slot.key) is slot:
@@ -336,8 +343,8 @@ class RolloutEngine:
             v_cache[write_slots, :, write_pos] = value.view(rows, width, k.kv_heads, k.head_dim)[write_rows, write_cols]
             q = q.view(rows, width, k.kv_heads, groups, k.head_dim).permute(0, 2, 3, 1, 4)
             q = q.reshape(rows, k.kv_heads, groups * width, k.head_dim)
-            attn = F.scaled_dot_product_attention(q, k_cache.index_select(0, slots)[:, :, :used],
-                                                  v_cache.index_select(0, slots)[:, :, :used], attn_mask=visible,
+            attn = F.scaled_dot_product_attention(q, k_cache[:, :, :used].index_select(0, slots),
+                                                  v_cache[:, :, :used].index_select(0, slots), attn_mask=visible,
                                                   scale=k.head_dim ** -0.5)
             attn = attn.view(rows, k.kv_heads, groups, width, k.head_dim).permute(0, 3, 1, 2, 4).reshape(rows, width, q_size)
             x = x + F.linear(attn, layer.o_w)
@@ -381,24 +388,34 @@ class RolloutEngine:
         self._draw(logits, slots, valid, nucleus=nucleus)
         lengths.add_(1)
 
-    def _graph(self, bucket: int, nucleus: bool) -> torch.cuda.CUDAGraph:
-        """The decode step of `bucket` rows, captured on first use (on the scratch slot)."""
+    def _graph(self, bucket: int, nucleus: bool) -> torch.cuda.CUDAGraph | None:
+        """The decode step of `bucket` rows, captured on first use (on the scratch slot). None
+        when the warm-up or the capture fails: the engine then decodes eagerly with the torch
+        attention (slower, same tokens), and says so once in the log."""
         key = (bucket, nucleus)
         if key not in self.graphs:
+            start = time.perf_counter()
             inputs = self.inputs[bucket]
             inputs.slots.fill_(self.scratch)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up (Triton compile, cuBLAS handles) off the capture
-                for _ in range(2):
-                    inputs.lengths.zero_()
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # warm-up (Triton compile, cuBLAS handles) off the capture
+                    for _ in range(2):
+                        inputs.lengths.zero_()
+                        self._decode_step(inputs, nucleus)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                     self._decode_step(inputs, nucleus)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._decode_step(inputs, nucleus)
+            except Exception:  # noqa: BLE001 - a missing or broken Triton/CUDA feature must not stop a rollout
+                logger.exception("rollout engine: decode-step capture failed; decoding eagerly with the torch attention")
+                self.use_graphs, self.attend = False, reference_decode_attention
+                self.stats["capture_failed"] = 1
+                return None
             self._pool = graph.pool()
             self.graphs[key] = graph
+            self.stats["capture_s"] += time.perf_counter() - start
         return self.graphs[key]
 
     def _decode_chunk(self) -> None:
@@ -406,6 +423,7 @@ class RolloutEngine:
         bucket = next(b for b in self.buckets if b >= len(rows))
         nucleus = any(r.request.temperature > 0 and r.request.top_p < 1 for r in rows)
         graph = self._graph(bucket, nucleus) if self.use_graphs else None
+        start_time = time.perf_counter()
         inputs = self.inputs[bucket]
         pad = bucket - len(rows)
         starts = [r.length for r in rows]
@@ -424,6 +442,7 @@ class RolloutEngine:
         slot_ids = inputs.slots[:len(rows)].unsqueeze(1)
         ids = self.history[slot_ids, window].tolist()
         logps = self.history_logp[slot_ids, window].tolist()
+        self.stats["decode_s"] += time.perf_counter() - start_time
         still: list[_Row] = []
         for row, start, row_ids, row_logps in zip(rows, starts, ids, logps):
             row.length = start + self.interval
