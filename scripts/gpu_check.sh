@@ -8,13 +8,14 @@
 #   lora_step  the gpu profile's worst-case step: 16 tasks x 16 episodes, 8 turns x 512 tokens,
 #              every group kept (update included), seconds split and peak GPU memory (metrics.jsonl)
 #   full_step  one full-mode (ZeRO-3) step through the DeepSpeed launcher on one GPU (a small rollout)
+#   update_profile  where the profile's update time goes (benchmarks/profile_update.py, one micro-batch)
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 source .whl/on_gpu.sh > "$OUT/stages.txt" 2>&1 || { cat "$OUT/stages.txt"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$OUT/stages.txt"
 python3 .whl/make_qwen_shape.py /tmp/q15 >> "$OUT/stages.txt" 2>&1
-STAGES=${STAGES:-check bench lora_step full_step}  # a subset reruns part of it
+STAGES=${STAGES:-check bench lora_step full_step update_profile}  # a subset reruns part of it
 stage() {
   local name=$1 limit=$2 start rc
   shift 2
@@ -37,4 +38,5 @@ stage full_step "${FULL_S:-120}" python3 -m deepspeed.launcher.runner --num_gpus
   --set grpo.max_turns=1 --set grpo.max_new_tokens_per_turn=16 --set training.eval_num_tasks=2 \
   --set env.collector.concurrency=4 --output-dir /tmp/run_full
 grep -h '"time/' /tmp/run_full/metrics.jsonl >> "$OUT/full_step.log" 2>/dev/null
+stage update_profile "${PROFILE_S:-100}" python3 benchmarks/profile_update.py --model /tmp/q15
 cat "$OUT/stages.txt"
