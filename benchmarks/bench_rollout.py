@@ -134,7 +134,8 @@ def run_variant(name: str, model: torch.nn.Module, prompts: list[list[int]], new
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--model", default=None, help="a Qwen2 model directory (default: the embedded model)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rows", default="16,64", help="row counts, comma-separated (GPU: 64,256)")

@@ -37,7 +37,7 @@ def run(engine: RolloutEngine, batch: list[list[int]], temperature: float, max_n
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--out", default="-")
     args = parser.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run (TRITON_INTERPRET=1), no graphs

@@ -30,7 +30,7 @@ def sync() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--model", required=True)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--length", type=int, default=6144)

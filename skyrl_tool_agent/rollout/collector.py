@@ -175,8 +175,9 @@ class TrajectoryCollector:
     ) -> list[Trajectory]:
         """Run `group_size` episodes per task; returns trajectories ordered by (task, group index)."""
         start_collection = getattr(self.agent, "start_collection", None)
-        if start_collection is not None:  # e.g. the rollout engine, sized for this collection
-            start_collection(concurrency=self.settings.concurrency, max_total_tokens=self.settings.max_total_tokens)
+        if start_collection is not None:  # e.g. the rollout engine: a KV-cache slot per episode in flight
+            in_flight = min(self.settings.concurrency, len(tasks) * group_size)
+            start_collection(concurrency=max(1, in_flight), max_total_tokens=self.settings.max_total_tokens)
         batcher = _GenerationBatcher(
             self.agent, self.settings.max_batch, self.settings.batch_wait_s, self.settings.deterministic
         )
