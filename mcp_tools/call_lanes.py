@@ -22,10 +22,18 @@ Threads come from two lanes:
 A watchdog answers for a call whose thread is still running `WATCHDOG_GRACE_S` past its limit
 (SQLite stuck inside one operation, or a starved machine): `run` returns None and the thread, left
 behind, ends on its own. A call that got no thread within twice the limit gets None too.
+
+A server whose limit should follow its client's reads it with `limit_under_client`: the MCP client
+pool (skyrl_tool_agent.mcp) puts the deadline it gives each call in every server's environment
+(`CLIENT_DEADLINE_ENV_VAR`), and the server takes a share of it, so that its own `timeout:`
+answer, which the model reads, arrives before the client gives up on the call.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,7 +44,15 @@ import anyio.to_thread
 
 from mcp_tools.sandbox import SandboxError
 
+logger = logging.getLogger(__name__)
+
 R = TypeVar("R")
+
+#: Set by the MCP client pool in each server's environment: the seconds it waits for one call.
+CLIENT_DEADLINE_ENV_VAR = "SKYRL_MCP_CALL_TIMEOUT_S"
+#: The share of the client's deadline a server following it takes as its own limit; the rest
+#: covers the watchdog's grace, a thread that starts late on a busy machine and the answer's trip.
+SHARE_OF_CLIENT_DEADLINE = 0.8
 
 #: Worker threads of the main lane; a call the watchdog gave up on frees its slot.
 MAX_QUERY_THREADS = 32
@@ -53,6 +69,22 @@ PROBE_S = 0.25
 WATCHDOG_GRACE_S = 0.05
 #: How often the watchdog looks whether a call's thread has started.
 QUEUE_POLL_S = 0.05
+
+
+def limit_under_client(default_s: float) -> float:
+    """A server's limit for one call: `SHARE_OF_CLIENT_DEADLINE` of the deadline its client put in
+    `CLIENT_DEADLINE_ENV_VAR`, else `default_s` (a server started by hand, or by another client)."""
+    text = os.environ.get(CLIENT_DEADLINE_ENV_VAR)
+    if not text:
+        return default_s
+    try:
+        client_s = float(text)
+    except ValueError:
+        client_s = math.nan
+    if not math.isfinite(client_s) or client_s <= 0:
+        logger.warning("ignoring %s=%r (not a positive number of seconds)", CLIENT_DEADLINE_ENV_VAR, text)
+        return default_s
+    return SHARE_OF_CLIENT_DEADLINE * client_s
 
 
 class _Slots:
@@ -234,4 +266,5 @@ class CallLanes:
         return outcome[0].get() if outcome else None
 
 
-__all__ = ["EXPRESS_THREADS", "MAX_QUERY_THREADS", "PROBE_S", "CallLanes"]
+__all__ = ["CLIENT_DEADLINE_ENV_VAR", "EXPRESS_THREADS", "MAX_QUERY_THREADS", "PROBE_S", "SHARE_OF_CLIENT_DEADLINE",
+           "CallLanes", "limit_under_client"]

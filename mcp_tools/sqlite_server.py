@@ -30,7 +30,6 @@ thread hops).
 # No `from __future__ import annotations`: the SDK reads the tools' Annotated parameter types.
 import argparse
 import inspect
-import json
 import logging
 import math
 from collections.abc import Callable
@@ -46,9 +45,10 @@ from pydantic import Field
 from mcp_tools.call_lanes import EXPRESS_THREADS, CallLanes
 from mcp_tools.fast_stdio import fast_stdio_server
 from mcp_tools.process_memory import MEMORY_LIMIT_MB, apply_server_limits, memory_error_message, release_freed_memory
+from mcp_tools.result_caps import MAX_ERROR_CHARS, MAX_RESPONSE_BYTES, json_size
 from mcp_tools.result_rows import jsonable_cell
 from mcp_tools.sandbox import QueryResult, SandboxError, run_query
-from mcp_tools.sandbox_limits import MAX_ECHO_CHARS, clip_echo
+from mcp_tools.sandbox_limits import clip_echo
 from mcp_tools.sqlite_catalog import Catalog, CatalogError, ColumnInfo, TableInfo, find_table, quote_ident
 
 logger = logging.getLogger(__name__)
@@ -58,10 +58,6 @@ MAX_SAMPLE_ROWS = 20
 MAX_CELL_CHARS = 200
 #: Result columns returned (the rest are dropped and the truncation note says how many).
 MAX_RESULT_COLUMNS = 100
-#: Largest response of a query tool: its text and structured parts together, JSON-encoded.
-MAX_RESPONSE_BYTES = 64 * 1024
-#: Longest error text of a tool call (the SDK's own messages quote the tool name and arguments).
-MAX_ERROR_CHARS = 4 * MAX_ECHO_CHARS
 
 DbId = Annotated[str, Field(description="Database id.")]
 TableName = Annotated[str, Field(description="Table name.")]
@@ -127,10 +123,6 @@ def render_table(result: QueryResult, max_chars: int) -> str:
     return "\n".join(lines)
 
 
-def _json_size(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=True, separators=(",", ":")))
-
-
 def query_tool_result(result: QueryResult, max_chars: int) -> CallToolResult:
     """Text table for the model plus structured {columns, rows, row_count, truncated}; rows are
     dropped from the end until both parts together encode (JSON, ASCII) within
@@ -138,7 +130,7 @@ def query_tool_result(result: QueryResult, max_chars: int) -> CallToolResult:
     was a 144 KB response)."""
     for _ in range(64):
         response = _query_tool_result(result, max_chars)
-        size = _json_size(response.structured_content) + _json_size(response.content[0].text)
+        size = json_size(response.structured_content) + json_size(response.content[0].text)
         if size <= MAX_RESPONSE_BYTES:
             return response
         if result.rows:

@@ -3,7 +3,9 @@
 The file declares, at module level:
 
 - `TOOLS`: plain functions (type-annotated parameters, a docstring each); the project serves them
-  as a real MCP stdio server (`mcp_tools.one_file_server`);
+  as a real MCP stdio server (`mcp_tools.one_file_server`), under the SQL tools' limits: a result
+  over 64 KiB is answered `too large: ...`, a call longer than 0.8 x `env.call_timeout_s` is
+  answered `timeout: ...` (the model reads both);
 - `TASKS`: a list of `{task_id, question, ground_truth, difficulty}` (or the path of a JSON file
   of them, relative to the file);
 - the verdict: a reward term, `def correct(episode) -> float` (1 = solved;

@@ -1,6 +1,7 @@
 """Pooled MCP clients: `MCPClientPool` (asyncio) and `BackgroundMCPPool` (thread-backed, for sync callers).
 
-`MCPClientPool(servers)` starts `sessions_per_server` stdio processes per `ServerSpec`, lists their
+`MCPClientPool(servers)` starts `sessions_per_server` stdio processes per `ServerSpec` (each told the
+pool's call timeout in its environment, `mcp_tools.call_lanes.CLIENT_DEADLINE_ENV_VAR`), lists their
 tools once, and routes `call_tool(name, ...)` to a server that lists `name` (round-robin over its
 live sessions, which concurrent callers share). Tool names must be unique across servers: a
 duplicate is an `MCPConfigError` at start; give one spec a `tool_prefix` to run both.
@@ -144,6 +145,7 @@ class MCPClientPool:
                         startup_timeout_s=self.startup_timeout_s,
                         ping_timeout_s=self.ping_timeout_s,
                         errlog=self.server_stderr,
+                        call_timeout_s=self.call_timeout_s,
                     )
                 )
             self._groups[spec.name] = group

@@ -23,6 +23,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import Tool
 
+from mcp_tools.call_lanes import CLIENT_DEADLINE_ENV_VAR
 from skyrl_tool_agent.mcp.specs import ServerSpec
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class ServerSlot:
         startup_timeout_s: float,
         ping_timeout_s: float,
         errlog: TextIO | None,
+        call_timeout_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.index = index
@@ -87,6 +89,9 @@ class ServerSlot:
         self.startup_timeout_s = startup_timeout_s
         self.ping_timeout_s = ping_timeout_s
         self.errlog = errlog
+        #: The pool's deadline for one call, told to the server (`CLIENT_DEADLINE_ENV_VAR`) so a
+        #: server can answer `timeout:` itself before the client gives up (mcp_tools.call_lanes).
+        self.call_timeout_s = call_timeout_s
         self.tag = f"{os.getpid()}-{next(_slot_ids)}"
         self.session: ClientSession | None = None
         self.tools: list[Tool] | None = None
@@ -186,6 +191,8 @@ class ServerSlot:
         env = {k: os.environ[k] for k in PASSED_ENV_VARS if k in os.environ}
         env.update(self.spec.env or {})
         env[SLOT_ENV_VAR] = self.tag
+        if self.call_timeout_s is not None:
+            env.setdefault(CLIENT_DEADLINE_ENV_VAR, f"{self.call_timeout_s:g}")  # a spec's own value wins
         return StdioServerParameters(command=self.spec.command, args=list(self.spec.args), env=env, cwd=self.spec.cwd)
 
     async def _supervise(self) -> None:
