@@ -16,13 +16,13 @@ whole source in memory when it is large:
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from skyrl_tool_agent.data.json_input import loads_bounded
 from skyrl_tool_agent.data.tasks import Task, load_tasks
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def read_jsonl_tasks(path: str | Path) -> Iterator[Task]:
             if not line.strip():
                 continue
             try:
-                yield Task.model_validate(json.loads(line))
+                yield Task.model_validate(loads_bounded(line))
             except ValueError as exc:  # JSONDecodeError and pydantic ValidationError are ValueErrors
                 raise ValueError(f"{path}:{lineno}: invalid task line ({exc})") from exc
 

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
+from skyrl_tool_agent.data.json_input import JsonNestingError, loads_bounded
+
 Difficulty = Literal["easy", "medium", "hard"]
 SpiderHardness = Literal["easy", "medium", "hard", "extra"]
 
@@ -73,7 +75,9 @@ def load_tasks(path: str | Path) -> list[Task]:
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = loads_bounded(path.read_text(encoding="utf-8"))
+    except JsonNestingError as exc:  # Python's parser would end in a RecursionError
+        raise ValueError(f"{path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(raw, list):

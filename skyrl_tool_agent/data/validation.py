@@ -3,20 +3,26 @@
 Each problem is one line naming the file and the record (its 0-based index in the JSON list, and
 its task_id when it has one):
 
+- the file: JSON nested deeper than `json_input.MAX_JSON_NESTING` is refused before it is parsed
+  (naming the record it is in), since Python's parser would recurse into a RecursionError;
 - the record itself: a missing or unknown field, a value of the wrong type, bytes that are not
-  UTF-8, a question over `QUESTION_MAX_CHARS` or a gold query / ground truth over `GOLD_MAX_CHARS`,
-  a task_id used twice;
-- for a family with databases (SQL): a db_id with no database under the database root ("unknown
-  db_id"), a db_id whose file would lie outside the root once links are followed (`../x`, a
-  symlink out), a database directory without its `.sqlite` file, and a gold query that fails or
-  runs over its time limit (`gold_check`: one bounded execution per distinct query and database;
-  `eval.splits.gold_check` runs it with `rewards.limits.run_bounded`, the reward's own
-  sandboxed runner, which this layer cannot import).
+  UTF-8, a field over its size (`FIELD_MAX_CHARS`: a question over `QUESTION_MAX_CHARS`, a gold
+  query / ground truth over `GOLD_MAX_CHARS`, any other field over `IDENTIFIER_MAX_CHARS`), a
+  control character in an identifier (task_id, source, split, template_id: they end up in log
+  lines and file names), a task_id used twice;
+- for a family with databases (SQL): a db_id the SQLite server would not serve
+  (`data.databases.DatabaseRoot`, the server's own listing): no such database under the database
+  root ("unknown db_id"), one whose file would lie outside the root (an absolute path, `../x`, a
+  symlink out), a NUL byte, a name too long for a file, a database directory without its
+  `.sqlite` file; and a gold query that fails or runs over its time limit (`gold_check`: one
+  bounded execution per distinct query and database; `eval.splits.gold_check` runs it with
+  `rewards.limits.run_bounded`, the reward's own sandboxed runner, which this layer cannot import).
 
 `load_checked_tasks` raises `BadRecordsError` (a `UserInputError`: one `error:` line, exit 2) at
 the first problem it finds, saying how many records are bad; with `skip_bad_records` it leaves
 those records out instead and logs one warning per record. A file that is not a JSON list (or not
-UTF-8 outside any record) cannot be skipped around: it is always an error.
+UTF-8 outside any record, or nested too deep to parse) cannot be skipped around: it is always an
+error.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,17 +41,29 @@ from pydantic import ValidationError
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.config.env import EnvConfig
-from skyrl_tool_agent.data.tasks import Task, db_path_for, field_problem
+from skyrl_tool_agent.data.databases import DatabaseRoot, UnservedDatabaseError, shown_name
+from skyrl_tool_agent.data.json_input import JsonNestingError, loads_bounded
+from skyrl_tool_agent.data.tasks import Task, field_problem
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GOLD_MAX_CHARS", "GOLD_TIMEOUT_S", "QUESTION_MAX_CHARS", "GoldCheck", "BadRecord", "BadRecordsError",
-           "check_databases", "load_checked_tasks", "read_task_file"]
+__all__ = ["FIELD_MAX_CHARS", "GOLD_MAX_CHARS", "GOLD_TIMEOUT_S", "IDENTIFIER_MAX_CHARS", "QUESTION_MAX_CHARS", "GoldCheck",
+           "BadRecord", "BadRecordsError", "check_databases", "load_checked_tasks", "read_task_file"]
 
 #: Longest question (characters): a prompt this long is a data error, not a question.
 QUESTION_MAX_CHARS = 4_000
 #: Longest gold query / ground truth (characters).
 GOLD_MAX_CHARS = 20_000
+#: Longest value of every other field (characters): ids and labels are a few dozen (a 50 MB
+#: `source` was accepted, and a 4 kB db_id reached the file system).
+IDENTIFIER_MAX_CHARS = 200
+#: Longest value of each field (characters); a field not named here has `IDENTIFIER_MAX_CHARS`.
+FIELD_MAX_CHARS: dict[str, int] = {"question": QUESTION_MAX_CHARS, "gold_sql": GOLD_MAX_CHARS}
+#: Fields that name things (in log lines, messages, file names): no control characters in them.
+#: db_id is checked as the server resolves it (`data.databases`), not here.
+_IDENTIFIERS = ("task_id", "source", "split", "template_id")
+#: How a field is called in messages, where that differs from its name.
+_FIELD_WORDS = {"gold_sql": "gold"}
 #: Seconds one gold query may run when checked, when the caller gives none: `env.sql_timeout_s`'s
 #: default, the reward's query limit (`eval.splits.gold_check` passes the configured one).
 GOLD_TIMEOUT_S: float = default_of(EnvConfig, "sql_timeout_s")
@@ -64,7 +83,9 @@ class BadRecord:
     problem: str
 
     def line(self) -> str:
-        who = f"record {self.index}" + (f" ({self.task_id})" if self.task_id else "")
+        shown = self.task_id if self.task_id and self.task_id.isprintable() and len(self.task_id) <= 60 else (
+            self.task_id and shown_name(self.task_id))  # a hostile task_id stays short and on one line
+        who = f"record {self.index}" + (f" ({shown})" if shown else "")
         return f"{self.path}: {who}: {self.problem}"
 
 
@@ -88,18 +109,54 @@ def _non_utf8_field(item: Any) -> str | None:
     return None
 
 
+#: Unicode categories refused in identifiers: controls (NUL, newline, escape), format characters
+#: (right-to-left overrides, zero-width joiners: text that reads as something else) and the line
+#: and paragraph separators.
+_CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _control_character(text: str) -> int | None:
+    """Position of the first control, format or separator character of `text`, if any."""
+    if text.isprintable():  # the common case, in C: no character of category C* or Z* but the space
+        return None
+    return next((i for i, ch in enumerate(text) if unicodedata.category(ch) in _CONTROL_CATEGORIES), None)
+
+
+def _field_problem(task: Task) -> str | None:
+    """The first field of a valid-typed record over its size, or an identifier with a control character."""
+    for name in Task.model_fields:
+        value = getattr(task, name)
+        if not isinstance(value, str):
+            continue
+        cap = FIELD_MAX_CHARS.get(name, IDENTIFIER_MAX_CHARS)
+        if len(value) > cap:
+            return f"{_FIELD_WORDS.get(name, name)} of {len(value):,} characters (at most {cap:,})"
+        if name in _IDENTIFIERS and (at := _control_character(value)) is not None:
+            return f"field '{name}' holds a control character (U+{ord(value[at]):04X} at position {at})"
+    return None
+
+
+def _parse(path: Path, text: str) -> Any:
+    """The JSON of a task file; ValueError (one line, with the path, and the record when it can
+    tell) when it is not JSON or is nested too deep to parse."""
+    try:
+        return loads_bounded(text)
+    except JsonNestingError as exc:
+        where = f"record {exc.element}" if exc.element is not None else f"character {exc.offset:,}"
+        raise ValueError(f"{path}: {where}: JSON nested more than {exc.limit} levels deep (a task record has 2); "
+                         "the file cannot be read past it") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+
+
 def read_task_file(path: str | Path) -> tuple[list[Task], list[tuple[int, Task]], list[BadRecord]]:
     """(tasks, (index, task) of each, bad records) of a task file, checking each record on its
-    own (fields, UTF-8, sizes, duplicate ids). Raises FileNotFoundError, or ValueError (one line,
-    with the path) for a file that is not a JSON list."""
+    own (fields, UTF-8, sizes, identifiers, duplicate ids). Raises FileNotFoundError, or ValueError
+    (one line, with the path) for a file that is not a JSON list or nests too deep to be read."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
-    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    raw = _parse(path, path.read_bytes().decode("utf-8", errors="surrogateescape"))
     if not isinstance(raw, list):
         raise ValueError(f"{path}: expected a JSON list of task objects")
     good: list[tuple[int, Task]] = []
@@ -122,10 +179,8 @@ def read_task_file(path: str | Path) -> tuple[list[Task], list[tuple[int, Task]]
         except ValidationError as exc:
             refuse(field_problem(exc))
             continue
-        if len(task.question) > QUESTION_MAX_CHARS:
-            refuse(f"question of {len(task.question):,} characters (at most {QUESTION_MAX_CHARS:,})")
-        elif len(task.gold_sql) > GOLD_MAX_CHARS:
-            refuse(f"gold of {len(task.gold_sql):,} characters (at most {GOLD_MAX_CHARS:,})")
+        if (problem := _field_problem(task)) is not None:
+            refuse(problem)
         elif task.task_id in seen:
             refuse(f"task_id {task.task_id!r} used by an earlier record")
         else:
@@ -139,7 +194,7 @@ def check_databases(records: Iterable[tuple[Path, int, Task]], db_root: Path,
     """Problems of (file, index, task) records whose task names a database under `db_root`
     (module doc): db_id, where it resolves, its file, and (with `gold_check`) its gold query, run
     once per distinct (db_id, query)."""
-    root = Path(db_root).resolve()
+    databases = DatabaseRoot(db_root)
     bad: list[BadRecord] = []
     outcome: dict[tuple[str, str], str | None] = {}  # (db_id, gold) -> problem, one run per distinct query
     start = time.monotonic()
@@ -150,15 +205,10 @@ def check_databases(records: Iterable[tuple[Path, int, Task]], db_root: Path,
         if not task.db_id:
             refuse("no db_id, which task family 'sql' needs (another family? set env.task_family)")
             continue
-        db_path = db_path_for(db_root, task.db_id)
-        if not db_path.resolve().is_relative_to(root) or not (Path(db_root) / task.db_id).resolve().is_relative_to(root):
-            refuse(f"db_id {task.db_id!r} resolves outside the database root {root}")
-            continue
-        if not (Path(db_root) / task.db_id).is_dir():
-            refuse(f"unknown db_id {task.db_id!r}: no database {task.db_id}/ under {db_root}")
-            continue
-        if not db_path.is_file():
-            refuse(f"database file missing: {db_path}")
+        try:
+            db_path = databases.path(task.db_id)
+        except UnservedDatabaseError as exc:
+            refuse(str(exc))
             continue
         key = (task.db_id, task.gold_sql)
         if gold_check is not None and key not in outcome:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from skyrl_tool_agent.config import UserInputError
+from skyrl_tool_agent.data.json_input import loads_bounded
 from skyrl_tool_agent.grpo.checkpoint import (
     STATE_FILE,
     CheckpointError,
@@ -122,7 +123,11 @@ def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> tuple[int,
         return None
     if not (ckpt / STATE_FILE).is_file() or not (ckpt / ENGINE_DIR / ENGINE_TAG).is_dir():
         raise UserInputError(f"not a full-mode (DeepSpeed) checkpoint: {ckpt}")
-    state = json.loads((ckpt / STATE_FILE).read_text())
+    try:  # checked before anything is restored: a crafted state is one line, not a traceback
+        state = loads_bounded((ckpt / STATE_FILE).read_text(encoding="utf-8"))
+        step, elapsed_s, loader_state = int(state["step"]), float(state.get("elapsed_s", 0.0)), state["loader"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
+        raise CheckpointError(f"cannot load {ckpt}: {STATE_FILE}: {type(exc).__name__}: {exc}") from exc
     if state.get("world_size") != ctx.world_size:
         raise UserInputError(
             f"{ckpt} was written by {state.get('world_size')} ranks, this run has {ctx.world_size}: ZeRO-3 "
@@ -143,7 +148,6 @@ def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> tuple[int,
     parts.scheduler.load_state_dict(scheduler_state)
     if rng is not None:
         set_rng_state(rng)
-    parts.loader.load_state_dict(state["loader"])
-    step, elapsed_s = int(state["step"]), float(state.get("elapsed_s", 0.0))
+    parts.loader.load_state_dict(loader_state)
     logger.info("resumed from %s at step %d (%.1f min of the time budget spent)", ckpt, step, elapsed_s / 60)
     return step, elapsed_s

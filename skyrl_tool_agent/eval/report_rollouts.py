@@ -13,9 +13,14 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from skyrl_tool_agent.config import UserInputError
+from skyrl_tool_agent.data.databases import name_problem, shown_name
+from skyrl_tool_agent.data.json_input import JsonNestingError, loads_bounded
+from skyrl_tool_agent.data.validation import IDENTIFIER_MAX_CHARS
 from skyrl_tool_agent.eval.report_episodes import episode, shared_system_prompt
 from skyrl_tool_agent.eval.report_sql import ResultPreviewer
 
@@ -24,10 +29,68 @@ logger = logging.getLogger(__name__)
 #: The file a training run writes into its output directory.
 ROLLOUTS_FILE = "rollouts.jsonl"
 
+_Identifier = Annotated[str, Field(max_length=IDENTIFIER_MAX_CHARS)]
+_Count = Annotated[int, Field(ge=0)]
+
+
+class RolloutMessage(BaseModel):
+    """One chat message of a rollout (role and text; tool-call fields and the like pass through)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | None = None
+
+
+class RolloutRecord(BaseModel):
+    """A line of rollouts.jsonl as `grpo.rollout_log.rollout_records` writes it: the fields the
+    report reads, with their types (a group member that is text ended the report in a ValueError);
+    other fields pass through untouched."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: _Count
+    task_id: _Identifier
+    db_id: _Identifier = ""
+    difficulty: str | None = None
+    question: str = ""
+    gold_sql: str | None = None
+    ground_truth: str | None = None
+    final_sql: str | None = None
+    solved: bool = False
+    reward: float | None = None
+    reward_terms: dict[str, float | None] | None = None
+    advantage: float | None = None
+    used_in_update: bool = False
+    group: _Count | None = None
+    group_member: _Count | None = None
+    turns: _Count | None = None
+    tool_calls: _Count | None = None
+    done_reason: str | None = None
+    messages: list[RolloutMessage] = []
+
+    @field_validator("db_id")
+    @classmethod
+    def _a_database_name(cls, db_id: str) -> str:
+        # Training writes a name from its database root: a path, a NUL byte or an endless name is crafted.
+        if db_id and (problem := name_problem(db_id)) is not None:
+            raise ValueError(f"db_id {shown_name(db_id)} {problem}")
+        return db_id
+
+
+def _record_problem(exc: ValidationError) -> str:
+    """pydantic's first complaint about a rollout record, in a few words."""
+    error = exc.errors()[0]
+    name = ".".join(str(p) for p in error.get("loc", ())) or "record"
+    if error.get("type") == "missing":
+        return f"no field '{name}'"
+    return f"field '{name}': {error.get('msg', error.get('type', ''))}"
+
 
 def load_rollouts(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a rollouts.jsonl (UserInputError if missing or not one). A last line cut off
-    (a run still writing) is skipped with a warning."""
+    """The records of a rollouts.jsonl (UserInputError if missing or not one, or at the first line
+    that is not a rollout record: one line naming the file and the line). A last line cut off (a
+    run still writing) is skipped with a warning."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -40,7 +103,9 @@ def load_rollouts(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = loads_bounded(line)
+        except JsonNestingError as exc:
+            raise UserInputError(f"rollouts file {path}: line {number}: {exc}") from None
         except json.JSONDecodeError as exc:
             if number == len(lines):
                 logger.warning("%s: line %d is incomplete (a run still writing?); skipped", path, number)
@@ -48,7 +113,12 @@ def load_rollouts(path: str | Path) -> list[dict[str, Any]]:
             raise UserInputError(f"rollouts file {path}: line {number} is not JSON ({exc})") from exc
         if not isinstance(record, dict) or "step" not in record or "task_id" not in record:
             raise UserInputError(f"rollouts file {path}: line {number} is not a rollout record (no step/task_id)")
-        records.append(record)
+        try:
+            checked = RolloutRecord.model_validate(record)
+        except ValidationError as exc:
+            raise UserInputError(f"rollouts file {path}: line {number} is not a rollout record "
+                                 f"({_record_problem(exc)})") from None
+        records.append(checked.model_dump(exclude_unset=True))
     return records
 
 

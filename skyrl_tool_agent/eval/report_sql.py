@@ -5,9 +5,13 @@ to keyword/identifier case or spacing, and rendered as HTML with every token esc
 
 The result rows are computed when the report is written, from the SQLite database the episode ran
 on, only through `rewards.limits.run_bounded`: the read-only sandbox of the `execute_sql` tool, its
-per-query deadline, the SQLite heap cap and a wall-clock bound. A report over many episodes also
-has a total time budget for its queries; past it the remaining previews say they were not run. A
-missing database (or none given) is said in the page, per episode, instead of rows.
+per-query deadline, the SQLite heap cap and a wall-clock bound, on the file the SQLite MCP server
+would open for the episode's db_id (`data.databases.DatabaseRoot`, the server's own listing of
+its database root): an absolute db_id, `../x` or a link out of the root from a crafted rollouts
+file reads no database outside the root. A report over many episodes also has a total time budget
+for its queries; past it the remaining previews say they were not run. A missing database, one
+the server would not serve (or no database root given) is said in the page, per episode, instead
+of rows.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from mcp_tools.sandbox import SandboxError
-from skyrl_tool_agent.data.tasks import db_path_for
+from skyrl_tool_agent.data.databases import DatabaseRoot, UnservedDatabaseError
 from skyrl_tool_agent.rewards.limits import database_fault, run_bounded
 
 #: Rows of each result shown in the page.
@@ -129,6 +133,7 @@ class ResultPreviewer:
     def __init__(self, db_root: str | Path | None, *, rows: int = RESULT_ROWS, timeout_s: float = QUERY_TIMEOUT_S,
                  budget_s: float = TIME_BUDGET_S) -> None:
         self.db_root = Path(db_root) if db_root is not None else None
+        self._databases: DatabaseRoot | None = None  # the server's listing, read at the first preview
         self.rows = rows
         self.timeout_s = timeout_s
         self.budget_s = budget_s
@@ -144,15 +149,19 @@ class ResultPreviewer:
             return QueryPreview(note="database not available: no database directory was given to the report")
         key = (db_id, sql)
         if key not in self._memo:
-            preview = self._run(db_path_for(self.db_root, db_id), sql)
+            if self._databases is None:
+                self._databases = DatabaseRoot(self.db_root)
+            try:
+                path = self._databases.path(db_id)
+            except UnservedDatabaseError as exc:
+                return self._memo.setdefault(key, QueryPreview(note=f"database not available: {exc}"))
+            preview = self._run(path, sql)
             if preview.note is not None and preview.note.startswith("not run"):
                 return preview  # not memoised: it was never tried
             self._memo[key] = preview
         return self._memo[key]
 
     def _run(self, path: Path, sql: str) -> QueryPreview:
-        if not path.is_file():
-            return QueryPreview(note=f"database not available: {path} does not exist")
         if self.spent_s >= self.budget_s:
             self.skipped += 1
             return QueryPreview(note=f"not run: the report's {self.budget_s:g} s for queries were spent")

@@ -6,7 +6,7 @@
     optim.pt             optimizer and scheduler state dicts: tensors and plain containers only
     rng.json             Python, NumPy and torch RNG states as plain lists and ints
     trainer_state.json   step and data-loader state (JSON)
-    manifest.json        sha256 of every other file, written last
+    manifest.json        sha256 and size of every other file, written last
 
 It is written to `step-XXXXXX.tmp` and renamed when complete, so `--resume auto` never picks up a
 half-written one (e.g. after `kill -9` mid-save).
@@ -14,6 +14,11 @@ half-written one (e.g. after `kill -9` mid-save).
 Resuming trusts nothing it reads (issue 17 #11, #12): `optim.pt` is loaded with
 `torch.load(weights_only=True)`, so a crafted file cannot run code, and every file must match the
 manifest before anything is restored, so a bit-flipped adapter or a truncated file is caught.
+Nothing is read through a link that leaves the checkpoint (an `optim.pt` linked to a file
+elsewhere is refused before any file is opened), and sizes are checked before anything is hashed:
+against the sizes the manifest records (format 2), or, for a manifest written before sizes were
+recorded (format 1), against `UNRECORDED_FILE_MAX_BYTES`; a 10 GB sparse file is refused after a
+`stat`, not after 20-40 s of hashing (issue 35).
 `latest_checkpoint` returns the newest intact checkpoint and warns about each newer one it skips;
 when checkpoints exist but none is intact it raises `CheckpointError`, a `UserInputError` (one
 `error:` line, exit 2), rather than silently training from scratch over them.
@@ -33,14 +38,21 @@ import torch
 
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.loader import rng_state_from_json, rng_state_to_json
-from skyrl_tool_agent.policy.manifest import tree_hashes, tree_problems
+from skyrl_tool_agent.data.json_input import loads_bounded
+from skyrl_tool_agent.policy.manifest import links_leaving, tree_hashes, tree_problems, tree_sizes
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.json"
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
+#: 2: `sizes` (bytes per file) beside `files` (sha256 per file); 1 had `files` only.
+MANIFEST_FORMAT = 2
+#: Largest file a format-1 manifest (no recorded sizes) may vouch for: above a full-mode 1.5B
+#: model's bf16 optimizer state (6 GB), below what takes most of a minute to hash.
+UNRECORDED_FILE_MAX_BYTES = 8 << 30
+#: Largest manifest.json read (a real one is a few kB, even for a sharded ZeRO-3 checkpoint).
+MANIFEST_MAX_BYTES = 16 << 20
 
 
 class CheckpointError(UserInputError):
@@ -74,33 +86,55 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def write_manifest(directory: Path) -> None:
-    """Record the sha256 of every file in `directory` (call it last, after every file is written)."""
-    manifest = {"format": MANIFEST_FORMAT, "files": tree_hashes(directory, exclude=(MANIFEST,))}
+    """Record the sha256 and size of every file in `directory` (call it last, after every file is written)."""
+    manifest = {"format": MANIFEST_FORMAT, "files": tree_hashes(directory, exclude=(MANIFEST,)),
+                "sizes": tree_sizes(directory, exclude=(MANIFEST,))}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, str], dict[str, int] | None]:
+    """(sha256 by file, size by file or None for a format-1 manifest) of checkpoint `path`;
+    ValueError (in a few words) for a manifest that is missing, not a regular file, oversized or
+    malformed. Called after `links_leaving`: the manifest is not a link out of the checkpoint."""
+    file = path / MANIFEST
+    if not file.is_file():
+        raise ValueError("it is missing" if not file.exists() else "it is not a regular file")
+    if (size := file.stat().st_size) > MANIFEST_MAX_BYTES:
+        raise ValueError(f"it is {size:,} bytes, over {MANIFEST_MAX_BYTES:,}")
+    manifest = loads_bounded(file.read_text(encoding="utf-8"))
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files or not all(isinstance(v, str) for v in files.values()):
+        raise ValueError("it lists no files")
+    sizes = manifest.get("sizes")
+    if sizes is not None and (not isinstance(sizes, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sizes.values())):
+        raise ValueError("its sizes are not byte counts")
+    return files, sizes
 
 
 def checkpoint_problems(path: Path) -> list[str]:
     """Why `path` is not an intact checkpoint (empty list: every file matches its manifest)."""
     if not path.is_dir():
         return [f"{path} is not a directory"]
+    if leaving := links_leaving(path):  # before reading anything, the manifest included
+        return leaving
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
-        if not isinstance(files, dict) or not files:
-            raise ValueError("it lists no files")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        files, sizes = _read_manifest(path)
+    except (OSError, ValueError) as exc:
         return [f"no readable {MANIFEST} ({type(exc).__name__}: {exc}); written by an older version, or not at all"]
-    return tree_problems(path, files, exclude=(MANIFEST,))
+    # The cap also holds for a file a format-2 manifest gives no size (a crafted `"sizes": {}`).
+    return tree_problems(path, files, exclude=(MANIFEST,), sizes=sizes, max_bytes=UNRECORDED_FILE_MAX_BYTES)
 
 
-def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
-    return tuple((p.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns)
-                 for p in sorted(path.rglob("*")) if p.is_file() for st in (p.stat(),))
+def _signature(path: Path) -> tuple[tuple[str, int, int, int], ...]:
+    # lstat: a file swapped for a link (to a file of the same size and time) changes the signature.
+    return tuple((p.relative_to(path).as_posix(), st.st_mode, st.st_size, st.st_mtime_ns)
+                 for p in sorted(path.rglob("*")) for st in (p.lstat(),))
 
 
 # Checkpoints verified in this process, by path -> file names, sizes and mtimes then: `--resume auto`
 # verifies while choosing and again while loading; hashing a full model twice would double the wait.
-_verified: dict[Path, tuple[tuple[str, int, int], ...]] = {}
+_verified: dict[Path, tuple[tuple[str, int, int, int], ...]] = {}
 
 
 def _problems(path: Path) -> list[str]:

@@ -4,14 +4,20 @@ The embedded default ships in the package (`skyrl_tool_agent/assets/embedded`) w
 `warmstart.json` recording each file's sha256, and so does every build of it (into a cache or
 `model.embedded_dir`). A truncated clone, a Git LFS pointer in place of the weights, a hand-edited
 file or a partly written build then fails at load with one line naming the file, instead of
-training from wrong weights. Checkpoints, which nest directories, use `tree_hashes` and
-`tree_problems` the same way (`skyrl_tool_agent.grpo.checkpoint`).
+training from wrong weights. Checkpoints, which nest directories, use `tree_hashes`,
+`tree_sizes` and `tree_problems` the same way (`skyrl_tool_agent.grpo.checkpoint`).
+
+`tree_problems` reads nothing it should not: a symbolic link under the directory whose target lies
+outside it (an `optim.pt` pointing at another file) is refused before any file is opened, and each
+file's size is checked against the size recorded for it (or a cap, when none is recorded) before
+any file is hashed, so a 10 GB sparse file costs a `stat`, not 20-40 s of hashing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
@@ -59,16 +65,55 @@ def tree_hashes(directory: Path, *, exclude: Collection[str] = ()) -> dict[str, 
     return hashes
 
 
-def tree_problems(directory: Path, recorded: Mapping[str, str], *, exclude: Collection[str] = ()) -> list[str]:
-    """What differs between `directory` and the hashes `recorded` by `tree_hashes`: missing,
-    changed (a bit flip, a truncation) or unexpected files; empty when it is intact."""
+def tree_sizes(directory: Path, *, exclude: Collection[str] = ()) -> dict[str, int]:
+    """Size in bytes of every regular file under `directory`, keyed as `tree_hashes` keys them."""
+    return {path.relative_to(directory).as_posix(): path.stat().st_size for path in sorted(directory.rglob("*"))
+            if path.is_file() and path.relative_to(directory).as_posix() not in exclude}
+
+
+def links_leaving(directory: Path) -> list[str]:
+    """Why each symbolic link under `directory` whose target (links followed) lies outside it is
+    refused; empty when there is none. Links that stay inside are fine."""
+    root = os.path.realpath(directory)
+    problems = []
+    for path in sorted(directory.rglob("*")):  # rglob does not descend into linked directories
+        if path.is_symlink():
+            target = os.path.realpath(path)
+            if os.path.commonpath([root, target]) != root:
+                problems.append(f"{path.relative_to(directory).as_posix()} is a link to {target}, outside {directory}")
+    return problems
+
+
+def _size_problem(name: str, size: int, recorded: int | None, max_bytes: int | None) -> str | None:
+    if recorded is not None:
+        return None if size == recorded else f"{name} is {size:,} bytes, its manifest records {recorded:,}"
+    if max_bytes is not None and size > max_bytes:
+        return (f"{name} is {size:,} bytes, over the {max_bytes:,} a file may have when its manifest records "
+                "no sizes")
+    return None
+
+
+def tree_problems(directory: Path, recorded: Mapping[str, str], *, exclude: Collection[str] = (),
+                  sizes: Mapping[str, int] | None = None, max_bytes: int | None = None) -> list[str]:
+    """What differs between `directory` and the hashes `recorded` by `tree_hashes`: links out of
+    it, missing, resized, changed (a bit flip) or unexpected files; empty when it is intact.
+
+    Nothing is read through a link that leaves `directory`: any such link is the only problem
+    reported. Sizes come next, from `stat` alone: each file must have its size in `sizes` (from
+    `tree_sizes`) or, for a file with none recorded, at most `max_bytes`; a file that fails is not
+    hashed, nor is any other once one has failed (the directory is refused either way)."""
+    if leaving := links_leaving(directory):
+        return leaving
+    sizes = sizes or {}
     problems = []
     present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - set(exclude)
-    for name, sha in recorded.items():
-        file = directory / name
+    for name in recorded:
         if name not in present:
             problems.append(f"{name} is missing")
-        elif file_sha256(file) != sha:
-            problems.append(f"{name} does not match its recorded sha256 ({file.stat().st_size} bytes now)")
+        elif (problem := _size_problem(name, (directory / name).stat().st_size, sizes.get(name), max_bytes)) is not None:
+            problems.append(problem)
+    if not problems:
+        problems.extend(f"{name} does not match its recorded sha256 ({(directory / name).stat().st_size} bytes now)"
+                        for name, sha in recorded.items() if file_sha256(directory / name) != sha)
     problems.extend(f"{name} is not in the manifest" for name in sorted(present - set(recorded)))
     return problems
