@@ -5,7 +5,7 @@
   message, the episodes and EX of the local model at temperature 0; results.json names the endpoint
   and counts one request per turn; the server stops cleanly on SIGTERM (exit 0, port closed);
 - a turn the server cannot produce (a tool call cut off by max_tokens: transformers serve answers
-  HTTP 500 while parsing it) is retried, then a format-error observation, recorded in agent_meta;
+  HTTP 500 while parsing it) is retried, then the episode is unscored (an infra error), recorded in agent_meta;
 - a dead URL or an unknown model: one `error:` line and exit 2 before any episode;
 - retries with exponential backoff, per-request timeouts and fatal statuses against a scripted
   stdlib HTTP server on loopback (real sockets, real status codes, real delays).
@@ -195,8 +195,10 @@ def test_served_model_plays_the_local_episodes(server, local_run, tmp_path, monk
           f"local: EX {local.results['execution_accuracy']:.3f}, {local_s:.1f} s")
 
 
-def test_a_turn_the_server_cannot_produce_is_a_format_error(server, config, tasks, runtime):
-    """6 tokens cut the model's first tool call short; transformers serve fails parsing it (HTTP 500)."""
+def test_a_turn_the_server_cannot_produce_leaves_the_episode_unscored(server, config, tasks, runtime):
+    """6 tokens cut the model's first tool call short; transformers serve fails parsing it (HTTP 500).
+    A 500 still there after the retries says nothing about the model: the episode ends there,
+    unscored (an infra error), never a wrong answer."""
     server.wait_ready()
     endpoint = Endpoint(server.url, server.model, max_retries=1, backoff_s=0.01)
     settings = CollectorSettings(max_turns=2, max_new_tokens_per_turn=6, concurrency=2, max_batch=2)
@@ -207,11 +209,11 @@ def test_a_turn_the_server_cannot_produce_is_a_format_error(server, config, task
     for sample in failed:
         meta = next(m for m in sample["agent_meta"] if "endpoint_error" in m)
         assert meta["attempts"] == 2  # retried once (max_retries=1)
-        reply, observation = sample["messages"][2 + 2 * meta["turn"]: 4 + 2 * meta["turn"]]
-        assert reply == {"role": "assistant", "content": ""}
-        assert observation["role"] == "user" and observation["content"].startswith("Error: ")
-        assert sample["format_errors"] >= 1 and sample["done_reason"] == "max_turns" and not sample["solved"]
+        assert sample["done_reason"] == "error" and sample["error"].startswith("served model, server_error: HTTP 500")
+        assert len(sample["messages"]) == 2 + 2 * meta["turn"]  # the turns played before it, nothing after
+    assert run.results["infra_errors"] == len(failed) and run.results["scored"] == 2 - len(failed)
     stats = run.results["endpoint"]
+    assert stats["protocol_errors"] == {"server_error": len(failed)}
     assert stats["failed_turns"] >= len(failed) and stats["retries"] >= stats["failed_turns"]
 
 

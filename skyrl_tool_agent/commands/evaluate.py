@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     served.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR",
                         help="environment variable holding the API key (default OPENAI_API_KEY; unset: no key)")
     served.add_argument("--request-timeout", type=float, default=300.0, metavar="S",
-                        help="seconds per request, i.e. per generated turn (default 300)")
+                        help="deadline of one request, connect to the last byte of the answer, i.e. of a generated turn (default 300)")
     served.add_argument("--max-retries", type=int, default=4,
                         help="retries of a request that got 429/408/5xx or no answer (default 4)")
     served.add_argument("--retry-backoff", type=float, default=1.0, metavar="S",
@@ -127,8 +127,10 @@ def _print_summary(results: dict, paths) -> None:
     for k, v in (results.get("pass_at_k") or {}).items():
         console.print(f"pass@{k}: {format_rate(v)}")
     if endpoint := results.get("endpoint"):
+        refused = ", ".join(f"{reason} {n}" for reason, n in (endpoint.get("protocol_errors") or {}).items())
         console.print(f"endpoint {endpoint['base_url']} · model {endpoint['model']} · {endpoint['requests']} requests, "
-                      f"{endpoint['retries']} retries, {endpoint['failed_turns']} turns the server could not produce")
+                      f"{endpoint['retries']} retries, {endpoint['failed_turns']} turns the server could not produce"
+                      + (f" · episodes unscored by its answers: {refused}" if refused else ""))
     console.print(f"{words.short} {format_rate(results[words.accuracy], results)} · results {paths.results} · trajectories {paths.trajectories}"
                   + (f" · report {paths.report}" if "report" in results.get("files", {}) else ""))
 

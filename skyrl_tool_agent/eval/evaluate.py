@@ -193,7 +193,8 @@ def run_evaluation(
 
     An `Endpoint` is probed first (`probe_endpoint`: one `EndpointError` line, before any episode,
     when it cannot serve), and results.json gets an `endpoint` entry: URL, model, the name the server
-    answered with, requests, retries, failed turns and tokens. `skipped` (questions left out, e.g.
+    answered with, requests, retries, failed turns, tokens and `protocol_errors` (episodes left
+    unscored by the server's answers, by reason: server_error, too_large, malformed). `skipped` (questions left out, e.g.
     missing Spider databases) and `metadata` (dataset, split...) go into the results; `on_episode`
     is called as each episode finishes (progress bars).
     """
@@ -222,7 +223,7 @@ def run_evaluation(
         "weave": weave_info, **(metadata or {}),
     })
     if served is not None:
-        results["endpoint"] = {**policy.describe(), **served, **agent.stats}
+        results["endpoint"] = {**policy.describe(), **served, **agent.summary()}
     return EvaluationRun(results, build_records(tasks, trajectories, family=options.family), trajectories)
 
 

@@ -270,6 +270,12 @@ class TrajectoryCollector:
             reply = await batcher.submit(request)
             if reply.meta:  # e.g. a served model's HTTP error for this turn
                 traj.agent_meta.append({"turn": turn, **reply.meta})
+            if reply.infra_error is not None:  # no turn to play: unscored, never a wrong answer
+                logger.warning("episode %s/%d not scored: %s", task.task_id, index, reply.infra_error)
+                traj.result = EpisodeResult(task.task_id, task.db_id, turns=env.turns, tool_calls=env.tool_calls,
+                                            tool_errors=env.tool_errors, format_errors=env.format_errors,
+                                            done_reason="error", error=reply.infra_error)
+                return traj
             if record:
                 ids = reply.token_ids if reply.token_ids is not None else self._encode(reply.text) + self._end_of_turn()
                 logps = reply.logprobs if reply.logprobs is not None else [0.0] * len(ids)

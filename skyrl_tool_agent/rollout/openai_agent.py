@@ -7,15 +7,25 @@ which parses `<tool_call>{json}</tool_call>` / `<answer>SQL</answer>` exactly as
 Servers that parse tool calls themselves return structured `tool_calls`; they are written back as
 the `<tool_call>` blocks the model produced, so episodes have the same form as local ones.
 
+The server is not trusted. Every request, the probe's too, is one bounded exchange
+(`bounded_http`): a single deadline, `Endpoint.timeout_s`, covers connect, headers and the whole
+body (a server dripping a byte a second cannot stretch it), and the body is refused past its cap on
+the wire and once decompressed (a gzip bomb stops at the cap). The answer is read through pydantic
+models of the chat-completions response (`openai_schema`), and a turn's text is capped as well.
+
 Failures, by who can fix them:
 - 429, 408, 5xx and connection errors/timeouts are retried with exponential backoff (tenacity);
-- a turn the server still refuses after that (e.g. `transformers serve` answers HTTP 500 when the
-  model's output holds a malformed `<tool_call>`), or rejects (400/413/422: e.g. too long a
-  context), becomes an empty turn: the env answers it with a format-error observation, the episode
-  goes on, and the HTTP error is kept in the turn's `meta` (and in the trajectory's `agent_meta`);
-- what no turn can recover from (server gone, still rate-limited, bad key, unknown model) raises
-  `EndpointError`: one `error:` line in the commands. `probe_endpoint` finds those before any
-  episode runs.
+- a conversation the server rejects (400/413/422: e.g. too long a context) becomes an empty turn:
+  the env answers it with a format-error observation, the episode goes on, and the HTTP error is
+  kept in the turn's `meta` (and in the trajectory's `agent_meta`);
+- an answer no turn can be made of -- a 5xx still there after the retries (`server_error`; e.g.
+  `transformers serve` answers HTTP 500 when the model's output holds a malformed `<tool_call>`),
+  a body or a text over its cap (`too_large`), a body that is not a chat completion (`malformed`) --
+  ends the episode unscored (`AgentTurn.infra_error`: done_reason "error", an infra error, never a
+  wrong answer); `OpenAIChatAgent.protocol_errors` counts them by reason;
+- what no turn can recover from (server gone, no complete answer within the deadline after the
+  retries, still rate-limited, bad key, unknown model) raises `EndpointError`: one `error:` line in
+  the commands. `probe_endpoint` finds those before any episode runs.
 
 Text only: the agent has no tokenizer, so its episodes carry no token ids (evaluation, not GRPO;
 docs/serving.md says what a training backend would add).
@@ -36,6 +46,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import ValidationError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -46,14 +57,32 @@ from tenacity import (
 
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.env.chat_format import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from skyrl_tool_agent.rollout.bounded_http import (
+    BoundedResponse,
+    ResponseTooLarge,
+    UndecodableResponse,
+    bounded_request,
+)
+from skyrl_tool_agent.rollout.openai_schema import (
+    MALFORMED,
+    SERVER_ERROR,
+    TOO_LARGE,
+    AssistantMessage,
+    ModelList,
+    ProtocolError,
+    ReplyLimits,
+    parse_completion,
+)
 from skyrl_tool_agent.rollout.turns import AgentTurn, TurnRequest
 
 logger = logging.getLogger(__name__)
 
 #: Statuses worth another try: rate limit, request timeout, server errors (overload, model loading, ...).
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-#: Statuses that mean this conversation cannot be answered (the turn fails, the evaluation goes on).
-TURN_STATUSES = frozenset({400, 413, 422}) | (RETRY_STATUSES - {408, 429})
+#: Statuses that mean this conversation cannot be answered (the turn is a format error, the episode goes on).
+TURN_STATUSES = frozenset({400, 413, 422})
+#: Server errors still there after the retries: the turn cannot be had, the episode is unscored.
+SERVER_STATUSES = RETRY_STATUSES - {408, 429}
 #: What `OpenAIChatAgent.stats` counts (results.json's `endpoint` entry).
 STATS = ("requests", "retries", "failed_turns", "prompt_tokens", "completion_tokens")
 #: Longest wait between two attempts, seconds.
@@ -70,7 +99,8 @@ class Endpoint:
 
     `base_url`: the API root, as for the OpenAI client (`http://localhost:8000/v1`; a URL with no
     path gets `/v1`). `model`: the name the server serves it under. `api_key`: sent as a bearer
-    token when set (local servers need none). `timeout_s`: per request (a whole turn's generation).
+    token when set (local servers need none). `timeout_s`: the deadline of one request, connect to
+    the body's last byte (a whole turn's generation).
     `max_retries` / `backoff_s`: retries of 429/408/5xx/connection errors, waiting `backoff_s`,
     then twice as long each time (at most `MAX_BACKOFF_S`). `concurrency`: requests in flight.
     """
@@ -118,12 +148,12 @@ class _RetryableStatus(Exception):
         self.response = response
 
 
-def error_detail(response: httpx.Response) -> str:
+def error_detail(response: BoundedResponse) -> str:
     """The server's own words about an error, whichever of the usual shapes it uses."""
     try:
-        body = response.json()
-    except ValueError:
-        return " ".join(response.text.split())[:300] or response.reason_phrase
+        body = json.loads(response.content)
+    except (ValueError, RecursionError):
+        return " ".join(response.text[:2000].split())[:300] or response.reason_phrase
     if isinstance(body, dict):
         error = body.get("error", body.get("detail", body.get("message")))
         if isinstance(error, dict):
@@ -137,22 +167,25 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, (_RetryableStatus, httpx.TransportError))
 
 
-def message_text(message: dict[str, Any]) -> str:
+def message_text(message: AssistantMessage | dict[str, Any]) -> str:
     """An assistant message as the text the model wrote: structured `tool_calls` (from servers
-    that parse them) back into `<tool_call>` blocks after the content, reasoning back into `<think>`."""
-    content = message.get("content") or ""
+    that parse them) back into `<tool_call>` blocks after the content, reasoning back into `<think>`.
+    A dict is read as `AssistantMessage` (pydantic's ValidationError when it is not one)."""
+    if not isinstance(message, AssistantMessage):
+        message = AssistantMessage.model_validate(message)
+    content = message.content or ""
     blocks = []
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        name, raw = fn.get("name"), fn.get("arguments") or "{}"
+    for call in message.tool_calls or []:
+        name, raw = call.function.name, call.function.arguments or "{}"
         try:  # serialised as format_tool_call does (the oracle's and the warm start's form)
             payload = json.dumps({"name": name, "arguments": json.loads(raw) if isinstance(raw, str) else raw},
                                  ensure_ascii=False)
-        except json.JSONDecodeError:  # keep what the model wrote: the env reports the bad JSON
+        except (ValueError, RecursionError):  # keep what the model wrote: the env reports the bad JSON
+            # (as it does for a local model's: absurdly deep nesting included)
             payload = f'{{"name": {json.dumps(name)}, "arguments": {raw}}}'
         blocks.append(f"{TOOL_CALL_OPEN}\n{payload}\n{TOOL_CALL_CLOSE}")
     text = "\n".join([content.rstrip(), *blocks]).strip("\n") if blocks else content
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    reasoning = message.reasoning_content or message.reasoning
     return f"<think>\n{reasoning}\n</think>\n\n{text}" if reasoning else text
 
 
@@ -191,55 +224,68 @@ _PINNED = re.compile(r"Server is pinned to '(?P<name>[^']+)'")
 
 @functools.lru_cache(maxsize=16)
 def _probe(endpoint: Endpoint) -> dict[str, Any]:
+    return asyncio.run(_probe_once(endpoint))  # the bounded reader is async; probes run before any loop
+
+
+async def _fresh_request(endpoint: Endpoint, method: str, url: str, *, json: Any = None) -> BoundedResponse:
+    """One bounded exchange over a new connection, with a 1-token answer's caps."""
+    async with httpx.AsyncClient(**endpoint.client_kwargs()) as client:
+        return await bounded_request(client, method, url, json=json, deadline_s=endpoint.timeout_s,
+                                     max_bytes=ReplyLimits.for_turn(1).body_bytes)
+
+
+async def _probe_once(endpoint: Endpoint) -> dict[str, Any]:
     url = endpoint.base_url
     try:  # its own connection: a failed listing may close it (see probe_endpoint)
-        with httpx.Client(**endpoint.client_kwargs()) as client:
-            listing = client.get(f"{url}/models")
+        listing: BoundedResponse | None = await _fresh_request(endpoint, "GET", f"{url}/models")
     except httpx.TransportError as exc:
         raise EndpointError(f"cannot reach {url} ({type(exc).__name__}: {exc or 'no answer'}): is the "
                             "server running, and is --base-url its API root (e.g. http://localhost:8000/v1)?") from exc
-    if listing.status_code in (401, 403):
+    except (ResponseTooLarge, UndecodableResponse) as exc:  # no listing; the chat probe below decides
+        logger.warning("%s/models: %s; the model's name is not checked against a listing", url, exc)
+        listing = None
+    if listing is not None and listing.status_code in (401, 403):
         raise EndpointError(f"{url}/models refused the API key (HTTP {listing.status_code}: {error_detail(listing)})")
     models = None
-    if listing.status_code == 200:  # some servers cannot list (transformers serve lists only its hub cache)
+    if listing is not None and listing.status_code == 200:  # some servers cannot list (transformers serve lists only its hub cache)
         try:
-            models = [m["id"] for m in listing.json().get("data", [])]
-        except (ValueError, TypeError, KeyError, AttributeError):
+            models = [card.id for card in ModelList.model_validate_json(listing.content).data]
+        except ValidationError:
             models = None
     model = endpoint.model
     if models and model not in models:
         matches = [m for m in models if _same_model(model, m)]
         if len(matches) != 1:
-            raise EndpointError(f"model {model!r} is not served at {url}; it serves: {', '.join(models)}")
+            raise EndpointError(f"model {model!r} is not served at {url}; it serves: {', '.join(models)[:1000]}")
         model = matches[0]
-    reply = _chat_probe(endpoint, model)
+    reply = await _chat_probe(endpoint, model)
     pinned = _PINNED.search(error_detail(reply)) if reply.status_code == 400 else None
     if pinned and _same_model(model, pinned["name"]):  # the name it reports, or the directory's name
         model = pinned["name"]
-        reply = _chat_probe(endpoint, model)
+        reply = await _chat_probe(endpoint, model)
     if reply.status_code != 200:
         raise EndpointError(f"{url}/chat/completions answered HTTP {reply.status_code} for model "
                             f"{model!r}: {error_detail(reply)}")
     try:
-        served = reply.json()
-        served["choices"][0]["message"]
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise EndpointError(f"{url}/chat/completions did not answer in the chat-completions format: "
-                            f"{reply.text[:200]!r}") from exc
+        served = parse_completion(reply.content)
+    except ProtocolError as exc:
+        raise EndpointError(f"{url}/chat/completions did not answer in the chat-completions format "
+                            f"({exc.detail})") from None
     if model != endpoint.model:
         logger.info("--model %r: the server serves it as %r", endpoint.model, model)
-    return {"models": models, "served_model": served.get("model"), "model": model}
+    return {"models": models, "served_model": served.model, "model": model}
 
 
-def _chat_probe(endpoint: Endpoint, model: str) -> httpx.Response:
+async def _chat_probe(endpoint: Endpoint, model: str) -> BoundedResponse:
     """One 1-token chat completion for `model`, over a new connection."""
     url = endpoint.base_url
+    body = _body(model, [{"role": "user", "content": "Hi"}], temperature=0.0, top_p=1.0, max_tokens=1)
     try:
-        with httpx.Client(**endpoint.client_kwargs()) as client:
-            return client.post(f"{url}/chat/completions", json=_body(model, [{"role": "user", "content": "Hi"}],
-                                                                    temperature=0.0, top_p=1.0, max_tokens=1))
+        return await _fresh_request(endpoint, "POST", f"{url}/chat/completions", json=body)
     except httpx.TransportError as exc:
         raise EndpointError(f"{url}/chat/completions did not answer ({type(exc).__name__}: {exc})") from exc
+    except (ResponseTooLarge, UndecodableResponse) as exc:
+        raise EndpointError(f"{url}/chat/completions did not answer in the chat-completions format ({exc})") from exc
 
 
 def _body(model: str, messages: Sequence[dict[str, Any]], *, temperature: float, top_p: float, max_tokens: int,
@@ -258,7 +304,8 @@ class OpenAIChatAgent:
     Sampling is the local path's: `temperature` (0 = greedy), `top_p`, and each request's
     `max_new_tokens` (from `grpo.max_new_tokens_per_turn`, as for a local model). When sampling,
     each request carries a seed derived from `seed`, the episode and the turn, so servers that honour
-    seeds repeat a run. `stats` counts requests, retries, failed turns and tokens (for results.json).
+    seeds repeat a run. `stats` counts requests, retries, failed turns and tokens, `protocol_errors`
+    the turns that left their episode unscored, by reason (`summary()`: both, for results.json).
     """
 
     def __init__(self, endpoint: Endpoint, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> None:
@@ -267,6 +314,7 @@ class OpenAIChatAgent:
         self.top_p = top_p
         self.seed = seed
         self.stats: Counter[str] = Counter(dict.fromkeys(STATS, 0))
+        self.protocol_errors: Counter[str] = Counter()
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -280,6 +328,10 @@ class OpenAIChatAgent:
             self._loop = loop
         assert self._slots is not None
         return self._client, self._slots
+
+    def summary(self) -> dict[str, Any]:
+        """`stats`, and `protocol_errors` by reason (results.json's `endpoint` entry)."""
+        return {**self.stats, "protocol_errors": dict(sorted(self.protocol_errors.items()))}
 
     async def aclose(self) -> None:
         """Close the HTTP client (call from the loop that used it)."""
@@ -300,19 +352,22 @@ class OpenAIChatAgent:
         body = _body(self.endpoint.model, request.messages, temperature=self.temperature, top_p=self.top_p,
                      max_tokens=request.max_new_tokens, seed=self._request_seed(request))
         url = f"{self.endpoint.base_url}/chat/completions"
+        limits = ReplyLimits.for_turn(request.max_new_tokens)
         attempts = 0
 
-        async def post() -> httpx.Response:
+        async def post() -> BoundedResponse:
             nonlocal attempts
             attempts += 1
             self.stats["requests"] += 1
+            send = functools.partial(bounded_request, method="POST", url=url, json=body,
+                                     deadline_s=self.endpoint.timeout_s, max_bytes=limits.body_bytes)
             async with slots:
                 if attempts == 1:
-                    response = await client.post(url, json=body)
+                    response = await send(client)
                 else:  # a retry goes over a new connection: after an error the server may drop the pooled one
                     # (uvicorn closes it after an unhandled exception, just after sending the 500)
                     async with httpx.AsyncClient(**self.endpoint.client_kwargs()) as fresh:
-                        response = await fresh.post(url, json=body)
+                        response = await send(fresh)
             if response.status_code in RETRY_STATUSES:
                 raise _RetryableStatus(response)
             return response
@@ -330,7 +385,11 @@ class OpenAIChatAgent:
         except httpx.TransportError as exc:
             raise EndpointError(f"{url} stopped answering ({type(exc).__name__}: {exc or 'no answer'}) after "
                                 f"{attempts} attempts; is the server up? (a slow model may need a longer --request-timeout)") from exc
-        return self._reply(request, response, attempts)
+        except ResponseTooLarge as exc:
+            return self._unscored_turn(ProtocolError(TOO_LARGE, str(exc)), attempts)
+        except UndecodableResponse as exc:
+            return self._unscored_turn(ProtocolError(MALFORMED, str(exc)), attempts)
+        return self._reply(request, response, attempts, limits)
 
     def _count_retry(self, state: RetryCallState) -> None:
         self.stats["retries"] += 1
@@ -338,24 +397,28 @@ class OpenAIChatAgent:
         logger.info("retrying %s in %.1f s (attempt %d): %s", self.endpoint.base_url, state.upcoming_sleep,
                     state.attempt_number, exc)
 
-    def _reply(self, request: TurnRequest, response: httpx.Response, attempts: int) -> AgentTurn:
+    def _reply(self, request: TurnRequest, response: BoundedResponse, attempts: int, limits: ReplyLimits) -> AgentTurn:
         status = response.status_code
         if status == 200:
             try:
-                payload = response.json()
-                choice = payload["choices"][0]
-                text = message_text(choice["message"])
-            except (ValueError, TypeError, KeyError, IndexError) as exc:
-                return self._failed_turn(request, f"unreadable answer ({type(exc).__name__}): {response.text[:200]!r}",
-                                         attempts)
-            usage = payload.get("usage") or {}
-            self.stats["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-            self.stats["completion_tokens"] += int(usage.get("completion_tokens") or 0)
-            finish = "length" if choice.get("finish_reason") == "length" else "stop"
+                completion = parse_completion(response.content)
+                choice = completion.choices[0]
+                text = message_text(choice.message)
+                if len(text) > limits.turn_chars:
+                    raise ProtocolError(TOO_LARGE, f"a turn of {len(text)} characters, over the cap of "
+                                                   f"{limits.turn_chars} for max_tokens={request.max_new_tokens}")
+            except ProtocolError as exc:
+                return self._unscored_turn(exc, attempts)
+            if completion.usage is not None:
+                self.stats["prompt_tokens"] += completion.usage.prompt_tokens or 0
+                self.stats["completion_tokens"] += completion.usage.completion_tokens or 0
+            finish = "length" if choice.finish_reason == "length" else "stop"
             meta = {"attempts": attempts} if attempts > 1 else {}
             return AgentTurn(text=text, finish_reason=finish, meta=meta)
         if status in TURN_STATUSES:
             return self._failed_turn(request, f"HTTP {status}: {error_detail(response)}", attempts)
+        if status in SERVER_STATUSES:
+            return self._unscored_turn(ProtocolError(SERVER_ERROR, f"HTTP {status}: {error_detail(response)}"), attempts)
         if status == 429:
             raise EndpointError(f"{self.endpoint.base_url} still rate-limits after {attempts} attempts "
                                 f"({error_detail(response)}): lower --concurrency or raise --max-retries")
@@ -364,8 +427,15 @@ class OpenAIChatAgent:
                             f"{error_detail(response)}{hint}")
 
     def _failed_turn(self, request: TurnRequest, error: str, attempts: int) -> AgentTurn:
-        """A turn the server could not produce: empty text, which the env answers with a format error."""
+        """A conversation the server would not answer: empty text, which the env answers with a format error."""
         self.stats["failed_turns"] += 1
         logger.warning("episode %s/%d turn %d: %s after %d attempt(s); the turn counts as a format error",
                        request.task.task_id, request.group_index, request.turn, error, attempts)
         return AgentTurn(text="", finish_reason="error", meta={"endpoint_error": error, "attempts": attempts})
+
+    def _unscored_turn(self, error: ProtocolError, attempts: int) -> AgentTurn:
+        """An answer no turn can be made of: the collector ends the episode unscored (and logs it, once)."""
+        self.stats["failed_turns"] += 1
+        self.protocol_errors[error.reason] += 1
+        return AgentTurn(text="", finish_reason="error", meta={"endpoint_error": error.detail, "attempts": attempts},
+                         infra_error=f"served model, {error} (after {attempts} attempt(s))")

@@ -32,6 +32,10 @@ class AgentTurn:
     logprobs: list[float] | None = None
     finish_reason: str = "stop"
     meta: dict[str, Any] = field(default_factory=dict)
+    # Set when no turn could be had for a reason that says nothing about the policy (a served
+    # model's 5xx after retries, or an answer over its caps or not a chat completion): the collector
+    # ends the episode there, unscored (done_reason "error", this as its error), never scored wrong.
+    infra_error: str | None = None
 
 
 class Agent(Protocol):
