@@ -11,13 +11,12 @@ import json
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, EnvConfig, ModelConfig
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.policy.episode_sampler import EpisodeKV, sample_episodes
-from skyrl_tool_agent.policy.logprobs import token_logprobs
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, unsupported_reason
@@ -25,34 +24,10 @@ from skyrl_tool_agent.rollout.agents import make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from tests.fixtures.config_files import REPO
-
-STOP = 2
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def _lora_model() -> torch.nn.Module:
-    """A tiny Qwen2 with LoRA adapters that change its outputs (lora_B is zero at init)."""
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512)
-    model = get_peft_model(Qwen2ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.2)
-    return model.eval()
-
-
-def _teacher_forced(model: torch.nn.Module, prompt: list[int], sampled: list[int], temperature: float) -> torch.Tensor:
-    """The model's own log-probs of `sampled` after `prompt` (one plain forward)."""
-    full = torch.tensor([prompt + sampled])
-    with torch.no_grad():
-        logits = model(input_ids=full).logits
-    return token_logprobs(logits[:, len(prompt) - 1:-1], full[:, len(prompt):], temperature)[0]
-
+from tests.fixtures.samplers import STOP, TARGETS, lora_qwen, shipped_greedy_check, teacher_forced
 
 def test_sampled_logprobs_match_the_models_forward_over_two_turns():
-    model = _lora_model()
+    model = lora_qwen()
     kernel = Qwen2Kernel(model)
     g = torch.Generator().manual_seed(1)
     system = torch.randint(3, 97, (40,), generator=g).tolist()
@@ -66,14 +41,14 @@ def test_sampled_logprobs_match_the_models_forward_over_two_turns():
     assert len(store) == len(prompts)
     for prompt, out, lp in zip(prompts, ids, logps):
         assert len(out) == len(lp) >= 1
-        assert torch.allclose(torch.tensor(lp), _teacher_forced(model, prompt, out, 0.8), atol=1e-4)
+        assert torch.allclose(torch.tensor(lp), teacher_forced(model, prompt, out, 0.8), atol=1e-4)
     # Turn 2: each episode appends an observation; its kept cache must stand for everything before.
     second = [p + out + torch.randint(3, 97, (5 + i % 4,), generator=g).tolist() for i, (p, out) in enumerate(zip(prompts, ids))]
     torch.manual_seed(3)
     ids2, logps2, _ = sample_episodes(kernel, second, max_new_tokens=10, temperature=1.0, top_p=1.0, stop_ids=[STOP],
                                       pad_id=0, episode_keys=keys, episode_kv=store)
     for prompt, out, lp in zip(second, ids2, logps2):
-        assert torch.allclose(torch.tensor(lp), _teacher_forced(model, prompt, out, 1.0), atol=1e-4)
+        assert torch.allclose(torch.tensor(lp), teacher_forced(model, prompt, out, 1.0), atol=1e-4)
 
 
 def test_a_kept_cache_is_used_only_for_its_own_continuation():
@@ -87,7 +62,7 @@ def test_a_kept_cache_is_used_only_for_its_own_continuation():
 
 
 def test_policy_rebuilds_the_kernel_after_a_weight_update_and_falls_back_when_unsupported():
-    model = _lora_model()
+    model = lora_qwen()
     kernel = Qwen2Kernel(model)
     x = torch.tensor([[5, 6, 7, 8]])
     before = kernel.forward(kernel.new_cache(1, 8), x, torch.zeros(1, dtype=torch.long))
@@ -134,15 +109,7 @@ def test_an_ended_episode_releases_its_kept_cache():
 def test_greedy_episodes_on_builtin_tasks_equal_the_hf_sampler():
     """The shipped model (LoRA adapters perturbed so the merge matters), the tasks of its recorded
     greedy check through the real env: same ids in every turn, multi-turn episodes included."""
-    check = json.loads((SHIPPED_EMBEDDED_DIR / MANIFEST_FILE).read_text())["greedy_check"]
-    tasks = [Task(**t) for t in check["tasks"]][:8]
-    settings = CollectorSettings(**check["collector"])
-    policy = QwenPolicy.from_config(ModelConfig(), mode="lora")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.01)
+    tasks, settings, policy = shipped_greedy_check(8)
     assert policy.fast_sampling_unsupported() is None
     runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
     try:

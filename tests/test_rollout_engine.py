@@ -14,7 +14,6 @@ The CUDA-graph path and the speed are measured on a GPU by benchmarks/bench_roll
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,37 +21,14 @@ import time
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, EnvConfig, ModelConfig
-from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.config import EnvConfig
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.policy.engine import RolloutEngine
-from skyrl_tool_agent.policy.logprobs import token_logprobs
-from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
-from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
-from skyrl_tool_agent.rollout.collector import CollectorSettings
 from tests.fixtures.config_files import REPO
-
-STOP = 2
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def _lora_model(vocab: int = 97) -> torch.nn.Module:
-    """A tiny Qwen2 with LoRA adapters that change its outputs (lora_B is zero at init)."""
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    model = get_peft_model(Qwen2ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.2)
-    return model.eval()
-
+from tests.fixtures.samplers import STOP, lora_qwen, shipped_greedy_check, teacher_forced
 
 def _prompts(n_tasks: int = 3, per_task: int = 3, seed: int = 1) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
@@ -60,13 +36,6 @@ def _prompts(n_tasks: int = 3, per_task: int = 3, seed: int = 1) -> list[list[in
     tasks = [system + torch.randint(3, 97, (int(n),), generator=g).tolist()
              for n in torch.randint(1, 15, (n_tasks,), generator=g)]
     return [t for t in tasks for _ in range(per_task)]
-
-
-def _teacher_forced(model: torch.nn.Module, prompt: list[int], sampled: list[int], temperature: float) -> torch.Tensor:
-    full = torch.tensor([prompt + sampled])
-    with torch.no_grad():
-        logits = model(input_ids=full).logits
-    return token_logprobs(logits[:, len(prompt) - 1:-1], full[:, len(prompt):], temperature)[0]
 
 
 def _argmax_chain(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
@@ -87,7 +56,7 @@ def _turns(engine: RolloutEngine, prompts: list[list[int]], keys: list[int], see
 
 
 def test_greedy_tokens_are_the_hf_argmax_chain_over_two_turns():
-    model = _lora_model()
+    model = lora_qwen()
     engine = RolloutEngine(model, slots=16, capacity=160, stop_ids=[STOP], pad_id=0)
     try:
         prompts = _prompts()
@@ -112,7 +81,7 @@ def test_greedy_tokens_are_the_hf_argmax_chain_over_two_turns():
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_sampled_logprobs_equal_the_training_forward(top_p: float):
-    model = _lora_model()
+    model = lora_qwen()
     engine = RolloutEngine(model, slots=16, capacity=160, stop_ids=[STOP], pad_id=0)
     try:
         prompts = _prompts()
@@ -121,14 +90,14 @@ def test_sampled_logprobs_equal_the_training_forward(top_p: float):
         out = _turns(engine, prompts, keys, seeds, max_new_tokens=16, temperature=0.8, top_p=top_p)
         for prompt, (ids, logps, _) in zip(prompts, out):
             assert len(ids) == len(logps) >= 1
-            assert torch.allclose(torch.tensor(logps), _teacher_forced(model, prompt, ids, 0.8), atol=1e-5)
+            assert torch.allclose(torch.tensor(logps), teacher_forced(model, prompt, ids, 0.8), atol=1e-5)
         assert len({tuple(ids) for ids, _, _ in out}) > len(prompts) // 2  # a group's samples differ
     finally:
         engine.close()
 
 
 def test_an_episode_samples_the_same_tokens_alone_and_continuously_batched():
-    model = _lora_model()
+    model = lora_qwen()
     prompts = _prompts(n_tasks=4, per_task=3, seed=7)
     seeds = [1000 + i for i in range(len(prompts))]
     params = dict(max_new_tokens=24, temperature=1.0, top_p=1.0)
@@ -158,7 +127,7 @@ def test_an_episode_samples_the_same_tokens_alone_and_continuously_batched():
 
 
 def test_more_episodes_than_slots_wait_for_a_released_slot():
-    model = _lora_model()
+    model = lora_qwen()
     engine = RolloutEngine(model, slots=2, capacity=120, stop_ids=[STOP], pad_id=0)
     try:
         prompts = _prompts(n_tasks=2, per_task=2)
@@ -193,7 +162,7 @@ def test_draws_follow_the_distribution_and_top_p_keeps_the_nucleus():
 
 
 def test_a_weight_update_reaches_the_engine_in_place():
-    model = _lora_model()
+    model = lora_qwen()
     engine = RolloutEngine(model, slots=4, capacity=120, stop_ids=[STOP], pad_id=0)
     try:
         prompt = _prompts(1, 1)[0]
@@ -215,7 +184,8 @@ _TRITON_CHECK = r"""
 import torch
 from skyrl_tool_agent.policy.decode_attention import decode_attention, reference_decode_attention
 from skyrl_tool_agent.policy.engine import RolloutEngine
-from tests.test_rollout_engine import _argmax_chain, _lora_model, _prompts, _turns
+from tests.fixtures.samplers import lora_qwen
+from tests.test_rollout_engine import _argmax_chain, _prompts, _turns
 torch.manual_seed(0)
 worst = 0.0
 for heads, kv_heads, dim in [(4, 2, 8), (12, 2, 128)]:  # the test model's heads; Qwen2.5-1.5B's
@@ -225,7 +195,7 @@ for heads, kv_heads, dim in [(4, 2, 8), (12, 2, 128)]:  # the test model's heads
     ref = reference_decode_attention(q, keys, values, slots, lengths, dim ** -0.5)
     worst = max(worst, float((decode_attention(q, keys, values, slots, lengths, dim ** -0.5) - ref).abs().max()))
 assert worst < 1e-5, worst
-model = _lora_model()
+model = lora_qwen()
 engine = RolloutEngine(model, slots=4, capacity=80, stop_ids=[2], pad_id=0, attention="triton")
 prompts = _prompts(2, 2)
 out = _turns(engine, prompts, [0, 1, 2, 3], [0, 1, 2, 3], max_new_tokens=4, temperature=0.0, top_p=1.0)
@@ -246,15 +216,7 @@ def test_triton_decode_attention_equals_the_reference():
 def test_greedy_episodes_through_the_env_equal_the_kernel_sampler():
     """The collector drives the engine (turns submitted as they arrive, slots released as episodes
     end); the shipped model's greedy multi-turn episodes are token for token the kernel's."""
-    check = json.loads((SHIPPED_EMBEDDED_DIR / MANIFEST_FILE).read_text())["greedy_check"]
-    tasks = [Task(**t) for t in check["tasks"]][:8]
-    settings = CollectorSettings(**check["collector"])
-    policy = QwenPolicy.from_config(ModelConfig(), mode="lora")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.01)
+    tasks, settings, policy = shipped_greedy_check(8)
     runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
     try:
         policy.sampler = "kernel"
