@@ -100,3 +100,40 @@ def test_collector_group_trajectories_masks_and_logprobs(runtime, model_dir):
     diff = (logp - batch.old_logp).abs()[batch.loss_mask]
     assert batch.loss_mask.sum() > 20
     assert float(diff.max()) < 2e-3, float(diff.max())
+
+
+def test_a_continuous_agents_short_turn_is_not_held_for_a_long_one():
+    """With an agent that batches on its own (the rollout engine), each turn goes back to its
+    episode when it is done: two turns submitted together, 0.01 s and 1 s long, resolve at their
+    own times (the short one was held until the long one was done when the pending requests were
+    handed over as one batch)."""
+    from skyrl_tool_agent.data.tasks import Task
+    from skyrl_tool_agent.rollout.collector import _GenerationBatcher
+    from skyrl_tool_agent.rollout.turns import AgentTurn, TurnRequest
+
+    class TurnByTurn:
+        continuous = True
+
+        async def act(self, requests):
+            await asyncio.sleep(max(r.max_new_tokens for r in requests) / 100)
+            return [AgentTurn(text=str(r.seq)) for r in requests]
+
+    task = Task(task_id="t", db_id="shop", question="q", gold_sql="select 1", difficulty="easy")
+
+    async def run() -> dict[int, float]:
+        batcher = _GenerationBatcher(TurnByTurn(), max_batch=8, wait_s=0.002)
+        runner = asyncio.create_task(batcher.run())
+        batcher.active_episodes = 2
+        start, done = asyncio.get_running_loop().time(), {}
+
+        async def turn(seq: int, tokens: int) -> None:
+            await batcher.submit(TurnRequest(task, 0, [], None, tokens, 0, seq))
+            done[seq] = asyncio.get_running_loop().time() - start
+
+        await asyncio.gather(turn(0, 1), turn(1, 100))
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        return done
+
+    done = asyncio.run(run())
+    assert done[0] < 0.5 <= done[1]

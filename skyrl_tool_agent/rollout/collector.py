@@ -126,10 +126,11 @@ class _GenerationBatcher:
                 continue
             self.batches += 1
             self.batched_requests += len(batch)
-            if continuous:
-                task = asyncio.create_task(self._answer(batch))
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
+            if continuous:  # each request on its own: its episode goes on as soon as its own turn is done
+                for item in batch:
+                    task = asyncio.create_task(self._answer([item]))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
             else:
                 await self._answer(batch)
 
