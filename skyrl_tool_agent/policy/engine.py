@@ -100,7 +100,8 @@ class RolloutEngine:
         self.kernel = Qwen2Kernel(model)
         on_cuda = self.kernel.device.type == "cuda"
         self.slots, self.interval = slots, stop_check_interval or (8 if on_cuda else 1)
-        self.capacity = capacity + self.interval + 2  # a row may decode `interval` steps past its cap
+        self.max_tokens = capacity  # most tokens an episode may hold
+        self.capacity = capacity + self.interval + 2  # cache positions: a row may decode `interval` steps past its cap
         self.stop_ids = list(stop_ids)
         self.step = SlotModel(self.kernel, slots=slots, capacity=self.capacity, pad_id=pad_id,
                               cuda_graphs=cuda_graphs, attention=attention, prefill_tokens=prefill_tokens)
@@ -121,10 +122,10 @@ class RolloutEngine:
         request = _Request(list(prompt), max_new_tokens, temperature, top_p, key, seed & 0x7FFFFFFF)
         if not request.prompt:
             request.future.set_exception(ValueError("empty prompt"))
-        elif len(request.prompt) + max_new_tokens > self.capacity - self.interval - 2:
+        elif len(request.prompt) + max_new_tokens > self.max_tokens:
             request.future.set_exception(ValueError(
                 f"prompt of {len(request.prompt)} tokens + {max_new_tokens} new exceeds the engine's capacity "
-                f"({self.capacity - self.interval - 2} tokens per episode)"))
+                f"({self.max_tokens} tokens per episode)"))
         else:
             self._start()
             self._inbox.put(("turn", request))

@@ -137,7 +137,7 @@ class QwenPolicy:
         if self.resolved_sampler() != "engine":
             return None
         engine = self._engine
-        if engine is None or engine.slots < slots or engine.capacity < capacity + engine.interval + 2:
+        if engine is None or engine.slots < slots or engine.max_tokens < capacity:
             self.release_rollout_engine()
             self._engine = RolloutEngine(self.model, slots=slots, capacity=capacity, stop_ids=self.stop_token_ids,
                                          pad_id=self.tokenizer.pad_token_id)
