@@ -120,6 +120,38 @@ def build_plateau_start(config: Config, out: Path, *, start: Path | None = None,
         runtime.close()
 
 
+def build_frontier(config: Config, *, model_dir: Path | None = None, num_tasks: int | None = None,
+                   samples: int = 8, command: str = "", progress: Any = None) -> dict[str, Any]:
+    """Measure the frontier of the embedded model in `model_dir` (default: the config's, i.e. the
+    shipped one) on the generated pool (`data.frontier`): `samples` episodes per task at the
+    training temperature, on all pool tasks or a stratified subset of `num_tasks`; writes
+    `frontier.json` into `model_dir` and returns its summary."""
+    from skyrl_tool_agent.data.batching import fixed_subset
+    from skyrl_tool_agent.data.frontier import FRONTIER_FILE
+    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.policy.qwen import SamplingParams
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+    from skyrl_tool_agent.warmstart.frontier import measure_frontier
+
+    if config.training.data.dataset != "builtin":
+        raise UserInputError("build-model --frontier needs the builtin dataset (its generated pool)")
+    model_dir = model_dir or config.model.resolved_embedded_dir()
+    splits = TaskSplits.load(config)
+    pool = splits.pool_and_validation()[0]
+    tasks = pool if num_tasks is None else fixed_subset(pool, num_tasks, seed=config.training.seed)
+    g = config.grpo
+    params = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
+    runtime = EnvRuntime(config.env, splits.db_root)
+    try:
+        frontier = measure_frontier(model_dir, runtime, tasks, samples=samples, params=params,
+                                    settings=CollectorSettings.from_config(config),
+                                    seed=config.training.seed, command=command, on_episode=progress)
+    finally:
+        runtime.close()
+    frontier.write(model_dir / FRONTIER_FILE)
+    return {"path": str(model_dir / FRONTIER_FILE), **frontier.summary(), "seconds": frontier.seconds}
+
+
 #: Validation tasks (the first N by task id) whose greedy outcomes the shipped model records.
 GREEDY_CHECK_TASKS = 16
 
@@ -172,6 +204,8 @@ class RunSummary:
     delta: dict[str, float] | None = None
     #: The task family (`TaskFamily.name`): the end-of-run table speaks its words.
     family: str = "sql"
+    #: The avg@k change (training.eval_samples) with its paired-bootstrap 95% interval.
+    sampled_delta: dict[str, float] | None = None
 
 
 def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
@@ -179,17 +213,13 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
     """Write before_after.json (with the paired-bootstrap interval of the EX change when both
     evaluations carry per-task outcomes), training_curves.png and the model card in final/."""
     from skyrl_tool_agent.eval.plots import plot_training_curves
-    from skyrl_tool_agent.eval.stats import NothingScored, paired_bootstrap
     from skyrl_tool_agent.reporting import write_model_card
 
-    delta = None
-    if before.get("solved") and len(before["solved"]) == len(after.get("solved") or []):
-        try:  # tasks unscored on either side (infrastructure errors) are left out of the interval
-            delta = paired_bootstrap(before["solved"], after["solved"]).to_dict()
-        except NothingScored:
-            delta = None
+    delta = paired_delta(before.get("solved"), after.get("solved"))
+    sampled_delta = paired_delta((before.get("sampled") or {}).get("per_task"), (after.get("sampled") or {}).get("per_task"))
     record = {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
-              "training_minutes": training_seconds / 60, "execution_accuracy_delta": delta}
+              "training_minutes": training_seconds / 60, "execution_accuracy_delta": delta,
+              "avg_at_k_delta": sampled_delta}
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
     plot_training_curves(out / "metrics.jsonl", out / "training_curves.png", eval_split=config.training.eval_split,
                          kl_off=config.grpo.kl_coef == 0)
@@ -198,7 +228,20 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
     from skyrl_tool_agent.env.families import resolve_family
 
     return RunSummary(before, after, steps, seconds, out, history, stop_reason, delta,
-                      family=resolve_family(config.env.task_family).name)
+                      family=resolve_family(config.env.task_family).name, sampled_delta=sampled_delta)
+
+
+def paired_delta(before: list[float | None] | None, after: list[float | None] | None) -> dict[str, float] | None:
+    """The paired-bootstrap interval of mean(after) - mean(before) over the tasks scored on both
+    sides (`eval.stats`), or None when either side has no per-task outcomes or nothing was scored."""
+    from skyrl_tool_agent.eval.stats import NothingScored, paired_bootstrap
+
+    if not before or not after or len(before) != len(after):
+        return None
+    try:  # tasks unscored on either side (infrastructure errors) are left out of the interval
+        return paired_bootstrap(before, after).to_dict()
+    except NothingScored:
+        return None
 
 
 class LocalContext:
@@ -284,6 +327,10 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             # a resumed run then restores the checkpoint's RNG states.
             seed_everything(t.seed)
             trainer = backend.build_trainer(config, runtime, build_loader(config, train_tasks), eval_tasks, out)
+            if t.probe_tasks:  # a fixed set: the same tasks at every probe, on every rank
+                from skyrl_tool_agent.data.batching import fixed_subset
+
+                trainer.probe_tasks = fixed_subset(train_tasks, t.probe_tasks, seed=t.seed + 1)
             resumed = trainer.resume(resume)
             if progress is not None and ctx.is_main:  # evaluations report as they go (lines in a log file)
                 trainer.eval_progress = lambda done, total: progress("eval", (done, total))
@@ -298,7 +345,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 if ctx.is_main:
                     before_path.write_text(json.dumps(before, indent=1) + "\n")
                 run_logger.truncate_after(0)
-                run_logger.log({"step": 0, **eval_metrics(before)})
+                run_logger.log({"step": 0, **eval_metrics(before), **(trainer.probe() if trainer.probe_tasks else {})})
             # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
             # and a resumed run has spent what its checkpoint says.
             deadline = trainer.deadline_for(t.time_budget_s)
@@ -337,13 +384,14 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
     """The supervised baseline for GRPO's gain: continue the embedded model's warm start (same
     recipe at the tail learning rate of its schedule, on the tasks GRPO samples:
     `training.data.train_pool`) for `minutes` of training time, then evaluate greedy on `eval_tasks`
-    (default: GRPO's fixed dev subset). `eval_at_minutes` adds evaluations on the way (a curve
+    (default: GRPO's fixed dev subset; with `training.eval_samples`, avg@k too, as GRPO's
+    evaluations). `eval_at_minutes` adds evaluations on the way (a curve
     against training time; evaluation time is off that clock). Each evaluation carries `solved`
     per task for paired intervals. `save_to`: keep the continued model there (`save_pretrained` +
     tokenizer), e.g. as the start of a GRPO run (`--set model.name_or_path=DIR`)."""
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.eval.greedy import greedy_evaluation
-    from skyrl_tool_agent.policy.qwen import QwenPolicy
+    from skyrl_tool_agent.eval.greedy import greedy_evaluation, sampled_evaluation
+    from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
     from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import oracle_conversations
     from skyrl_tool_agent.warmstart.plateau import continuation_settings
@@ -359,8 +407,16 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
         if eval_tasks is None:
             eval_tasks = splits.run_eval()
 
+        eval_settings = CollectorSettings.from_config(config, evaluation=True)
+        g = config.grpo
+
         def evaluate(_step: int = 0) -> dict[str, Any]:  # exactly as GRPOTrainer.evaluate runs it
-            return greedy_evaluation(policy, runtime, eval_tasks, CollectorSettings.from_config(config, evaluation=True)).record
+            record = greedy_evaluation(policy, runtime, eval_tasks, eval_settings).record
+            if t.eval_samples:
+                params = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
+                record["sampled"] = sampled_evaluation(policy, runtime, eval_tasks, t.eval_samples, params, eval_settings,
+                                                       seed=t.seed + 7919)
+            return record
 
         before = evaluate()
         conversations = oracle_conversations(runtime, train_tasks, settings)

@@ -35,12 +35,28 @@ def print_before_after(summary: Any) -> None:
     for key in ("scored", "infra_errors"):  # what every rate above is over
         if key in summary.before or key in summary.after:
             table.add_row(key, f"{summary.before.get(key, 0):.0f}", f"{summary.after.get(key, 0):.0f}", "")
+    for label, b, a in sampled_rows(summary.before, summary.after):
+        table.add_row(label, format_rate(b), format_rate(a), "n/a" if a is None or b is None else f"{a - b:+.3f}")
     Console().print(title)
     Console().print(table)
     Console().print(delta_sentence(summary.delta, summary.before, summary.after, label=words.accuracy_label))
+    sampled = summary.before.get("sampled")
+    if sampled and summary.after.get("sampled"):
+        Console().print(delta_sentence(summary.sampled_delta, summary.before, summary.after,
+                                       label=f"avg@{sampled['k']} (T={sampled['temperature']:g})"))
     if summary.stop_reason:
         Console().print(f"training stopped: {summary.stop_reason}")
     Console().print(f"outputs: {summary.output_dir} (report.html, metrics.jsonl, training_curves.png, final/)")
+
+
+def sampled_rows(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, float | None, float | None]]:
+    """The sampled evaluation's rows (`training.eval_samples`): avg@k and pass@k at the training
+    temperature, before and after; none when either evaluation did not sample."""
+    b, a = before.get("sampled"), after.get("sampled")
+    if not b or not a:
+        return []
+    k, temp = b["k"], b["temperature"]
+    return [(f"avg@{k} (T={temp:g})", b["avg@k"], a["avg@k"]), (f"pass@{k} (T={temp:g})", b["pass@k"], a["pass@k"])]
 
 
 def delta_sentence(delta: dict[str, Any] | None, before: dict[str, Any], after: dict[str, Any], *,
@@ -93,7 +109,11 @@ def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
                      f"{format_rate(after[key])} |" for key in HEADLINE_KEYS if key in before and key in after)
     rows += "".join(f"\n| {key} | {before.get(key, 0):.0f} | {after.get(key, 0):.0f} |" for key in ("scored", "infra_errors")
                     if key in before or key in after)
+    rows += "".join(f"\n| {label} | {format_rate(b)} | {format_rate(a)} |" for label, b, a in sampled_rows(before, after))
     change = f"\n{delta_sentence(delta, before, after, label=words.accuracy_label).capitalize()}.\n"
+    if record.get("avg_at_k_delta"):
+        k = before["sampled"]["k"]
+        change += f"{delta_sentence(record['avg_at_k_delta'], before, after, label=f'avg@{k}').capitalize()}.\n"
     what, tools, answer = (("Text-to-SQL agent", "SQLite tools", "SQL") if words.sql else
                            (f"Tool-using agent for the `{words.family}` tasks", "tools", "its final answer"))
     body = f"""

@@ -17,11 +17,13 @@ import pytest
 
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer
-from skyrl_tool_agent.grpo.run_logging import read_metrics
+from skyrl_tool_agent.eval.metrics import eval_metrics
+from skyrl_tool_agent.grpo.run_logging import RunLogger, read_metrics
 from skyrl_tool_agent.eval.splits import TaskSplits
 from skyrl_tool_agent.pipeline import build_loader
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from tests.fixtures.knob_kit import TASKS, Kit, all_knobs, decided, lrs
+from tests.test_episode_credit import PreparedEpisodes
 from tests.fixtures.update_flips import (
     flip_adam_betas,
     flip_adam_eps,
@@ -151,6 +153,49 @@ def flip_eval_every(kit: Kit) -> None:
         assert [m["step"] for m in history if "eval/execution_accuracy" in m] == evaluated
 
 
+class ScriptedEpisodes(PreparedEpisodes):
+    """A real trainer whose episodes are scripted per task: member m of task i is solved when
+    m < i % 3 (so a task's share of solved samples is known), every collect call recorded."""
+
+    calls: list[tuple[int, int, float]]
+
+    def collect(self, tasks, group_size, params, settings=None, on_episode_done=None):  # type: ignore[no-untyped-def]
+        self.calls.append((len(tasks), group_size, params.temperature))
+        episodes = [episode(t.task_id, m, float(m < i % 3)) for i, t in enumerate(tasks) for m in range(group_size)]
+        for e in episodes:
+            e.result.solved = e.result.reward == 1.0
+        return episodes
+
+
+def flip_eval_samples(kit: Kit) -> None:
+    for k in (0, 3):
+        config = kit.config(training__eval_samples=k, grpo__temperature=0.7)
+        trainer = kit.trainer(config, cls=ScriptedEpisodes)
+        trainer.calls, trainer.eval_tasks = [], TASKS[:4]
+        record = trainer.evaluate()
+        if k == 0:
+            assert trainer.calls == [(4, 1, 0.0)] and "sampled" not in record
+            continue
+        assert trainer.calls == [(4, 1, 0.0), (4, 3, 0.7)]  # greedy, then k samples at the training temperature
+        assert record["sampled"]["per_task"] == pytest.approx([0, 1 / 3, 2 / 3, 0])
+        assert record["sampled"]["pass@k"] == pytest.approx(0.5)
+        assert eval_metrics(record)["eval/avg@3"] == pytest.approx(0.25)
+
+
+def flip_probe(kit: Kit) -> None:
+    """`probe_tasks` (the pipeline sets the trainer's fixed set) sampled every `probe_every` steps
+    and at the last step, one episode each at the training temperature."""
+    for every, probed in ((2, [2, 4]), (3, [3, 4])):
+        config = kit.config(training__max_steps=4, training__tasks_per_step=3, grpo__group_size=2,
+                            training__probe_tasks=3, training__probe_every=every)
+        trainer = kit.trainer(config, build_loader(config, TASKS), ScriptedEpisodes)
+        trainer.calls, trainer.probe_tasks = [], TASKS[:3]
+        history = trainer.train(RunLogger(trainer.output_dir))
+        assert [m["step"] for m in history if "probe/execution_accuracy" in m] == probed
+        assert all(m.get("probe/execution_accuracy", 2 / 3) == pytest.approx(2 / 3) for m in history)  # 0, 1, 1
+        assert trainer.calls.count((3, 1, 1.0)) == len(probed)  # the probe's collects: 3 tasks x 1
+
+
 def flip_checkpoint_every(kit: Kit) -> None:
     for every, kept in ((0, [4]), (1, [3, 4])):  # keep_checkpoints 2
         _, out = kit.loop(training__checkpoint_every=every)
@@ -198,8 +243,12 @@ def flip_dataset(kit: Kit) -> None:
 
 
 def flip_train_pool(kit: Kit) -> None:
+    """The frontier's own path (a measured frontier.json, its checks): tests/test_frontier.py."""
     assert kit.config().training.data.resolved_train_pool() == "generated"
     assert kit.config(training__data__train_pool="file").training.data.resolved_train_pool() == "file"
+    with pytest.raises(UserInputError, match="needs the embedded model"):
+        TaskSplits.from_tasks(kit.config(training__data__train_pool="frontier"), train=[], dev=[],
+                              db_root=kit.tmp).frontier(TASKS)
 
 
 def flip_wandb(kit: Kit) -> None:
@@ -354,6 +403,8 @@ FLIPS: dict[str, Callable[..., None]] = {
     "training.time_budget_minutes": flip_time_budget_minutes,
     "training.eval_num_tasks": flip_eval_num_tasks,
     "training.eval_split": flip_eval_split,
+    "training.eval_samples": flip_eval_samples,
+    **dict.fromkeys(("training.probe_tasks", "training.probe_every"), flip_probe),
     "training.eval_every": flip_eval_every,
     "training.checkpoint_every": flip_checkpoint_every,
     "training.keep_checkpoints": flip_keep_checkpoints,

@@ -146,12 +146,14 @@ def test_build_command_still_builds_the_same_shape(manifest, tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> None:
-    """The quick start's command with its defaults (shipped model, generated pool, LoRA on CPU),
-    cut to two small steps and a small evaluation: end to end, no timing asserted."""
+    """The quick start's command with its defaults (shipped model, its frontier, LoRA on CPU),
+    cut to two small steps and a small evaluation (greedy and sampled, and the probe): end to
+    end, no timing asserted."""
     out = tmp_path / "run"
     cmd = [sys.executable, str(REPO / "training" / "scripts" / "train_grpo.py"), "--mode", "lora", "--output-dir", str(out),
            "--max-steps", "2", "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=4",
-           "--set", "training.eval_num_tasks=6", "--set", "training.wandb.mode=disabled"]
+           "--set", "training.eval_num_tasks=6", "--set", "training.wandb.mode=disabled",
+           "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3", "--set", "training.probe_every=2"]
     env = {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -161,5 +163,10 @@ def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> 
     record = json.loads((out / "before_after.json").read_text())
     assert record["stop_reason"] == "max_steps (2) reached"
     assert len(record["before"]["solved"]) == 6 and record["execution_accuracy_delta"]["n"] == 6
+    # avg@2 beside greedy (two samples per task at the training temperature), with its paired interval
+    assert record["before"]["sampled"]["k"] == 2 and len(record["after"]["sampled"]["per_task"]) == 6
+    assert record["avg_at_k_delta"]["n"] == 6 and "avg@2 (T=1)" in res.stdout
+    # the probe: the same 3 training tasks before training and at step 2 (the last)
+    assert [r["step"] for r in rows if "probe/execution_accuracy" in r] == [0, 2]
     assert (out / "final" / "adapter_config.json").is_file()
     assert "training stopped: max_steps (2) reached" in res.stdout

@@ -3,6 +3,7 @@
     skyrl-tool-agent build-model [--force] [--sft-steps N] [--output-dir DIR]
     skyrl-tool-agent build-model --ship DIR     # make DIR the shipped default
     skyrl-tool-agent build-model --to-plateau --output-dir DIR [--from MODEL_DIR] [--max-steps N]
+    skyrl-tool-agent build-model --frontier [--frontier-tasks N] [--frontier-samples K] [--from MODEL_DIR]
     python training/scripts/build_default_model.py ...   # the same command
 
 The package ships a built model (skyrl_tool_agent/assets/embedded; its warmstart.json holds the
@@ -40,8 +41,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--to-plateau", action="store_true",
                    help="continue a built model on the generated pool until its validation curve is flat (resumable)")
     p.add_argument("--from", dest="start", metavar="MODEL_DIR", type=Path,
-                   help="with --to-plateau: the model to continue (default: the shipped one)")
+                   help="with --to-plateau: the model to continue; with --frontier: the model measured (default: the shipped one)")
     p.add_argument("--max-steps", type=int, help="with --to-plateau: stop here even if the curve is not flat")
+    p.add_argument("--frontier", action="store_true",
+                   help="measure the model's frontier on the generated pool into its frontier.json")
+    p.add_argument("--frontier-tasks", type=int, help="with --frontier: a stratified subset of N pool tasks (default all)")
+    p.add_argument("--frontier-samples", type=int, default=8, help="with --frontier: episodes per task (default 8)")
     return p
 
 
@@ -61,6 +66,22 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             print(f"shipped: greedy check EX {check['execution_accuracy']:.3f} on {len(check['solved'])} validation tasks")
             return
         command = " ".join(["python", "training/scripts/build_default_model.py", *(sys.argv[1:] if argv is None else argv)])
+        if args.frontier:
+            from skyrl_tool_agent.cli import log_every
+            from skyrl_tool_agent.pipeline import build_frontier
+
+            log_due = log_every()
+
+            def on_episode(done: int, total: int) -> None:
+                if log_due() or done == total:
+                    logging.getLogger("build_model").info("frontier: %d of %d episodes", done, total)
+
+            summary = build_frontier(config, model_dir=args.start, num_tasks=args.frontier_tasks,
+                                     samples=args.frontier_samples, command=command, progress=on_episode)
+            print(f"frontier: {summary['mixed']} of {summary['tasks']} pool tasks mixed "
+                  f"({summary['never']} never solved, {summary['always']} always; pass@1 {summary['pass@1']:.3f}; "
+                  f"{summary['seconds'] / 60:.1f} min) -> {summary['path']}")
+            return
         if args.to_plateau:
             if not args.output_dir:
                 raise UserInputError("--to-plateau needs --output-dir DIR (its checkpoint and model live there)")

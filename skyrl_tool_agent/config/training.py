@@ -52,7 +52,7 @@ class DataConfig(Section):
         "the built-in databases/ for builtin, <spider_root>/database for spider.",
     )
     spider_root: str = knob("../shared/spider", "Spider 1.0 directory (dev.json, database/, ...).")
-    train_pool: Literal["auto", "file", "generated"] = knob(
+    train_pool: Literal["auto", "file", "generated", "frontier"] = knob(
         "auto",
         "Which tasks GRPO samples. auto = generated for the built-in data with its own train file, "
         "file otherwise (Spider, or a train_file you give). file = train_file "
@@ -61,7 +61,11 @@ class DataConfig(Section):
         "slot assignment of the built-in templates whose query is not in dev nor in the validation "
         "split (~10.4k questions, all paraphrases, generated from db_root at start): the questions "
         "the shipped start was trained on to its plateau (oracle episodes; build-model --to-plateau), "
-        "so GRPO goes on where supervised training on them has stopped.",
+        "so GRPO goes on where supervised training on them has stopped. frontier = builtin and the "
+        "embedded model only: the generated pool's tasks whose sampled outcomes were mixed at the "
+        "start (its frontier.json, measured by build-model --frontier on those very weights), "
+        "revisited epoch after epoch; with grpo.curriculum.mode adaptive, tasks that become always "
+        "or never solved fade.",
     )
     validation_tasks: int = knob(
         256,
@@ -73,11 +77,11 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _generated_pool_is_builtin(self) -> DataConfig:
-        if self.train_pool == "generated" and self.dataset != "builtin":
-            raise ValueError("train_pool 'generated' needs dataset 'builtin' (it fills the built-in templates)")
+        if self.train_pool in ("generated", "frontier") and self.dataset != "builtin":
+            raise ValueError(f"train_pool {self.train_pool!r} needs dataset 'builtin' (it fills the built-in templates)")
         return self
 
-    def resolved_train_pool(self) -> Literal["file", "generated"]:
+    def resolved_train_pool(self) -> Literal["file", "generated", "frontier"]:
         """`train_pool` with auto decided by the dataset."""
         if self.train_pool == "auto":
             return "generated" if self.dataset == "builtin" and self.train_file is None else "file"
@@ -215,6 +219,21 @@ class TrainingConfig(Section):
         "on it); validation = the generated pool's validation split (training.data.validation_tasks; "
         "builtin only), for choosing settings.",
     )
+    eval_samples: int = knob(
+        0,
+        "Besides greedy, each before/during/after evaluation samples this many episodes per task at "
+        "the training temperature (grpo.temperature, top_p) and reports avg@k (mean success over "
+        "the k samples: sampled pass@1, the figure RL papers report) and pass@k, with a paired "
+        "interval of the avg@k change; 0 = greedy only.", ge=0,
+    )
+    probe_tasks: int = knob(
+        0,
+        "A fixed, stratified set of this many training tasks, one episode each sampled at the "
+        "training temperature every probe_every steps (and before the first): the success of the "
+        "same revisited tasks over time (probe/execution_accuracy, drawn in training_curves.png); "
+        "0 = no probe.", ge=0,
+    )
+    probe_every: int = knob(15, "Steps between probes of the probe_tasks (see there).", ge=1)
     checkpoint_every: int = knob(10, "Save a checkpoint every N steps; 0 = only at the end.", h100=50, ge=0)
     keep_checkpoints: int = knob(2, "Most recent checkpoints kept (older ones are deleted).", h100=3, ge=1)
     log_every: int = knob(1, "Log metrics every N steps.", ge=1)

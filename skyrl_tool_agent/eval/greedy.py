@@ -1,6 +1,7 @@
 """Greedy evaluation: one episode per task through the real env, argmax decoding, scored as
 `metrics.evaluation_record` (execution accuracy, ..., and `solved` per task in task order, for
-paired intervals between two evaluations of the same tasks).
+paired intervals between two evaluations of the same tasks); and its sampled companion,
+`sampled_evaluation` (k episodes per task at the training temperature: avg@k and pass@k).
 
 Every greedy figure of the project comes from `greedy_evaluation`: the trainer's evaluations
 (before, on cadence, after), the warm-start and plateau builds' held-out curves, the shipped
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.metrics import evaluation_record
+from skyrl_tool_agent.eval.metrics import evaluation_record, sampled_record
 from skyrl_tool_agent.rollout.agents import make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from skyrl_tool_agent.rollout.trajectory import Trajectory
@@ -28,7 +29,7 @@ from skyrl_tool_agent.rollout.trajectory import Trajectory
 if TYPE_CHECKING:  # torch loads only when a policy samples (as in rollout.agents)
     from skyrl_tool_agent.policy.qwen import SamplingParams
 
-__all__ = ["Collect", "GreedyRun", "collect_episodes", "greedy_evaluation", "greedy_params"]
+__all__ = ["Collect", "GreedyRun", "collect_episodes", "greedy_evaluation", "greedy_params", "sampled_evaluation"]
 
 
 class Collect(Protocol):
@@ -75,3 +76,20 @@ def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], s
     run = collect or functools.partial(collect_episodes, policy, runtime)
     trajectories = run(tasks, 1, greedy_params(settings), settings, on_episode_done)
     return GreedyRun(evaluation_record(trajectories), trajectories)
+
+
+def sampled_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], k: int, params: SamplingParams,
+                       settings: CollectorSettings, *, seed: int,
+                       on_episode_done: Callable[[Trajectory], None] | None = None,
+                       collect: Collect | None = None) -> dict[str, Any]:
+    """`k` sampled episodes per task with `params` as `metrics.sampled_record` (avg@k, pass@k,
+    per-task fractions), drawn from `seed` in a forked RNG: a measurement, so two evaluations of
+    one policy draw alike, and the caller's own draws afterwards are those of a run without it."""
+    import torch
+
+    run = collect or functools.partial(collect_episodes, policy, runtime)
+    device = getattr(policy, "device", None)
+    with torch.random.fork_rng(devices=[device] if getattr(device, "type", "cpu") == "cuda" else []):
+        torch.manual_seed(seed)
+        trajectories = run(tasks, k, params, settings, on_episode_done)
+    return sampled_record(trajectories, k, params.temperature)

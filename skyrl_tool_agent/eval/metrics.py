@@ -24,8 +24,33 @@ COVERAGE_KEYS: tuple[str, ...] = ("scored", "infra_errors")
 
 def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """An evaluation's headline figures as metrics.jsonl keys (`eval/execution_accuracy`, ...),
-    with `eval/scored` and `eval/infra_errors` beside them (a rate is None when nothing was scored)."""
-    return {f"eval/{key}": summary.get(key) for key in (*HEADLINE_KEYS, *COVERAGE_KEYS)}
+    with `eval/scored` and `eval/infra_errors` beside them (a rate is None when nothing was scored),
+    and `eval/avg@k`, `eval/pass@k` when it sampled (`sampled_record`)."""
+    out = {f"eval/{key}": summary.get(key) for key in (*HEADLINE_KEYS, *COVERAGE_KEYS)}
+    sampled = summary.get("sampled")
+    if sampled:
+        out[f"eval/avg@{sampled['k']}"] = sampled["avg@k"]
+        out[f"eval/pass@{sampled['k']}"] = sampled["pass@k"]
+    return out
+
+
+def sampled_record(trajectories: Sequence[Trajectory], k: int, temperature: float) -> dict[str, Any]:
+    """`k` sampled episodes per task (in task, sample order) as avg@k (mean over tasks of the
+    fraction of its samples solved: sampled pass@1) and pass@k (fraction of tasks solved at least
+    once), with `per_task` fractions for paired intervals (None: no sample of the task was scored,
+    an infrastructure error; a task's fraction is over its scored samples)."""
+    if len(trajectories) % k:
+        raise ValueError(f"{len(trajectories)} episodes are not {k} per task")
+    per_task: list[float | None] = []
+    any_solved: list[int] = []
+    for i in range(0, len(trajectories), k):
+        outcomes = [o for o in (solved_outcome(t) for t in trajectories[i:i + k]) if o is not None]
+        per_task.append(mean(outcomes) if outcomes else None)
+        if outcomes:
+            any_solved.append(int(any(outcomes)))
+    scored = [f for f in per_task if f is not None]
+    return {"k": k, "temperature": temperature, "avg@k": mean(scored) if scored else None,
+            "pass@k": mean(any_solved) if any_solved else None, "per_task": per_task}
 
 
 def format_rate(value: float | None, summary: Mapping[str, Any] | None = None, digits: int = 3) -> str:

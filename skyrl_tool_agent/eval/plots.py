@@ -12,13 +12,16 @@ matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 # Panels of the training curves: (title, y range or None for auto, [(metrics key, label, kind)]).
+# A key ending in "@" is completed from the rows (eval/avg@4 for `training.eval_samples` 4).
 # Rewards and accuracies live on 0-1 by construction, so their axes are fixed there: an auto
 # range would blow a 0.01 wobble up to the full panel height.
 PANELS = [
     ("reward", (0.0, 1.0), [("reward/mean", "train (sampled, per step)", "step"),
                             ("eval/reward_mean", "{eval_split} (greedy)", "eval")]),
     ("execution accuracy", (0.0, 1.0), [("train/execution_accuracy", "train (sampled, per step)", "step"),
-                                        ("eval/execution_accuracy", "{eval_split} (greedy)", "eval")]),
+                                        ("probe/execution_accuracy", "probe: the same training tasks (sampled)", "probe"),
+                                        ("eval/execution_accuracy", "{eval_split} (greedy)", "eval"),
+                                        ("eval/avg@", "{eval_split} ({key}, sampled)", "eval")]),
     ("KL to reference", None, [("train/kl", "k-estimator mean", "step")]),
     ("policy entropy", None, [("train/entropy", "mean per policy token", "step")]),
 ]
@@ -51,14 +54,19 @@ def plot_training_curves(metrics_path: Path, out_png: Path, *, eval_split: str =
             ax.set_xticks([])
             ax.set_yticks([])
             series = []
+        eval_colors = iter(("#c44e52", "#dd8452"))
         for key, label, kind in series:
-            label = label.format(eval_split=eval_split)
+            if key.endswith("@"):
+                key = next((k for r in rows for k in r if k.startswith(key)), key)
+            label = label.format(eval_split=eval_split, key=key.removeprefix("eval/"))
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if not points:
                 continue
             xs, ys = zip(*points)
             if kind == "eval":
-                ax.plot(xs, ys, marker="o", markersize=5, linewidth=2, label=label, color="#c44e52")
+                ax.plot(xs, ys, marker="o", markersize=5, linewidth=2, label=label, color=next(eval_colors))
+            elif kind == "probe":
+                ax.plot(xs, ys, marker="s", markersize=4, linewidth=2, label=label, color="#55a868")
             else:
                 ax.plot(xs, ys, linewidth=0.8, alpha=0.35, color="#4c72b0")
                 ax.plot(xs, _rolling_mean(list(ys), 5), linewidth=1.8, color="#4c72b0",

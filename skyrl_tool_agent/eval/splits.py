@@ -214,11 +214,37 @@ class TaskSplits:
         return fixed_subset(self.dev, SPIDER_VALIDATION_TASKS, seed=self.config.training.seed + 1)
 
     def rl_train(self) -> list[Task]:
-        """The tasks GRPO samples (`training.data.train_pool`): the training file's, or the generated
-        pool less the validation split."""
-        if self.config.training.data.resolved_train_pool() == "file":
+        """The tasks GRPO samples (`training.data.train_pool`): the training file's, the generated
+        pool less the validation split, or that pool's frontier (`frontier`)."""
+        which = self.config.training.data.resolved_train_pool()
+        if which == "file":
             return self.train
-        return self.pool_and_validation()[0]
+        pool = self.pool_and_validation()[0]
+        return self.frontier(pool) if which == "frontier" else pool
+
+    def frontier(self, pool: list[Task]) -> list[Task]:
+        """The pool tasks with mixed sampled outcomes in the embedded model's frontier.json, which
+        must have been measured on the weights this run starts from (`data.frontier`)."""
+        from skyrl_tool_agent.data.frontier import FRONTIER_FILE, read_frontier
+        from skyrl_tool_agent.policy.manifest import model_weights_sha256
+
+        model = self.config.model
+        if not model.is_embedded():
+            raise UserInputError("training.data.train_pool: frontier needs the embedded model (its frontier.json); "
+                                 "for another model use generated")
+        model_dir = model.resolved_embedded_dir()
+        try:
+            sha = model_weights_sha256(model_dir)
+        except ValueError as exc:
+            raise UserInputError(f"train_pool frontier: {exc}") from None
+        mixed = read_frontier(model_dir / FRONTIER_FILE, model_sha256=sha).mixed()
+        tasks = [t for t in pool if t.task_id in mixed]
+        if not tasks:
+            raise UserInputError(f"{model_dir / FRONTIER_FILE} names no task of this pool with mixed outcomes "
+                                 "(measured on another pool? measure it anew with build-model --frontier)")
+        logger.info("train_pool frontier: %d of %d pool tasks (mixed outcomes at the start, %s)", len(tasks),
+                    len(pool), model_dir / FRONTIER_FILE)
+        return tasks
 
     def run_eval(self) -> list[Task]:
         """What a training run evaluates (`training.eval_split`): a fixed, stratified subset of

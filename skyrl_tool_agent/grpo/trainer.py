@@ -26,7 +26,7 @@ from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.greedy import collect_episodes, greedy_evaluation
+from skyrl_tool_agent.eval.greedy import collect_episodes, greedy_evaluation, sampled_evaluation
 from skyrl_tool_agent.eval.metrics import eval_metrics, reward_term_means, summarize
 from skyrl_tool_agent.grpo.advantages import turn_token_advantages
 from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes
@@ -76,6 +76,8 @@ class GRPOTrainer:
         self.runtime = runtime
         self.loader = loader
         self.eval_tasks = list(eval_tasks)
+        #: Training tasks probed every `training.probe_every` steps (`probe`); set by the pipeline.
+        self.probe_tasks: list[Task] = []
         self.output_dir = output_dir
         self.checkpoint_dir = output_dir / "checkpoints"
         self.optimizer, self.scheduler = build_optimizer(policy, config)
@@ -165,18 +167,33 @@ class GRPOTrainer:
     def evaluate(self) -> dict[str, Any]:
         """Greedy execution accuracy etc. on the fixed dev subset, with `solved`: 1/0 per eval task
         in `eval_tasks` order (for paired confidence intervals between two evaluations):
-        `eval.greedy.greedy_evaluation`, its episodes run by `collect`."""
-        done, report = [0], self.eval_progress
+        `eval.greedy.greedy_evaluation`, its episodes run by `collect`. With
+        `training.eval_samples` k, also `sampled`: k episodes per task at the training temperature
+        (`eval.metrics.sampled_record`: avg@k, pass@k, per-task fractions)."""
+        k = self.config.training.eval_samples
+        done, report, total = [0], self.eval_progress, len(self.eval_tasks) * (1 + k)
 
         def episode_done(_: Trajectory) -> None:
             done[0] += 1
             if report is not None:
-                report(done[0], len(self.eval_tasks))
+                report(done[0], total)
 
         run = greedy_evaluation(self.policy, self.runtime, self.eval_tasks, self.eval_settings,
                                 on_episode_done=episode_done, collect=self.collect)
         self.last_eval_trajectories = run.trajectories
+        if k:
+            run.record["sampled"] = sampled_evaluation(self.policy, self.runtime, self.eval_tasks, k, self.sampling,
+                                                       self.eval_settings, seed=self.config.training.seed + 7919,
+                                                       on_episode_done=episode_done, collect=self.collect)
         return run.record
+
+    def probe(self) -> dict[str, float]:
+        """One sampled episode of each `probe_tasks` task (the same tasks every time, the same
+        seed): the success of revisited training tasks over the run (`training.probe_tasks`)."""
+        record = sampled_evaluation(self.policy, self.runtime, self.probe_tasks, 1, self.sampling,
+                                    self.collector_settings, seed=self.config.training.seed + 104729,
+                                    collect=self.collect)
+        return {"probe/execution_accuracy": record["avg@k"], "probe/tasks": float(len(self.probe_tasks))}
 
     # --------------------------------------------------------------- update
     # The four hooks below are the optimizer "engine": plain torch here; the DeepSpeed trainer
@@ -394,6 +411,8 @@ class GRPOTrainer:
                     self.stop_reason = (f"time budget reached after {self.step} of {t.max_steps} steps "
                                         f"({(time.monotonic() - started) / 60:.1f} min)")
                 last = self.step >= t.max_steps or out_of_time or interrupted is not None
+                if self.probe_tasks and not interrupted and (self.step % t.probe_every == 0 or last):
+                    metrics.update(self.probe())
                 if not interrupted and ((t.eval_every and self.step % t.eval_every == 0) or last):
                     t_eval = time.monotonic()
                     ev = self.last_eval = self.evaluate()

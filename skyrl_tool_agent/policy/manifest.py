@@ -54,6 +54,16 @@ def verify_manifest(directory: Path) -> dict:
     return manifest
 
 
+def model_weights_sha256(directory: Path) -> str:
+    """The sha256 the manifest of `directory` records for its weights, after checking every
+    recorded file (`verify_manifest`): what a measurement of these weights is keyed by."""
+    files = verify_manifest(directory)["files"]
+    name = next((n for n in files if n.endswith(".safetensors")), None)
+    if name is None:
+        raise ValueError(f"{directory / MANIFEST_FILE} records no weights file")
+    return files[name]
+
+
 def tree_hashes(directory: Path, *, exclude: Collection[str] = ()) -> dict[str, str]:
     """sha256 of every regular file under `directory`, recursively, keyed by its POSIX path
     relative to `directory` (paths in `exclude` are left out); for checkpoints, which nest."""
