@@ -91,6 +91,7 @@ def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
 
     from skyrl_tool_agent.config import EMBEDDED
     from skyrl_tool_agent.env.families import resolve_family
+    from skyrl_tool_agent.eval.splits import train_pool_kind
     from skyrl_tool_agent.rewards.rubric import Rubric
 
     m, t, g = config.model, config.training, config.grpo
@@ -127,7 +128,7 @@ A multi-turn tool-using policy trained with skyrl-tool-agent's GRPO: it calls
   ({record["training_minutes"]:.1f} min; {record["stop_reason"]}), {t.tasks_per_step} tasks x {g.group_size} episodes
   per step at temperature {g.temperature}, learning rate {t.learning_rate:g}, KL coefficient {g.kl_coef:g},
   advantage `{g.advantage_estimator}`, loss aggregation `{g.loss_aggregation}`, seed {t.seed}
-- **Data:** `{t.data.dataset}` tasks (training pool: `{t.data.resolved_train_pool()}`), tool-call format
+- **Data:** `{t.data.dataset}` tasks (training pool: `{train_pool_kind(config)}`), tool-call format
   `{config.env.tool_call_format}`, at most {g.max_turns} turns
 - **Reward:** {Rubric.from_specs(config.env.reward.terms).describe()}
 

@@ -84,3 +84,16 @@ def test_mixed_means_some_but_not_all_solved() -> None:
     frontier = Frontier(samples=4, temperature=1.0, model_sha256="x", counts={"a": 0, "b": 1, "c": 3, "d": 4})
     assert frontier.mixed() == {"b", "c"}
     assert frontier.summary() == {"tasks": 4, "mixed": 2, "never": 1, "always": 1, "pass@1": 0.5}
+
+
+def test_auto_trains_on_the_frontier_only_where_one_was_measured(measured, tmp_path: Path) -> None:
+    from skyrl_tool_agent.eval.splits import train_pool_kind
+
+    model_dir, _ = measured
+    assert train_pool_kind(load_config()) == "frontier"  # the shipped model ships its frontier.json
+    assert train_pool_kind(load_config(overrides=[f"model.embedded_dir={model_dir}"])) == "frontier"
+    bare = tmp_path / "bare"
+    shutil.copytree(model_dir, bare, ignore=shutil.ignore_patterns(FRONTIER_FILE))
+    assert train_pool_kind(load_config(overrides=[f"model.embedded_dir={bare}"])) == "generated"
+    assert train_pool_kind(load_config(overrides=[f"model.name_or_path={bare}"])) == "generated"  # not the embedded one
+    assert train_pool_kind(load_config(overrides=["training.data.train_file=x.json"])) == "file"

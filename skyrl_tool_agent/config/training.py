@@ -54,8 +54,9 @@ class DataConfig(Section):
     spider_root: str = knob("../shared/spider", "Spider 1.0 directory (dev.json, database/, ...).")
     train_pool: Literal["auto", "file", "generated", "frontier"] = knob(
         "auto",
-        "Which tasks GRPO samples. auto = generated for the built-in data with its own train file, "
-        "file otherwise (Spider, or a train_file you give). file = train_file "
+        "Which tasks GRPO samples. auto = for the built-in data with its own train file, frontier "
+        "when the model is the embedded one and has a frontier.json, else generated; file otherwise "
+        "(Spider, or a train_file you give). file = train_file "
         "(for the built-in data these are the warm start's own tasks, which a "
         "warm-started policy has memorised: little left to learn); generated = builtin only: every "
         "slot assignment of the built-in templates whose query is not in dev nor in the validation "
@@ -81,10 +82,13 @@ class DataConfig(Section):
             raise ValueError(f"train_pool {self.train_pool!r} needs dataset 'builtin' (it fills the built-in templates)")
         return self
 
-    def resolved_train_pool(self) -> Literal["file", "generated", "frontier"]:
-        """`train_pool` with auto decided by the dataset."""
+    def resolved_train_pool(self, frontier_available: bool = False) -> Literal["file", "generated", "frontier"]:
+        """`train_pool` with auto decided by the dataset, and by whether the model has a measured
+        frontier (`frontier_available`; `eval.splits.train_pool_kind` looks)."""
         if self.train_pool == "auto":
-            return "generated" if self.dataset == "builtin" and self.train_file is None else "file"
+            if self.dataset != "builtin" or self.train_file is not None:
+                return "file"
+            return "frontier" if frontier_available else "generated"
         return self.train_pool
 
     def resolved_train_file(self) -> Path:

@@ -216,7 +216,7 @@ class TaskSplits:
     def rl_train(self) -> list[Task]:
         """The tasks GRPO samples (`training.data.train_pool`): the training file's, the generated
         pool less the validation split, or that pool's frontier (`frontier`)."""
-        which = self.config.training.data.resolved_train_pool()
+        which = train_pool_kind(self.config)
         if which == "file":
             return self.train
         pool = self.pool_and_validation()[0]
@@ -259,6 +259,16 @@ class TaskSplits:
     def split(self, name: Split) -> SplitFile:
         """A split by name, with what was left out of it (validation is generated: nothing left out)."""
         return SplitFile(self.validation()) if name == "validation" else self.file(name)
+
+
+def train_pool_kind(config: Config) -> Literal["file", "generated", "frontier"]:
+    """`training.data.train_pool` resolved: auto takes the frontier when the embedded model has
+    a frontier.json (measured by `build-model --frontier`)."""
+    from skyrl_tool_agent.data.frontier import FRONTIER_FILE
+
+    model = config.model
+    available = model.is_embedded() and (model.resolved_embedded_dir() / FRONTIER_FILE).is_file()
+    return config.training.data.resolved_train_pool(frontier_available=available)
 
 
 @dataclass
