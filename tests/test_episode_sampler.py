@@ -123,3 +123,61 @@ def test_greedy_episodes_on_builtin_tasks_equal_the_hf_sampler():
     assert [t.token_ids for t in new] == [t.token_ids for t in old]
     for a, b in zip(new, old):
         assert torch.allclose(torch.tensor(a.sampling_logprobs), torch.tensor(b.sampling_logprobs), atol=1e-4)
+
+
+def test_seeded_draws_depend_on_the_seed_and_position_only():
+    """With per-episode seeds each token comes from (seed, position): an episode samples the same
+    tokens alone, in a batch, and as a kept-cache second turn, and its log-probs stay the model's;
+    another seed draws otherwise (the mutation "draw from the batch row" fails the first check)."""
+    model = lora_qwen()
+    kernel = Qwen2Kernel(model)
+    g = torch.Generator().manual_seed(4)
+    system = torch.randint(3, 97, (30,), generator=g).tolist()
+    prompts = [system + torch.randint(3, 97, (n,), generator=g).tolist() for n in (7, 12, 3, 9)]
+    seeds = [101, 202, 303, 404]
+
+    def sample(rows, seed_list, **kw):
+        return sample_episodes(kernel, rows, max_new_tokens=14, temperature=1.0, top_p=kw.get("top_p", 1.0),
+                               stop_ids=[STOP], pad_id=0, seeds=seed_list)
+
+    together, logps, _ = sample(prompts, seeds)
+    alone = [sample([p], [s])[0][0] for p, s in zip(prompts, seeds)]
+    assert together == alone
+    reversed_batch = sample(prompts[::-1], seeds[::-1])[0][::-1]
+    assert together == reversed_batch
+    for prompt, out, lp in zip(prompts, together, logps):
+        assert torch.allclose(torch.tensor(lp), teacher_forced(model, prompt, out, 1.0), atol=1e-4)
+    assert sample(prompts, [s + 1 for s in seeds])[0] != together
+    nucleus = sample(prompts, seeds, top_p=0.5)[0]
+    assert nucleus == [sample([p], [s], top_p=0.5)[0][0] for p, s in zip(prompts, seeds)]
+
+
+def test_two_sampled_evaluations_share_their_draws_whatever_the_batching():
+    """avg@k before and after training uses common random numbers: the same policy evaluated twice
+    with one seed, at different concurrency (so different generation batches), samples the same
+    episodes token for token through the real env; a change of avg@k then measures the policy."""
+    from skyrl_tool_agent.eval.greedy import collect_episodes, sampled_evaluation
+    from skyrl_tool_agent.policy.qwen import SamplingParams
+
+    check = json.loads((SHIPPED_EMBEDDED_DIR / MANIFEST_FILE).read_text())["greedy_check"]
+    tasks = [Task(**t) for t in check["tasks"]][:5]
+    policy = QwenPolicy.from_config(ModelConfig(), mode="lora")
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=64)
+    runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
+    runs = []
+    try:
+        for width in (3, 10):
+            episodes: list = []
+
+            def collect(tasks_, k, params_, settings_, done, episodes=episodes):
+                episodes.extend(collect_episodes(policy, runtime, tasks_, k, params_, settings_, done))
+                return episodes
+
+            settings = CollectorSettings(max_turns=3, concurrency=width, max_batch=width)
+            record = sampled_evaluation(policy, runtime, tasks, 2, params, settings, seed=5, collect=collect)
+            runs.append((record, [t.token_ids for t in episodes]))
+    finally:
+        runtime.close()
+    (first, ids_a), (second, ids_b) = runs
+    assert ids_a == ids_b and first["per_task"] == second["per_task"]
+    assert len(set(map(tuple, ids_a))) > len(tasks)  # the two samples of a task differ (sampled, not greedy)

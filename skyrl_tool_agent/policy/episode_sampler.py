@@ -121,12 +121,13 @@ def _gather(kernel: Qwen2Kernel, rows: Sequence[_Row], capacity: int) -> KVCache
 def sample_episodes(
     kernel: Qwen2Kernel, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, top_p: float,
     stop_ids: Sequence[int], pad_id: int, episode_keys: Sequence[Hashable | None] | None = None,
-    episode_kv: EpisodeKV | None = None,
+    episode_kv: EpisodeKV | None = None, seeds: Sequence[int] | None = None,
 ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
     """Sample a continuation per prompt. Returns ids, their log-probs under softmax(logits /
     temperature) (before top-p truncation: what the trainer's ratio compares against), and whether
     each stopped on a stop id. With `episode_kv`, prompts whose `episode_keys[i]` has a kept cache
-    continue from it, and every row's cache is kept under its key for the episode's next turn."""
+    continue from it, and every row's cache is kept under its key for the episode's next turn.
+    `seeds` (one per prompt): counter-based draws keyed by (seed, position), see `SampledTokens`."""
     batch = len(prompts)
     keys = list(episode_keys) if episode_keys is not None else [None] * batch
     device = kernel.device
@@ -150,7 +151,7 @@ def sample_episodes(
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     alive = list(range(batch))  # original index of each row still in the batch
     done = torch.zeros(batch, dtype=torch.bool, device=device)
-    sampled = SampledTokens(batch, temperature, top_p, stop)
+    sampled = SampledTokens(batch, temperature, top_p, stop, seeds)
 
     def keep_rows(which: Sequence[int]) -> None:
         """Keep the cache of rows `which` (positions in the current batch) for their next turn:
@@ -163,7 +164,7 @@ def sample_episodes(
                 episode_kv.keep(keys[i], cache, r, list(prompts[i]) + sampled.ids[i][:-1])
 
     for step in range(max_new_tokens):
-        token, done = sampled.take(next_logits, done, alive)
+        token, done = sampled.take(next_logits, done, alive, positions)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         if int((~done).sum()) <= len(alive) // 2:

@@ -103,20 +103,41 @@ class SampledTokens:
     """What a sampler returns per original row: sampled ids, their log-probs under
     softmax(logits / temperature) (before top-p truncation: what the trainer's ratio compares
     against), and whether the row stopped on a stop id. Both samplers (the HF-cache one here and
-    `episode_sampler`) record their decode steps with `take`, so they draw and keep tokens alike."""
+    `episode_sampler`) record their decode steps with `take`, so they draw and keep tokens alike.
 
-    def __init__(self, batch: int, temperature: float, top_p: float, stop: torch.Tensor) -> None:
+    `seeds` (one per original row): each token is drawn by inverting the CDF with
+    `token_sampling.counter_uniform(seed, position)` instead of the torch RNG, so a row's tokens
+    depend only on its seed and the logits, never on what it was batched with; two evaluations
+    with the same seeds share their random draws (common random numbers: a before/after
+    difference then measures the policy's change, not the luck of two draws)."""
+
+    def __init__(self, batch: int, temperature: float, top_p: float, stop: torch.Tensor,
+                 seeds: Sequence[int] | None = None) -> None:
         self.ids: list[list[int]] = [[] for _ in range(batch)]
         self.logprobs: list[list[float]] = [[] for _ in range(batch)]
         self.stopped = [False] * batch
         self.temperature, self.top_p, self.stop = temperature, top_p, stop
         self._scale = temperature if temperature > 0 else 1.0
+        self.seeds = None if seeds is None else torch.tensor(list(seeds), dtype=torch.long, device=stop.device)
 
-    def take(self, next_logits: torch.Tensor, done: torch.Tensor, rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample a token for each row of the batch (`rows[i]`: row i's original index) and record it
-        for the rows not `done`; returns (tokens, `done` with the rows that hit a stop id)."""
-        token = pick_tokens(next_logits, self.temperature, self.top_p)
-        logp = torch.log_softmax(next_logits.float() / self._scale, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    def take(self, next_logits: torch.Tensor, done: torch.Tensor, rows: Sequence[int],
+             positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample a token for each row of the batch (`rows[i]`: row i's original index; with
+        `seeds`, `positions[i]`: the position the token takes in its sequence) and record it for
+        the rows not `done`; returns (tokens, `done` with the rows that hit a stop id)."""
+        if self.seeds is not None and self.temperature > 0:
+            from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
+
+            if positions is None:
+                raise ValueError("seeded sampling needs each row's position")
+            n = next_logits.shape[0]
+            uniform = counter_uniform(self.seeds[torch.tensor(list(rows), device=self.seeds.device)], positions.long())
+            token, logp = sample_tokens(next_logits, next_logits.new_full((n,), self.temperature, dtype=torch.float32),
+                                        next_logits.new_full((n,), self.top_p, dtype=torch.float32), uniform,
+                                        nucleus=self.top_p < 1.0)
+        else:
+            token = pick_tokens(next_logits, self.temperature, self.top_p)
+            logp = torch.log_softmax(next_logits.float() / self._scale, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
         hit = torch.isin(token, self.stop) & ~done
         for i in torch.nonzero(~done).flatten().tolist():
             self.ids[rows[i]].append(int(token[i]))

@@ -159,14 +159,16 @@ class QwenPolicy:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  episode_keys: Sequence[Hashable | None] | None = None,
-                 episode_kv: EpisodeKV | None = None) -> list[Generation]:
+                 episode_kv: EpisodeKV | None = None, seeds: Sequence[int] | None = None) -> list[Generation]:
         """Sample one continuation per prompt (a GRPO group is G copies of a prompt).
 
         By `resolved_sampler()`: the engine (each prompt its own episode, seeded from the torch
         RNG; a collection drives the engine itself through `rollout_engine`); `Qwen2Kernel`, where
         with `episode_kv` a prompt continuing the episode `episode_keys[i]` reuses that episode's
         cache; or the HF model: prompts sharing a long prefix (the system prompt) use the
-        shared-prefix sampler, and others `model.generate` on a left-padded batch.
+        shared-prefix sampler, and others `model.generate` on a left-padded batch. `seeds` (one per
+        prompt): the kernel sampler draws each token from (seed, position) (`prefix.SampledTokens`),
+        as the engine does; the HF paths draw from the torch RNG.
         """
         if not prompts:
             return []
@@ -182,7 +184,7 @@ class QwenPolicy:
             ids, logps, stopped = sample_episodes(
                 self._sampling_kernel(), prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                 top_p=params.top_p, stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id,
-                episode_keys=episode_keys, episode_kv=episode_kv,
+                episode_keys=episode_keys, episode_kv=episode_kv, seeds=seeds,
             )
             return [Generation(i, lp, "stop" if s else "length") for i, lp, s in zip(ids, logps, stopped)]
         prefix_len = common_prefix_length(prompts)

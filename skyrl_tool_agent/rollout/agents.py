@@ -30,10 +30,12 @@ class PolicyAgent:
 
     With the policy's `RolloutEngine` (`start_collection` opens it), every turn is submitted to the
     engine as it arrives and resolves as soon as its own tokens are done (continuous batching:
-    `continuous` tells the collector not to wait for a batch); each episode is seeded from one
-    draw of the torch RNG and its number, so its tokens do not depend on what it was batched with.
-    Otherwise a batch of turns is generated in a worker thread (so tool calls overlap) and returns
-    when its slowest row is done.
+    `continuous` tells the collector not to wait for a batch). Otherwise a batch of turns is
+    generated in a worker thread (so tool calls overlap) and returns when its slowest row is done.
+    Either way each episode is seeded from one draw of the torch RNG per collection and its
+    number, and its tokens are drawn from (seed, position) (the engine, and `Qwen2Kernel` with
+    its episode caches): they do not depend on what the episode was batched with, and two
+    collections from one torch seed share their draws episode by episode.
     """
 
     def __init__(self, policy: Any, params: Any) -> None:
@@ -53,10 +55,9 @@ class PolicyAgent:
         open_engine = getattr(self.policy, "rollout_engine", None)
         self.engine = open_engine(slots=concurrency, capacity=max_total_tokens) if callable(open_engine) else None
         self.continuous = self.engine is not None
-        if self.continuous:
-            import torch  # the sampling seed comes from the caller's torch RNG (seeded per training step)
+        import torch  # the sampling seed comes from the caller's torch RNG (seeded per training step)
 
-            self._base_seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        self._base_seed = int(torch.randint(0, 2**31 - 1, ()).item())
 
     def finish_collection(self) -> None:
         """The collection is over: the engine's cache is freed (the update needs the memory)."""
@@ -75,18 +76,23 @@ class PolicyAgent:
         if self.episode_kv is not None:
             # `seq` names the episode within the collection (a retried episode's new first prompt is
             # no continuation of its old cache: the store checks the tokens, not only the key).
-            generate = functools.partial(generate, episode_keys=[r.seq for r in requests], episode_kv=self.episode_kv)
+            generate = functools.partial(generate, episode_keys=[r.seq for r in requests], episode_kv=self.episode_kv,
+                                         seeds=[self._episode_seed(r.seq) for r in requests])
         generations = await asyncio.to_thread(generate, prompts, params)
         return [self._turn(request, gen.token_ids, gen.logprobs, gen.finish_reason)
                 for request, gen in zip(requests, generations)]
 
-    async def _act_on_engine(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
+    def _episode_seed(self, seq: int) -> int:
+        """Episode `seq`'s sampling seed: the collection's one torch draw and the episode number."""
         from skyrl_tool_agent.policy.token_sampling import episode_seed
 
+        return episode_seed(self._base_seed, seq)
+
+    async def _act_on_engine(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
         futures = [
             asyncio.wrap_future(self.engine.submit(
                 r.token_ids or [], max_new_tokens=r.max_new_tokens, temperature=self.params.temperature,
-                top_p=self.params.top_p, key=r.seq, seed=episode_seed(self._base_seed, r.seq)))
+                top_p=self.params.top_p, key=r.seq, seed=self._episode_seed(r.seq)))
             for r in requests
         ]
         results = await asyncio.gather(*futures)
