@@ -150,6 +150,12 @@ def test_seeded_draws_depend_on_the_seed_and_position_only():
     assert sample(prompts, [s + 1 for s in seeds])[0] != together
     nucleus = sample(prompts, seeds, top_p=0.5)[0]
     assert nucleus == [sample([p], [s], top_p=0.5)[0][0] for p, s in zip(prompts, seeds)]
+    # the HF model's shared-prefix sampler draws the same tokens from the same seeds
+    from skyrl_tool_agent.policy.prefix import sample_with_shared_prefix
+
+    hf, _, _ = sample_with_shared_prefix(model, prompts, 30, max_new_tokens=14, temperature=1.0, top_p=1.0,
+                                         stop_ids=[STOP], pad_id=0, device=torch.device("cpu"), seeds=seeds)
+    assert hf == together
 
 
 def test_two_sampled_evaluations_share_their_draws_whatever_the_batching():

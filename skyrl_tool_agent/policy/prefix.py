@@ -167,10 +167,11 @@ def static_cache_with_prefix(model: torch.nn.Module, kv: list[tuple[torch.Tensor
 def sample_with_shared_prefix(
     model: torch.nn.Module, prompts: Sequence[Sequence[int]], prefix_len: int, *, max_new_tokens: int,
     temperature: float, top_p: float, stop_ids: Sequence[int], pad_id: int, device: torch.device,
+    seeds: Sequence[int] | None = None,
 ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
     """Sample continuations for prompts sharing `prefix_len` ids. Returns ids, their log-probs under
     softmax(logits / temperature) (pre-truncation: what the trainer's ratio compares against), and
-    whether each stopped on a stop id."""
+    whether each stopped on a stop id. `seeds`: draws from (seed, position), see `SampledTokens`."""
     batch = len(prompts)
     suffixes = [list(p[prefix_len:]) for p in prompts]
     width = max(len(s) for s in suffixes)
@@ -194,9 +195,9 @@ def sample_with_shared_prefix(
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     rows = list(range(batch))  # original index of each row still in the batch
     done = torch.zeros(batch, dtype=torch.bool, device=device)
-    sampled = SampledTokens(batch, temperature, top_p, stop)
+    sampled = SampledTokens(batch, temperature, top_p, stop, seeds)
     for step in range(max_new_tokens):
-        token, done = sampled.take(next_logits, done, rows)
+        token, done = sampled.take(next_logits, done, rows, positions + 1)  # `positions`: each row's last id
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         if int((~done).sum()) <= len(rows) // 2:

@@ -167,8 +167,8 @@ class QwenPolicy:
         with `episode_kv` a prompt continuing the episode `episode_keys[i]` reuses that episode's
         cache; or the HF model: prompts sharing a long prefix (the system prompt) use the
         shared-prefix sampler, and others `model.generate` on a left-padded batch. `seeds` (one per
-        prompt): the kernel sampler draws each token from (seed, position) (`prefix.SampledTokens`),
-        as the engine does; the HF paths draw from the torch RNG.
+        prompt): the kernel and shared-prefix samplers draw each token from (seed, position)
+        (`prefix.SampledTokens`), as the engine does; `model.generate` draws from the torch RNG.
         """
         if not prompts:
             return []
@@ -192,6 +192,7 @@ class QwenPolicy:
             ids, logps, stopped = sample_with_shared_prefix(
                 self.model, prompts, prefix_len, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                 top_p=params.top_p, stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id, device=self.device,
+                seeds=seeds,
             )
             return [Generation(i, lp, "stop" if s else "length") for i, lp, s in zip(ids, logps, stopped)]
         return self._hf_generate(prompts, params)
