@@ -54,6 +54,8 @@ def test_the_frontier_pool_is_exactly_the_mixed_tasks(measured) -> None:
     config = frontier_config(scripted, "training.tasks_per_step=2", "training.seed=3")
     tasks = TaskSplits.load(config).rl_train()
     assert sorted(t.task_id for t in tasks) == [ids[0], ids[3]]
+    # training.data.frontier_tasks: the ones nearest a pass rate of 1/2 (here equal: the first by id)
+    assert [t.task_id for t in TaskSplits.load(frontier_config(scripted, "training.data.frontier_tasks=1")).rl_train()] == [ids[0]]
     # revisited: the loader goes on drawing the same two tasks, epoch after epoch
     loader = build_loader(config, tasks)
     drawn = [t.task_id for _ in range(4) for t in loader.next_batch()]
@@ -81,8 +83,10 @@ def test_a_frontier_of_other_weights_or_a_damaged_one_is_one_line(measured, tmp_
 
 
 def test_mixed_means_some_but_not_all_solved() -> None:
-    frontier = Frontier(samples=4, temperature=1.0, model_sha256="x", counts={"a": 0, "b": 1, "c": 3, "d": 4})
-    assert frontier.mixed() == {"b", "c"}
+    frontier = Frontier(samples=4, temperature=1.0, model_sha256="x", counts={"a": 0, "b": 1, "c": 3, "d": 4, "e": 2})
+    assert frontier.mixed() == {"b", "c", "e"}
+    assert frontier.mixed(1) == {"e"} and frontier.mixed(2) == {"b", "e"}  # nearest 1/2 first, then by id
+    frontier.counts.pop("e")
     assert frontier.summary() == {"tasks": 4, "mixed": 2, "never": 1, "always": 1, "pass@1": 0.5}
 
 

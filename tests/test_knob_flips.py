@@ -62,6 +62,7 @@ NOT_FLIPPED: dict[str, str] = {
     "model.quantization.compute_dtype": "bitsandbytes 4-bit; tests/test_qlora.py",
     "model.quantization.double_quant": "bitsandbytes 4-bit: passed to BitsAndBytesConfig only",
     "training.data.validation_tasks": "needs the generated built-in pool (~10k tasks); tests/test_train_pool.py",
+    "training.data.frontier_tasks": "needs a measured frontier.json beside a model; tests/test_frontier.py",
     "training.wandb.run_name": "passed to wandb.init only (a W&B run per flip)",
     "training.push_to_hub.repo_id": "uploads to the Hugging Face Hub (network)",
     "training.push_to_hub.private": "uploads to the Hugging Face Hub (network)",

@@ -68,6 +68,12 @@ class DataConfig(Section):
         "revisited epoch after epoch; with grpo.curriculum.mode adaptive, tasks that become always "
         "or never solved fade.",
     )
+    frontier_tasks: int | None = knob(
+        None,
+        "With train_pool frontier: train on this many of the frontier's mixed-outcome tasks, those "
+        "whose pass rate at the start is nearest 1/2, so a short run revisits each of them several "
+        "times; null = all of them.", ge=1,
+    )
     validation_tasks: int = knob(
         256,
         "builtin only: gold queries carved out of the generated pool as a validation split (one "

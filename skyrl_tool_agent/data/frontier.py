@@ -39,9 +39,14 @@ class Frontier:
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def mixed(self) -> set[str]:
-        """Task ids with mixed outcomes (some episodes solved, some not): every group a signal."""
-        return {tid for tid, c in self.counts.items() if 0 < c < self.samples}
+    def mixed(self, limit: int | None = None) -> set[str]:
+        """Task ids with mixed outcomes (some episodes solved, some not): every group a signal.
+        `limit`: the `limit` of them whose pass rate is nearest 1/2 (the largest reward spread in
+        a group, so the largest GRPO advantages; ties broken by task id), so that a short run
+        revisits each of them."""
+        mixed = sorted((tid for tid, c in self.counts.items() if 0 < c < self.samples),
+                       key=lambda tid: (abs(self.counts[tid] / self.samples - 0.5), tid))
+        return set(mixed if limit is None else mixed[:limit])
 
     def summary(self) -> dict[str, float]:
         n = len(self.counts)

@@ -237,7 +237,7 @@ class TaskSplits:
             sha = model_weights_sha256(model_dir)
         except ValueError as exc:
             raise UserInputError(f"train_pool frontier: {exc}") from None
-        mixed = read_frontier(model_dir / FRONTIER_FILE, model_sha256=sha).mixed()
+        mixed = read_frontier(model_dir / FRONTIER_FILE, model_sha256=sha).mixed(self.config.training.data.frontier_tasks)
         tasks = [t for t in pool if t.task_id in mixed]
         if not tasks:
             raise UserInputError(f"{model_dir / FRONTIER_FILE} names no task of this pool with mixed outcomes "
