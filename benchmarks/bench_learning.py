@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     from_runs = dict(item.split("=", 1) for item in args.run)
     if bad := set(from_runs) - {"frontier", "pool"}:
         p.error(f"--run takes a GRPO arm (frontier, pool), not {sorted(bad)}")
-    arms += [a for a in from_runs if a not in arms]
+    arms = [a for a in ARMS if a in {*arms, *from_runs}]  # the table's order: frontier, pool, sft
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.eval.splits import TaskSplits
 

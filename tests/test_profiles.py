@@ -53,7 +53,7 @@ def test_cli_profile_flag_and_auto_choice_without_cuda():
         pytest.skip("auto picks gpu on this machine; the CPU branch is what CI runs")
     rc, shown, err = _show("--set", "model.name_or_path=/tmp")
     assert rc == 0, err
-    assert shown["training"]["learning_rate"] == pytest.approx(3e-4) and "profile: gpu" not in err
+    assert shown["training"]["learning_rate"] == pytest.approx(1e-3) and "profile: gpu" not in err
     # ... and says, in one line, which profile it took and why (it silently got the CPU lr before)
     said = [line for line in err.splitlines() if "profile: cpu" in line]
     assert len(said) == 1 and "model /tmp but no CUDA" in said[0] and "--profile gpu" in said[0], err

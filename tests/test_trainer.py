@@ -120,7 +120,7 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, uninterrupted,
     # Output captured (not a terminal): the progress bar is replaced by one log line per step.
     # With the default time budget each line also gives the budget's clock.
     lines = [line for line in (done.stdout + done.stderr).splitlines() if "GRPO step" in line]
-    assert all(any(f"GRPO step {n}/{STEPS}, " in line and "/10.5 min" in line for line in lines)
+    assert all(any(f"GRPO step {n}/{STEPS}, " in line and "/8.0 min" in line for line in lines)
                for n in range(1, STEPS + 1)), lines
     assert all(r["time/elapsed_s"] > 0 for r in rows[1:])
     # Sampled episodes a person can read: 2 whole groups per step (rollout_groups_per_step), 2 episodes each.

@@ -48,13 +48,15 @@ class CurriculumConfig(Section):
     adaptive: the linear schedule, plus per-task weights from fed-back pass rates: a task with at
     least `adaptive_min_attempts` attempts whose pass rate is above `adaptive_high` (always solved)
     or below `adaptive_low` (never solved; GRPO advantages all zero) gets `adaptive_min_weight`.
-    The weights act only on tasks drawn again, i.e. once a bucket has been gone through: the CPU
-    main job draws 1,208 tasks from the generated pool's 10,383, none twice, so there adaptive
-    samples exactly what linear does.
+    The weights act only on tasks drawn again, i.e. once a bucket has been gone through: on the
+    whole generated pool (10,383 tasks) a CPU run draws none twice, so there adaptive samples
+    exactly what linear does; on the frontier (`training.data.frontier_tasks`, 128 by default) a
+    CPU main job visits each task about 4 times, and a task that became always or never solved
+    (an exponential moving average, alpha 0.5 by default, of its recent groups) fades.
     """
 
     mode: Literal["linear", "uniform", "adaptive"] = knob(
-        "linear", "How the difficulty mix evolves. See the class doc."
+        "adaptive", "How the difficulty mix evolves. See the class doc."
     )
     start: DifficultyMix = knob(
         default_factory=lambda: DifficultyMix(easy=0.3, medium=0.5, hard=0.2),
@@ -72,7 +74,7 @@ class CurriculumConfig(Section):
     )
     adaptive_min_attempts: int = knob(4, "Attempts before a task's pass rate counts.", ge=1)
     adaptive_ema_alpha: float | None = knob(
-        None,
+        0.5,
         "EMA alpha for pass rates; null = cumulative. An EMA lets a task never solved early come "
         "back once the policy improves.",
         gt=0,
