@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> None:
                                                  "config": config.to_dict()},
                results, info)
     if args.png_out != "-":
-        plot(results, arms, Path(args.png_out), f"GRPO vs continued SFT from the shipped start, {info['cpu']}, "
-                                                f"{info['usable_cores']} cores")
+        plot(results, arms, Path(args.png_out), f"{' vs '.join(LABELS[a] for a in arms)} from the shipped start, "
+                                                f"{info['cpu']}, {info['usable_cores']} cores")
 
 
 if __name__ == "__main__":
