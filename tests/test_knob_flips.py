@@ -359,8 +359,9 @@ def flip_curriculum_mix(kit: Kit) -> None:
 
 def flip_curriculum_adaptive(kit: Kit) -> None:
     knobs = {"grpo__curriculum__adaptive_min_attempts": 3, "grpo__curriculum__adaptive_min_weight": 0.25,
-             "grpo__curriculum__adaptive_high": 0.8, "grpo__curriculum__adaptive_low": 0.3}
-    linear = build_loader(kit.config(**knobs), TASKS).sampler
+             "grpo__curriculum__adaptive_high": 0.8, "grpo__curriculum__adaptive_low": 0.3,
+             "grpo__curriculum__adaptive_ema_alpha": None}  # cumulative rates, for the hand computation
+    linear = build_loader(kit.config(grpo__curriculum__mode="linear", **knobs), TASKS).sampler
     sampler = build_loader(kit.config(grpo__curriculum__mode="adaptive", **knobs), TASKS).sampler
     for s in (linear, sampler):
         s.update("solved", 3, 3)
@@ -369,10 +370,11 @@ def flip_curriculum_adaptive(kit: Kit) -> None:
         s.update("mixed", 2, 4)
     assert [sampler.weight(t) for t in ("solved", "young", "failed", "mixed")] == [0.25, 1.0, 0.25, 1.0]
     assert linear.weight("solved") == 1.0
-    ema = build_loader(kit.config(grpo__curriculum__adaptive_ema_alpha=0.5), TASKS).sampler
-    ema.update("t", 1, 1)
-    ema.update("t", 0, 1)
-    assert ema.pass_rate("t") == pytest.approx(0.5)
+    for alpha, rate in ((None, 0.5), (0.25, 0.75), (0.5, 0.5)):  # cumulative; EMA: (1 - a) * 1 + a * 0
+        ema = build_loader(kit.config(grpo__curriculum__adaptive_ema_alpha=alpha), TASKS).sampler
+        ema.update("t", 1, 1)
+        ema.update("t", 0, 1)
+        assert ema.pass_rate("t") == pytest.approx(rate)
 
 
 def flip_batcher(kit: Kit) -> None:

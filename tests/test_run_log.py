@@ -64,7 +64,8 @@ def test_a_run_can_be_followed_from_its_log(data, tmp_path):
     assert _train(root, model_dir, out, first_log) == 0, first_log.read_text()[-3000:]
     log = first_log.read_text()
     # Both evaluations (before and after) report their progress, with an ETA.
-    assert log.count("INFO evaluation 3/3 (100%), ") == 2 and "ETA 0 s" in log, log
+    # 3 tasks, greedy and training.eval_samples (2) each: 9 episodes per evaluation, before and after
+    assert log.count("INFO evaluation 9/9 (100%), ") == 2 and "ETA 0 s" in log, log
     # Not wrapped: each long line is whole.
     assert f"INFO checkpoint saved: {out}/checkpoints/step-000001\n" in log, log
     assert "kernels" not in log and "gemm_4bit" not in log
