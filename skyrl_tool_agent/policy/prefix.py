@@ -22,6 +22,7 @@ from transformers import DynamicCache, StaticCache
 
 from skyrl_tool_agent.policy.checkpointing import recomputing
 from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
 
 # Below this many shared tokens the plain full-sequence path is used (nothing worth sharing).
 MIN_SHARED_PREFIX = 16
@@ -126,8 +127,6 @@ class SampledTokens:
         `seeds`, `positions[i]`: the position the token takes in its sequence) and record it for
         the rows not `done`; returns (tokens, `done` with the rows that hit a stop id)."""
         if self.seeds is not None and self.temperature > 0:
-            from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
-
             if positions is None:
                 raise ValueError("seeded sampling needs each row's position")
             n = next_logits.shape[0]
