@@ -205,6 +205,14 @@ class TrainingConfig(Section):
         "~40 GiB for Qwen2.5-1.5B and 61-64 GiB for 7B (distributed/memory.py); 16 would need 75 / 108 GiB.",
         h100=8, ge=1
     )
+    micro_batch_tokens: int | None = knob(
+        None,
+        "Token budget of a forward/backward pass: rows (sorted by length within each optimizer step) "
+        "join a micro-batch while rows x its longest row stays within it, at most micro_batch_size rows; "
+        "null = micro_batch_size rows in rollout order (padded to the longest). Single process only. "
+        "H100: 49152 (8 rows of grpo.max_total_tokens; shorter rows fill the same budget).",
+        h100=49152, ge=1,
+    )
     gradient_accumulation: int | None = knob(
         None,
         "Micro-batches per optimizer step; null = derived. Derived means one optimizer step per "

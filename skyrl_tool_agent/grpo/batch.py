@@ -26,6 +26,7 @@ class TrainBatch:
     loss_mask: torch.Tensor  # bool, sampled tokens only
     old_logp: torch.Tensor  # sampling log-probs
     advantages: torch.Tensor  # per token
+    ref_logp: torch.Tensor | None = None  # the reference policy's log-probs, once computed (KL term)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -39,6 +40,7 @@ class TrainBatch:
             self.loss_mask[idx, : width - 1],
             self.old_logp[idx, : width - 1],
             self.advantages[idx, : width - 1],
+            None if self.ref_logp is None else self.ref_logp[idx, : width - 1],
         )
 
 
@@ -62,6 +64,27 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float | tor
         old_logp[row, : k - 1] = torch.tensor(t.sampling_logprobs[1:], dtype=torch.float32)
         adv[row, : k - 1] = a[1:].float() if isinstance(a, torch.Tensor) else float(a)
     return TrainBatch(input_ids, attention, loss_mask, old_logp, adv * loss_mask)
+
+
+def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Rows (indices into `lengths`) of each forward/backward pass. Without `max_tokens`: `max_rows`
+    rows at a time in order (each pass padded to its longest row). With it: rows by length,
+    longest first, each pass filled while its padded size (rows x longest row) stays within
+    `max_tokens` and it has at most `max_rows` rows, so passes hold similar lengths and little
+    padding. A row longer than the budget runs alone. The gradient of a step is their sum either way."""
+    if max_rows < 1 or (max_tokens is not None and max_tokens < 1):
+        raise ValueError("max_rows and max_tokens must be >= 1")
+    order = list(range(len(lengths)))
+    if max_tokens is None:
+        return [order[i:i + max_rows] for i in range(0, len(order), max_rows)]
+    order.sort(key=lambda r: -lengths[r])
+    plan: list[list[int]] = []
+    for row in order:  # longest first: a pass's first row is its longest
+        if plan and len(plan[-1]) < max_rows and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens:
+            plan[-1].append(row)
+        else:
+            plan.append([row])
+    return plan
 
 
 @dataclass

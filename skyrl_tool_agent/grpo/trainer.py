@@ -29,7 +29,7 @@ from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.greedy import collect_episodes, greedy_evaluation, sampled_evaluation
 from skyrl_tool_agent.eval.metrics import eval_metrics, reward_term_means, summarize
 from skyrl_tool_agent.grpo.advantages import turn_token_advantages
-from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes
+from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes, plan_micro_batches
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
 from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -55,7 +55,8 @@ class StepOutput:
 
 def on_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
     """`batch` with every tensor on `device` (collated batches live on the CPU)."""
-    return TrainBatch(**{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)})
+    return TrainBatch(**{f.name: None if getattr(batch, f.name) is None else getattr(batch, f.name).to(device)
+                         for f in dataclasses.fields(batch)})
 
 
 class GRPOTrainer:
@@ -199,11 +200,11 @@ class GRPOTrainer:
     # The four hooks below are the optimizer "engine": plain torch here; the DeepSpeed trainer
     # (skyrl_tool_agent.distributed) routes them to a ZeRO-3 engine and its data-parallel ranks.
     def _micro_batches(self, batch: TrainBatch, size: int) -> list[TrainBatch]:
-        """The micro-batches this process runs, on the policy's device."""
-        return [
-            on_device(batch.slice(range(start, min(start + size, len(batch)))), self.policy.device)
-            for start in range(0, len(batch), size)
-        ]
+        """The micro-batches this process runs, on the policy's device: `size` rows at most, within
+        `training.micro_batch_tokens` when set (`plan_micro_batches`)."""
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        return [on_device(batch.slice(rows), self.policy.device)
+                for rows in plan_micro_batches(lengths, size, self.config.training.micro_batch_tokens)]
 
     def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
         """Accumulate the gradient of one micro-batch loss (`last`: the final one before a step)."""
@@ -232,29 +233,37 @@ class GRPOTrainer:
         then advances once: it counts rollout batches that trained (`grpo.optimizer`)."""
         g, t = self.config.grpo, self.config.training
         fixed_length = g.resolved_fixed_length()  # null in YAML means max_total_tokens
-        micro_batches = self._micro_batches(batch, max(1, t.micro_batch_size))
-        per_step = t.gradient_accumulation or len(micro_batches)
-        steps = [micro_batches[i:i + per_step] for i in range(0, len(micro_batches), per_step)]
+        size = max(1, t.micro_batch_size)
+        # An optimizer step's rows are fixed by rollout order (gradient_accumulation micro_batch_size
+        # rows each; null: all of them); within a step, rows are grouped into passes by length.
+        step_rows = len(batch) if t.gradient_accumulation is None else t.gradient_accumulation * size
+        steps = [self._micro_batches(batch.slice(range(start, min(start + step_rows, len(batch)))), size)
+                 for start in range(0, len(batch), step_rows)]
         # One step over everything: the full batch's normaliser (under data parallel the ranks'
         # micro-batches are shards of it); minibatches: each its own, as PPO minibatches are.
         norms = ([loss_normalizer(batch.loss_mask, g.loss_aggregation, fixed_length)] if len(steps) == 1 else
                  [loss_normalizer([mb.loss_mask for mb in step], g.loss_aggregation, fixed_length) for step in steps])
-        use_ref = g.kl_coef > 0
         sums: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "num_tokens": 0.0}
         grad_norms = []
-        with recompute_activations(self.policy.model, self.config.model.gradient_checkpointing):
-            for _ in range(t.update_epochs):
-                for step, norm in zip(steps, norms, strict=True):
-                    for i, mb in enumerate(step):
-                        loss, stats = self._micro_batch_loss(mb, norm, use_ref, fixed_length)
-                        self._backward(loss, last=i == len(step) - 1)
-                        n = stats.pop("num_tokens", 0.0)
-                        sums["num_tokens"] += n
-                        for key, value in stats.items():  # loss, pg_loss: partial sums; the rest: means
-                            sums[key] = sums.get(key, 0.0) + (value if key in ("loss", "pg_loss") else value * n)
-                    grad_norm = self._optimizer_step()
-                    if grad_norm is not None:
-                        grad_norms.append(grad_norm)
+        with self.policy.training_precision():
+            if g.kl_coef > 0:  # the reference once per step, under no_grad, before any weight moves
+                for step in steps:
+                    for mb in step:
+                        mb.ref_logp = self.policy.reference_logprobs(mb.input_ids, mb.attention_mask,
+                                                                     temperature=g.temperature)
+            with recompute_activations(self.policy.model, self.config.model.gradient_checkpointing):
+                for _ in range(t.update_epochs):
+                    for step, norm in zip(steps, norms, strict=True):
+                        for i, mb in enumerate(step):
+                            loss, stats = self._micro_batch_loss(mb, norm, fixed_length)
+                            self._backward(loss, last=i == len(step) - 1)
+                            n = stats.pop("num_tokens", 0.0)
+                            sums["num_tokens"] += n
+                            for key, value in stats.items():  # loss, pg_loss: partial sums; the rest: means
+                                sums[key] = sums.get(key, 0.0) + (value if key in ("loss", "pg_loss") else value * n)
+                        grad_norm = self._optimizer_step()
+                        if grad_norm is not None:
+                            grad_norms.append(grad_norm)
         self.scheduler.step()
         sums = self._sum_over_workers(sums)
         tokens = sums.pop("num_tokens")
@@ -265,18 +274,15 @@ class GRPOTrainer:
             out["grad_norm"] = mean(grad_norms)
         return out
 
-    def _micro_batch_loss(self, mb: TrainBatch, norm: float, use_ref: bool,
-                          fixed_length: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_batch_loss(self, mb: TrainBatch, norm: float, fixed_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         """One micro-batch's share of its optimizer step's loss (divided by the step's `norm`)."""
         g = self.config.grpo
-        ref_logp = (self.policy.reference_logprobs(mb.input_ids, mb.attention_mask, temperature=g.temperature)
-                    if use_ref else None)
         logp, entropy = self.policy.token_logprobs(mb.input_ids, mb.attention_mask, temperature=g.temperature,
                                                    with_entropy=True)
         if g.entropy_coef == 0:
             entropy = entropy.detach()
         return grpo_loss(
-            logp, mb.old_logp, mb.advantages, mb.loss_mask, ref_logp=ref_logp, kl_coef=g.kl_coef,
+            logp, mb.old_logp, mb.advantages, mb.loss_mask, ref_logp=mb.ref_logp, kl_coef=g.kl_coef,
             kl_estimator=g.kl_estimator, entropy=entropy, entropy_coef=g.entropy_coef,
             eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, aggregation=g.loss_aggregation,
             fixed_length=fixed_length, normalizer=norm,

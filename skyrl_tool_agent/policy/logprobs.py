@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["entropy_from_logits", "token_logprobs"]
+__all__ = ["entropy_from_logits", "head_token_stats", "token_logprobs"]
 
 DEFAULT_CHUNK = 512
 
@@ -140,3 +140,95 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
     """
     _check_logits(logits, temperature)
     return _Entropy.apply(logits, temperature, chunk_size)
+
+
+# ------------------------------------------------------------------ fused with the output projection
+#: Bytes of float32 logits one chunk of the fused projection may hold (~1,700 tokens of a 152k vocabulary).
+FUSED_CHUNK_BYTES = 1 << 30
+
+
+def fused_chunk_tokens(vocab: int, chunk_bytes: int = FUSED_CHUNK_BYTES) -> int:
+    """Tokens per chunk of `head_token_stats` for a vocabulary of `vocab`: one float32 chunk of logits
+    within `chunk_bytes`, at least 16."""
+    return max(16, chunk_bytes // (4 * vocab))
+
+
+class _HeadTokenStats(torch.autograd.Function):
+    """log softmax(hidden @ weight.T / T)[label] and, if asked, the entropy, for `[N, H]` hidden states.
+
+    The `[N, V]` logits never exist: the forward walks `chunk` tokens at a time (projection in the
+    weights' dtype, as `lm_head` computes it, then float32) and keeps the `[N]` logsumexp and entropy;
+    the backward recomputes each chunk's logits and turns the gradient of both outputs into the
+    gradients of `hidden` and (when it trains) `weight`, one chunk at a time. This is Liger's and
+    verl's fused linear log-prob, in torch."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, labels: Tensor, temperature: float, chunk: int,  # type: ignore[override]
+                with_entropy: bool) -> tuple[Tensor, Tensor]:
+        dt = _compute_dtype(hidden)
+        n = hidden.shape[0]
+        valid = labels >= 0
+        safe = labels.clamp(min=0).long()
+        logp = torch.zeros(n, dtype=dt, device=hidden.device)
+        lse = torch.empty(n, dtype=dt, device=hidden.device)
+        entropy = torch.zeros(n if with_entropy else 0, dtype=dt, device=hidden.device)
+        for start in range(0, n, chunk):
+            rows = slice(start, min(start + chunk, n))
+            z = (hidden[rows] @ weight.T).to(dt) / temperature
+            lse[rows] = z_lse = torch.logsumexp(z, dim=-1)
+            logp[rows] = z.gather(-1, safe[rows].unsqueeze(-1)).squeeze(-1) - z_lse
+            if with_entropy:  # H = lse - sum_i p_i z_i
+                entropy[rows] = z_lse - (torch.exp(z - z_lse.unsqueeze(-1)) * z).sum(-1)
+        logp = torch.where(valid, logp, torch.zeros_like(logp))
+        ctx.save_for_backward(hidden, weight, safe, valid, lse, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(*(() if with_entropy else (entropy,)))
+        return logp, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None  # type: ignore[override]
+                 ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
+        hidden, weight, labels, valid, lse, entropy = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dt, t, n = lse.dtype, ctx.temperature, hidden.shape[0]
+        with_entropy = entropy.numel() > 0 and grad_entropy is not None
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_weight else None
+        scale = None if grad_logp is None else grad_logp.to(dt) * valid.to(dt) / t
+        for start in range(0, n, ctx.chunk):
+            rows = slice(start, min(start + ctx.chunk, n))
+            h = hidden[rows]
+            log_p = (h @ weight.T).to(dt) / t - lse[rows].unsqueeze(-1)
+            p = torch.exp(log_p)
+            # d logp / dz = onehot(label) - p;  dH / dz = -p (log p + H);  z = logits / T.
+            g = torch.zeros_like(p)
+            if scale is not None:
+                g.sub_(p * scale[rows].unsqueeze(-1))
+                g.scatter_add_(-1, labels[rows].unsqueeze(-1), scale[rows].unsqueeze(-1))
+            if with_entropy:
+                g.sub_(p * (log_p + entropy[rows].unsqueeze(-1)) * (grad_entropy[rows].to(dt) / t).unsqueeze(-1))
+            g = g.to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = g @ weight
+            if grad_weight is not None:
+                grad_weight.add_(g.T.to(dt) @ h.to(dt))
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None)
+
+
+def head_token_stats(hidden: Tensor, weight: Tensor, labels: Tensor, temperature: float = 1.0, *,
+                     with_entropy: bool = False, chunk_tokens: int | None = None) -> tuple[Tensor, Tensor | None]:
+    """`[N]` float32 log p(labels[i]) under softmax(hidden[i] @ weight.T / temperature), and the
+    entropy there when `with_entropy`, without the `[N, V]` logits (see `_HeadTokenStats`).
+
+    `hidden` `[N, H]` (the final norm's output), `weight` `[V, H]` (the output projection, no bias).
+    Labels < 0 give 0.0 and pass no gradient. Differentiable w.r.t. `hidden` and `weight`."""
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} must be [N, H] and [V, H]")
+    if labels.shape != hidden.shape[:1]:
+        raise ValueError(f"labels {tuple(labels.shape)} do not match hidden {tuple(hidden.shape)}")
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0")
+    chunk = chunk_tokens or fused_chunk_tokens(weight.shape[0])
+    logp, entropy = _HeadTokenStats.apply(hidden, weight, labels, temperature, chunk, with_entropy)
+    return logp, (entropy if with_entropy else None)

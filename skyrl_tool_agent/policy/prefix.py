@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from skyrl_tool_agent.policy.checkpointing import recomputing
-from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.policy.logprobs import entropy_from_logits, head_token_stats, token_logprobs
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
 
 # Below this many shared tokens the plain full-sequence path is used (nothing worth sharing).
@@ -50,16 +50,36 @@ def expand_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], batch: int) -> Dyn
     return DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in kv])
 
 
-def suffix_logits(model: torch.nn.Module, kv: list, suffix: torch.Tensor, suffix_mask: torch.Tensor,
-                  *, use_cache: bool = False) -> tuple[torch.Tensor, DynamicCache]:
-    """Logits of `suffix` [B, S] (padding anywhere, marked by `suffix_mask`) on top of the prefix."""
-    batch = suffix.shape[0]
-    prefix_len = kv[0][0].shape[2]
-    cache = expand_cache(kv, batch)
-    attention = torch.cat([torch.ones(batch, prefix_len, dtype=suffix_mask.dtype, device=suffix.device), suffix_mask], 1)
-    positions = prefix_len + (suffix_mask.cumsum(1) - 1).clamp(min=0)
-    out = model(input_ids=suffix, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=use_cache)
-    return out.logits, cache
+def output_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor] | None:
+    """(the decoder body, the output projection's weight) of a causal LM whose log-probs can be taken
+    from the body's hidden states by `head_token_stats` (never materialising the logits): a plain
+    bias-free `lm_head` with nothing after it. None for other heads (logit soft-capping or scaling,
+    an adapter on the head, a ZeRO-3 partitioned weight): their log-probs come from the logits."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body, head = getattr(causal, "model", None), getattr(causal, "lm_head", None)
+    config = getattr(causal, "config", None)
+    if body is None or type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3: the weight is gathered only inside lm_head's forward
+        return None
+    return body, head.weight
+
+
+def _head_stats(weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor,
+                temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`head_token_stats` of the `keep` positions of `[B, L, H]` hidden states scoring `[B, L]`
+    labels, as `[B, L]` tensors (0 elsewhere: padding costs no projection)."""
+    shape = labels.shape
+    where = keep.reshape(-1).nonzero().squeeze(-1)
+    logp, entropy = head_token_stats(hidden.reshape(-1, hidden.shape[-1]).index_select(0, where), weight,
+                                     labels.reshape(-1).index_select(0, where), temperature, with_entropy=with_entropy)
+
+    def spread(values: torch.Tensor) -> torch.Tensor:
+        return values.new_zeros(shape.numel()).index_copy(0, where, values).view(shape)
+
+    return spread(logp), (spread(entropy) if entropy is not None else None)
 
 
 def shared_prefix_logprobs(
@@ -67,21 +87,31 @@ def shared_prefix_logprobs(
     *, temperature: float = 1.0, with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Right-padded rows sharing their first `prefix_len` ids -> log-probs of ids[:, 1:] ([B, L-1]),
-    as a plain forward would give (position t scores token t+1), and entropies if asked."""
+    as a plain forward would give (position t scores token t+1), and entropies if asked. The model
+    must have an `output_head`."""
+    head = output_head(model)
+    if head is None:
+        raise ValueError("shared_prefix_logprobs needs a model with a plain output head (output_head)")
+    body, weight = head
     batch, width = input_ids.shape
-    kv, prefix_out = prefix_pass(model, input_ids[0, :prefix_len])
-    logits, _ = suffix_logits(model, kv, input_ids[:, prefix_len:], attention_mask[:, prefix_len:])
-    # Prefix positions predict the same next ids in every row: computed once, broadcast.
-    pre_logits = prefix_out.unsqueeze(0)  # [1, P, V]; position P-1 predicts each row's first own id
-    pre_lp = token_logprobs(pre_logits[:, :-1], input_ids[:1, 1:prefix_len], temperature).expand(batch, -1)
-    last_lp = token_logprobs(pre_logits[:, -1:].expand(batch, -1, -1), input_ids[:, prefix_len:prefix_len + 1], temperature)
-    suf_lp = token_logprobs(logits[:, :-1], input_ids[:, prefix_len + 1:], temperature)
-    logp = torch.cat([pre_lp, last_lp, suf_lp], dim=1)
-    entropy = None
-    if with_entropy:
-        pre_h = entropy_from_logits(pre_logits, temperature).expand(batch, -1)
-        suf_h = entropy_from_logits(logits[:, :-1], temperature)
-        entropy = torch.cat([pre_h, suf_h], dim=1)
+    out = body(input_ids=input_ids[:1, :prefix_len], use_cache=True)
+    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    pre_hidden = out.last_hidden_state  # [1, P, H]
+    suffix_mask = attention_mask[:, prefix_len:]
+    positions = prefix_len + (suffix_mask.cumsum(1) - 1).clamp(min=0)
+    attention = torch.cat([torch.ones(batch, prefix_len, dtype=suffix_mask.dtype, device=input_ids.device), suffix_mask], 1)
+    suf_hidden = body(input_ids=input_ids[:, prefix_len:], attention_mask=attention, position_ids=positions,
+                      past_key_values=expand_cache(kv, batch), use_cache=False).last_hidden_state
+    # Prefix positions predict the same next ids in every row: scored once, broadcast. Position P-1
+    # predicts each row's first own id; the suffix's positions the rest.
+    hidden = torch.cat([pre_hidden[:, :-1].expand(batch, -1, -1), pre_hidden[:, -1:].expand(batch, -1, -1),
+                        suf_hidden[:, :-1]], dim=1)
+    keep = attention_mask[:, 1:].bool()
+    keep[1:, : prefix_len - 1] = False
+    logp, entropy = _head_stats(weight, hidden, input_ids[:, 1:], keep, temperature, with_entropy)
+    logp = torch.cat([logp[:1, : prefix_len - 1].expand(batch, -1), logp[:, prefix_len - 1:]], dim=1)
+    if entropy is not None:
+        entropy = torch.cat([entropy[:1, : prefix_len - 1].expand(batch, -1), entropy[:, prefix_len - 1:]], dim=1)
     assert logp.shape == (batch, width - 1)
     return logp, entropy
 
@@ -221,13 +251,20 @@ def batch_logprobs(
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids[:, 1:]` ([B, L-1], right-padded rows; position t scores token t+1),
-    sharing the rows' common prefix when it is long enough; entropies if asked."""
+    sharing the rows' common prefix when it is long enough; entropies if asked. Positions past a
+    row's end score 0. With an `output_head` the logits are never materialised (`head_token_stats`)."""
     temperature = temperature if temperature > 0 else 1.0
+    head = output_head(model)
     rows = [r[: int(m.sum())] for r, m in zip(input_ids.tolist(), attention_mask)]
     prefix_len = common_prefix_length(rows)
-    if prefix_len >= MIN_SHARED_PREFIX and not recomputing(model):  # checkpointing drops the prefix's cache
+    if head is not None and prefix_len >= MIN_SHARED_PREFIX and not recomputing(model):  # checkpointing drops the prefix's cache
         return shared_prefix_logprobs(model, input_ids, attention_mask, prefix_len, temperature=temperature,
                                       with_entropy=with_entropy)
+    if head is not None:
+        body, weight = head
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return _head_stats(weight, hidden[:, :-1], input_ids[:, 1:], attention_mask[:, 1:].bool(), temperature,
+                           with_entropy)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    logp = token_logprobs(logits, input_ids[:, 1:], temperature)
-    return logp, (entropy_from_logits(logits, temperature) if with_entropy else None)
+    logp = token_logprobs(logits, input_ids[:, 1:], temperature) * attention_mask[:, 1:]
+    return logp, (entropy_from_logits(logits, temperature) * attention_mask[:, 1:] if with_entropy else None)

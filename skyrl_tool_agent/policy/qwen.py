@@ -248,6 +248,23 @@ class QwenPolicy:
         return batch_logprobs(self.model, input_ids, attention_mask, temperature=temperature, with_entropy=with_entropy)
 
     @contextlib.contextmanager
+    def training_precision(self) -> Iterator[None]:
+        """The update's forwards and backwards in the weights' dtype: a bf16/fp16 model whose LoRA
+        adapters are float32 (peft keeps them so, for the optimizer) runs its adapter matmuls in
+        the model's dtype under autocast, instead of casting every activation to float32 and back
+        around each adapted projection; the adapters and their gradients stay float32. Nothing
+        changes for a float32 model. Wrap backward passes too (checkpointed layers recompute there)."""
+        dtype = next(self.model.parameters()).dtype
+        adapters = [p for n, p in self.model.named_parameters() if "lora_" in n and p.requires_grad]
+        if dtype not in (torch.bfloat16, torch.float16) or not adapters or self.is_4bit:
+            yield
+            return
+        from peft.helpers import disable_input_dtype_casting
+
+        with torch.autocast(self.device.type, dtype=dtype), disable_input_dtype_casting(self.model):
+            yield
+
+    @contextlib.contextmanager
     def reference(self) -> Iterator[PreTrainedModel]:
         """The reference policy for the KL term: LoRA = the same weights with adapters disabled
         (no second copy in memory); full = a frozen copy made on first use."""
