@@ -54,14 +54,15 @@ logger = logging.getLogger(__name__)
 #: the prompt, execute_sql, the built-in data): the gpu profile's own environment is Spider with
 #: every tool offered and no schema, for a hub model, which a model built in minutes cannot explore.
 #: Weights in fp32 everywhere (the supervised phases keep fp32 master weights; evaluating every arm
-#: and the start in one dtype keeps their differences the policies').
+#: and the start in one dtype keeps their differences the policies'). Micro-batches of 32 episodes:
+#: a model of a few million parameters leaves a GPU idle at 8.
 SPEEDRUN_OVERRIDES = (
     "grpo.group_size=16", "training.tasks_per_step=16", "grpo.max_turns=4",
     "env.collector.concurrency=256", "env.sessions_per_server=8",
     "training.eval_samples=4", "training.eval_every=0", "training.probe_tasks=64", "training.probe_every=5",
     "training.checkpoint_every=0", "training.keep_checkpoints=1", "training.time_budget_minutes=null",
     "training.max_steps=100000", "training.rollouts_every=0", "training.wandb.mode=disabled",
-    "training.data.train_pool=generated", "model.dtype=float32",
+    "training.data.train_pool=generated", "model.dtype=float32", "training.micro_batch_size=32",
 )
 
 #: Later evaluations are sized as the start's times this (a trained policy may answer differently).
@@ -160,8 +161,12 @@ class Speedrun:
 
     def write(self) -> None:
         """speedrun.json, replaced whole (a kill leaves the previous one or the new one)."""
+        import torch
+
         self.record["elapsed_s"] = self.elapsed()
         self.record["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.record["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**20 / 1024
         tmp = self.output_dir / f".{RESULT_FILE}.tmp"
         tmp.write_text(json.dumps(self.record, indent=1, default=str) + "\n")
         tmp.replace(self.output_dir / RESULT_FILE)
@@ -338,6 +343,14 @@ class Speedrun:
         t0 = time.monotonic()
         self.grpo_arm = GRPOCurve(self.arm_config(), self.work_dir / "grpo", splits=self.splits)
         self.arm_setup_s = time.monotonic() - t0
+        due = log_every(10.0)
+
+        def eval_line(done: int, total: int) -> None:  # evaluations of every dev task take a while
+            if due() or done == total:
+                logger.info("dev evaluation: %d of %d episodes, %.0f s left in the budget", done, total,
+                            self.remaining())
+
+        self.grpo_arm.trainer.eval_progress = eval_line
         t0 = time.monotonic()
         try:
             self.start_eval = self.grpo_arm.evaluate_start()
