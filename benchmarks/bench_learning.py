@@ -34,7 +34,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -54,45 +53,29 @@ TRAIN_POOL = {"frontier": "frontier", "pool": "generated"}
 
 def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
     """GRPO from the config's model, evaluated on the eval tasks at each training-time mark
-    (`config` writes into `out`, evaluates only when `train` returns, saves no checkpoints)."""
-    from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.grpo.run_logging import RunLogger
-    from skyrl_tool_agent.grpo.trainer import GRPOTrainer
-    from skyrl_tool_agent.eval.splits import TaskSplits
-    from skyrl_tool_agent.pipeline import build_loader
-    from skyrl_tool_agent.policy.qwen import QwenPolicy
+    (`pipeline.GRPOCurve`; `config` writes into `out`, evaluates only when a segment ends)."""
+    from skyrl_tool_agent.pipeline import GRPOCurve
 
-    splits = TaskSplits.load(config)
-    pool = splits.rl_train()
-    runtime = EnvRuntime(config.env, splits.db_root)
+    arm = GRPOCurve(config, out)
     try:
-        policy = QwenPolicy.from_config(config.model, mode=config.training.mode)
-        eval_tasks = splits.run_eval()
-        trainer = GRPOTrainer(config, policy, runtime, build_loader(config, pool), eval_tasks, output_dir=out)
-        run_logger = RunLogger(out, wandb_config=config.training.wandb)
-        before = trainer.evaluate()
-        curve, trained_s = [], 0.0
+        before = arm.evaluate_start()
 
         def step_line(metrics: dict[str, Any]) -> None:  # a long run shows progress
             if metrics["step"] % 10 == 0:
                 console.print(f"GRPO step {metrics['step']}, {metrics['time/elapsed_s'] / 60:.1f} min, "
                               f"reward {metrics['reward/mean'] or 0:.3f}")
         for mark in marks:
-            t0 = time.monotonic()
-            trainer.train(run_logger, deadline=t0 + 60 * mark - trained_s, on_step=step_line)
-            trained_s += time.monotonic() - t0 - trainer.last_eval_seconds
-            curve.append({"minutes": trained_s / 60, "step": trainer.step, **trainer.last_eval})
-            console.print(f"GRPO {trained_s / 60:.1f} min, step {trainer.step}: {config.training.eval_split} EX "
-                          f"{trainer.last_eval['execution_accuracy']:.3f}")
-            if trainer.step >= config.training.max_steps:
+            point = arm.train_for(60 * mark, on_step=step_line)
+            console.print(f"GRPO {point['minutes']:.1f} min, step {point['step']}: {config.training.eval_split} EX "
+                          f"{point['execution_accuracy']:.3f}")
+            if arm.finished:
                 if mark != marks[-1]:  # the arm would otherwise look shorter than asked, silently
                     console.print(f"[yellow]warning: GRPO reached training.max_steps={config.training.max_steps} at "
-                                  f"{trained_s / 60:.1f} of {marks[-1]:g} minutes; raise it for a longer run")
+                                  f"{point['minutes']:.1f} of {marks[-1]:g} minutes; raise it for a longer run")
                 break
-        run_logger.finish()
     finally:
-        runtime.close()
-    return {"before": before, "curve": curve, "steps": trainer.step, "metrics": str(out / "metrics.jsonl")}
+        arm.close()
+    return {"before": before, "curve": arm.curve, "steps": arm.trainer.step, "metrics": str(out / "metrics.jsonl")}
 
 
 def arm_from_run(run_dir: Path) -> dict[str, Any]:

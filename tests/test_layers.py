@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("reporting",),
     ("pipeline",),  # the main job as library functions
     ("cli",),  # logging and progress for the commands
+    ("speedrun",),  # from nothing to a GRPO-trained agent in one budget: build, GRPO, SFT arm, report
     ("skyrl_tool_agent",),  # the package root (version, registration with skyrl-gym)
     ("commands",),  # the scripts' entry points
 )

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "build-data": ("commands.build_data", "main", (), "build the built-in text-to-SQL dataset (SQLite + JSON)"),
     "build-model": ("commands.build_model", "main", (), "build (or --ship) the embedded default model"),
     "sft-baseline": ("commands.sft_baseline", "main", (), "continue the warm start for a wall time (GRPO's baseline)"),
+    "speedrun": ("commands.speedrun", "main", (), "from nothing to a GRPO-trained agent in one budget, beside SFT"),
     "memory-profile": ("commands.memory_profile", "main", (), "peak memory of one GRPO update per training mode"),
     "knobs": ("config.__main__", "main", ("knobs",), "list every config knob (--markdown for a table)"),
     "config": ("config.__main__", "main", (), "show the resolved config, write default config files, list knobs"),

@@ -1,0 +1,632 @@
+"""The speedrun: from nothing to a GRPO-trained SQL agent within one wall-clock budget, with the
+arm RL must beat beside it (`skyrl-tool-agent speedrun --minutes M --output-dir DIR`).
+
+Phases, each timed and each failing soft (its error logged and recorded, the results of the
+phases before it kept), with `speedrun.json` rewritten as each one ends:
+
+1. **build**: a fresh Qwen2 (`--hidden-size` ...) with the shipped model's tokenizer, supervised on
+   oracle episodes of the generated pool until its greedy curve on the pool's validation split is
+   flat (`warmstart.scratch`), within `build_share` of the budget;
+2. **start**: the start evaluated on the dev tasks (greedy and avg@k with common random numbers,
+   `GRPOTrainer.evaluate`); its duration sizes the evaluations still to come, and what is left is
+   split evenly between the two arms;
+3. **grpo**: GRPO from the start through the real MCP environment (`pipeline.GRPOCurve`: the
+   trainer, the rollout engine on CUDA, the probe of revisited training tasks), evaluated on dev at
+   `points` marks of its training time;
+4. **sft**: continued supervised training from the same start, on the same oracle episodes, at the
+   recipe's tail learning rate, for the training time GRPO used (`pipeline.continue_warm_start`),
+   evaluated at the same marks;
+5. **report**: paired-bootstrap intervals of every change and of GRPO - SFT, `speedrun.md` (the
+   tables), `speedrun.png` (the curves).
+
+Only flat files go into the output directory (speedrun.json, speedrun.md, speedrun.png,
+grpo_metrics.jsonl; the command adds speedrun.log); models, checkpoints and run directories go to
+the work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import resource
+import shutil
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import mean, median
+from typing import Any
+
+from skyrl_tool_agent.cli import log_every
+from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, Config, ModelConfig, UserInputError
+from skyrl_tool_agent.pipeline import GRPOCurve, continue_warm_start, oracle_collector_settings, paired_delta
+from skyrl_tool_agent.warmstart.scratch import ModelShape
+
+logger = logging.getLogger(__name__)
+
+#: The speedrun's episode and step shape, applied before the user's --set (which wins). The gpu
+#: profile's GRPO shape (16 tasks x 16 episodes, several turns, 256 episodes in flight, 4 MCP
+#: server sessions and more for the 16 cores there) on the CPU profile's environment (schema in
+#: the prompt, execute_sql, the built-in data): the gpu profile's own environment is Spider with
+#: every tool offered and no schema, for a hub model, which a model built in minutes cannot explore.
+#: Weights in fp32 everywhere (the supervised phases keep fp32 master weights; evaluating every arm
+#: and the start in one dtype keeps their differences the policies'). Micro-batches of 32 episodes:
+#: a model of a few million parameters leaves a GPU idle at 8.
+SPEEDRUN_OVERRIDES = (
+    "grpo.group_size=16", "training.tasks_per_step=16", "grpo.max_turns=4",
+    "env.collector.concurrency=256", "env.sessions_per_server=8",
+    "training.eval_samples=4", "training.eval_every=0", "training.probe_tasks=64", "training.probe_every=5",
+    "training.checkpoint_every=0", "training.keep_checkpoints=1", "training.time_budget_minutes=null",
+    "training.max_steps=100000", "training.rollouts_every=0", "training.wandb.mode=disabled",
+    "training.data.train_pool=generated", "model.dtype=float32", "training.micro_batch_size=32",
+)
+
+#: Later evaluations are sized as the start's times this (a trained policy may answer differently).
+EVAL_SLACK = 1.2
+#: Files in the output directory.
+RESULT_FILE, TABLE_FILE, CURVES_FILE, METRICS_FILE, LOG_FILE = (
+    "speedrun.json", "speedrun.md", "speedrun.png", "grpo_metrics.jsonl", "speedrun.log")
+
+
+@dataclass
+class SpeedrunPlan:
+    """What the speedrun does and within what time (the command's flags)."""
+
+    minutes: float = 10.0
+    shape: ModelShape = field(default_factory=ModelShape)
+    #: Fraction of the budget for the build (oracle episodes + supervised training to the plateau).
+    build_share: float = 0.45
+    #: At most this many supervised steps in the build (None: the time cap and the plateau decide).
+    build_steps: int | None = None
+    sft_batch_size: int = 64
+    #: Oracle episodes of a stratified subset of this many pool tasks (None: the whole pool).
+    pool_tasks: int | None = None
+    #: Validation tasks the build's curve is measured on (None: the whole split).
+    validation_tasks: int | None = None
+    build_evaluations: int = 6
+    #: Dev evaluations per arm, evenly over its training time (fewer when time is short).
+    points: int = 2
+    #: Seconds kept free at the end: one GRPO step past a mark, the report's files.
+    margin_s: float | None = None
+
+    def check(self) -> None:
+        """One `UserInputError` for a plan that cannot run."""
+        if self.minutes <= 0:
+            raise UserInputError(f"--minutes must be positive, got {self.minutes:g}")
+        if not 0 < self.build_share < 1:
+            raise UserInputError(f"--build-share must be between 0 and 1, got {self.build_share:g}")
+        if reason := self.shape.check():
+            raise UserInputError(f"model shape: {reason}")
+        for name in ("sft_batch_size", "build_evaluations", "points"):
+            if getattr(self, name) < 1:
+                raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("pool_tasks", "validation_tasks", "build_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
+
+    @property
+    def margin(self) -> float:
+        return self.margin_s if self.margin_s is not None else max(5.0, 0.04 * 60 * self.minutes)
+
+
+def arm_seconds(remaining_s: float, eval_s: float, points: int, margin_s: float, setup_s: float = 0.0) -> float:
+    """Training seconds each arm gets when `remaining_s` must hold both arms' training, `points`
+    evaluations each (sized `eval_s` x EVAL_SLACK), the second arm's `setup_s` (model, servers)
+    and `margin_s`."""
+    return (remaining_s - 2 * points * EVAL_SLACK * eval_s - setup_s - margin_s) / 2
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0 elsewhere): the interpreter's start and
+    the imports before a command's first line count against its budget too."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Speedrun:
+    """One run (module docstring). `started` is the monotonic time the budget counts from."""
+
+    def __init__(self, config: Config, plan: SpeedrunPlan, output_dir: Path, work_dir: Path, *,
+                 started: float, command: str = "") -> None:
+        plan.check()
+        self.config, self.plan = config, plan
+        self.output_dir, self.work_dir = output_dir, work_dir
+        self.started = started
+        self.end = started + 60 * plan.minutes
+        self.sampler = config.model.sampler
+        self.record: dict[str, Any] = {
+            "command": command, "plan": {**asdict(plan), "margin_s": plan.margin},
+            "size_chosen_by": "flags (the defaults were not chosen by a measurement on validation)",
+            "phases": {}, "config": config.to_dict()}
+        self.examples: list[tuple[list[int], list[int]]] = []
+        self.start_dir = work_dir / "start"
+        self.start_eval: dict[str, Any] | None = None
+        self.eval_s = 0.0
+        self.arm_setup_s = 0.0  # loading a model and starting the MCP servers (measured on the GRPO arm)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+    def write(self) -> None:
+        """speedrun.json, replaced whole (a kill leaves the previous one or the new one)."""
+        import torch
+
+        self.record["elapsed_s"] = self.elapsed()
+        self.record["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.record["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**20 / 1024
+        tmp = self.output_dir / f".{RESULT_FILE}.tmp"
+        tmp.write_text(json.dumps(self.record, indent=1, default=str) + "\n")
+        tmp.replace(self.output_dir / RESULT_FILE)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[dict[str, Any]]:
+        """Time a phase, record its status; an error is logged and recorded, never raised (a
+        signal that stopped GRPO is re-raised after the record is written)."""
+        from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
+
+        entry: dict[str, Any] = {"status": "running", "started_s": self.elapsed()}
+        self.record["phases"][name] = entry
+        logger.info("speedrun %s: starting at %.0f of %.0f s", name, self.elapsed(), 60 * self.plan.minutes)
+        t0 = time.monotonic()
+        try:
+            yield entry
+            entry["status"] = entry.get("status_override", "ok")
+            entry.pop("status_override", None)
+        except TrainingInterrupted as exc:
+            entry.update(status="interrupted", error=str(exc))
+            raise
+        except UserInputError as exc:
+            entry.update(status="failed", error=str(exc))
+            if name == "setup":  # a bad input: the command's one error line, exit 2
+                raise
+            logger.error("speedrun %s failed: %s", name, exc)
+        except Exception as exc:  # noqa: BLE001 - fail soft: the phases before keep their results
+            logger.error("speedrun %s failed: %s: %s\n%s", name, type(exc).__name__, exc, traceback.format_exc())
+            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            entry["seconds"] = time.monotonic() - t0
+            logger.info("speedrun %s: %s in %.1f s (%.0f s left)", name, entry["status"], entry["seconds"],
+                        self.remaining())
+            self.write()
+
+    def arm_config(self, **model: Any) -> Config:
+        """The run's config with the built start as the model (and this run's sampler)."""
+        config = copy.deepcopy(self.config)
+        config.model.name_or_path = str(self.start_dir)
+        config.model.sampler = self.sampler
+        for key, value in model.items():
+            setattr(config.model, key, value)
+        return config
+
+    # ------------------------------------------------------------------ phases
+    def run(self) -> dict[str, Any]:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with self.phase("setup") as entry:
+            self.setup(entry)
+        if self.record["phases"]["setup"]["status"] != "ok":
+            return self.record
+        with self.phase("build") as entry:
+            self.build(entry)
+        if not (self.start_dir / "config.json").is_file():
+            return self.record
+        with self.phase("start") as entry:
+            self.evaluate_start(entry)
+        if self.start_eval is None:
+            return self.record
+        points, each_s = self.plan_arms()
+        grpo_s = None
+        if each_s > 0:
+            with self.phase("grpo") as entry:
+                grpo_s = self.grpo(entry, points, each_s)
+            with self.phase("sft") as entry:
+                self.sft(entry, points, grpo_s if grpo_s is not None else each_s)
+        with self.phase("report") as entry:
+            self.report(entry)
+        return self.record
+
+    def setup(self, entry: dict[str, Any]) -> None:
+        import torch
+
+        from skyrl_tool_agent.data.batching import fixed_subset
+        from skyrl_tool_agent.eval.splits import TaskSplits
+        from skyrl_tool_agent.policy.loading import load_tokenizer, resolve_device
+
+        if self.config.training.data.dataset != "builtin":
+            raise UserInputError("the speedrun needs the builtin dataset (its generated pool)")
+        self.device = resolve_device(self.config.model.device)
+        if self.device.type == "cuda":
+            # fp32 master weights, TF32 matmuls: the precision bf16 autocast would lose, at bf16-like speed.
+            torch.set_float32_matmul_precision("high")
+        entry["device"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else str(self.device)
+        entry["cpu_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        entry["torch"] = torch.__version__
+        self.splits = TaskSplits.load(self.config)
+        pool, validation = self.splits.pool_and_validation()
+        seed = self.config.training.seed
+        self.pool = pool if self.plan.pool_tasks is None else fixed_subset(pool, self.plan.pool_tasks, seed=seed)
+        self.validation = validation[: self.plan.validation_tasks or len(validation)]
+        self.tokenizer = load_tokenizer(str(SHIPPED_EMBEDDED_DIR), ModelConfig())
+        entry.update(pool_tasks=len(self.pool), validation_tasks=len(self.validation),
+                     dev_tasks=len(self.splits.run_eval()), vocab_size=len(self.tokenizer))
+        self.sampler, entry["sampler"] = self.check_sampler()
+
+    def check_sampler(self) -> tuple[str, dict[str, Any]]:
+        """The sampler every phase uses: `model.sampler`, unless it resolves to the rollout engine
+        and a small batch through the engine fails here, then `kernel` (the engine is the only
+        CUDA-specific sampling code; a failure here costs seconds instead of the run)."""
+        from skyrl_tool_agent.policy.embedded import new_tiny_qwen2
+        from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+
+        model = new_tiny_qwen2(self.tokenizer, **asdict(self.plan.shape)).to(self.device)
+        policy = QwenPolicy(model, self.tokenizer, mode="full", sampler=self.config.model.sampler)
+        resolved = policy.resolved_sampler()
+        info: dict[str, Any] = {"configured": self.config.model.sampler, "resolved": resolved}
+        if resolved != "engine":
+            return self.config.model.sampler, info
+        prompt = list(self.tokenizer("<|im_start|>user\nHow many books?<|im_end|>\n")["input_ids"])
+        t0 = time.monotonic()
+        try:
+            for temperature in (0.0, 1.0):
+                out = policy.generate([prompt] * 8, SamplingParams(temperature=temperature, max_new_tokens=16))
+                if len(out) != 8 or not all(g.token_ids for g in out):
+                    raise RuntimeError(f"the engine returned {[len(g.token_ids) for g in out]} tokens for 8 prompts")
+        except Exception as exc:  # noqa: BLE001 - fall back, say so
+            logger.error("the rollout engine failed its check (%s: %s); every phase samples with the kernel sampler",
+                         type(exc).__name__, exc)
+            info.update(error=f"{type(exc).__name__}: {exc}", used="kernel")
+            return "kernel", info
+        finally:
+            policy.release_rollout_engine()
+        info.update(check_s=time.monotonic() - t0, used=resolved)
+        return self.config.model.sampler, info
+
+    def build(self, entry: dict[str, Any]) -> None:
+        from skyrl_tool_agent.env.pools import EnvRuntime
+        from skyrl_tool_agent.rollout.collector import CollectorSettings
+        from skyrl_tool_agent.warmstart.build import oracle_conversations
+        from skyrl_tool_agent.warmstart.scratch import build_from_scratch
+        from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids
+
+        deadline = self.started + self.plan.build_share * 60 * self.plan.minutes
+        runtime = EnvRuntime(self.config.env, self.splits.db_root)
+        try:
+            t0 = time.monotonic()
+            conversations = oracle_conversations(runtime, self.pool, oracle_collector_settings(self.config))
+            self.examples = [conversation_to_ids(c, self.tokenizer) for c in conversations]
+            entry["oracle_s"] = time.monotonic() - t0
+            logger.info("speedrun build: %d oracle episodes of %d pool tasks in %.1f s", len(self.examples),
+                        len(self.pool), entry["oracle_s"])
+            sft = SFTSettings(steps=self.plan.build_steps or 10**6, batch_size=self.plan.sft_batch_size, seed=self.config.training.seed)
+            log_due = log_every()
+
+            def on_step(step: int, loss: float) -> None:
+                if log_due():
+                    logger.info("build: supervised step %d, loss %.4f, %.0f s left in the build", step, loss,
+                                deadline - time.monotonic())
+
+            built = build_from_scratch(
+                self.start_dir, self.tokenizer, self.examples, runtime, self.validation, shape=self.plan.shape,
+                sft=sft, eval_settings=CollectorSettings.from_config(self.config, evaluation=True),
+                deadline=deadline, evaluations=self.plan.build_evaluations, device=str(self.device),
+                sampler=self.sampler, progress=on_step, provenance={"command": self.record["command"]})
+        finally:
+            runtime.close()
+        loss = built["sft"]["loss"]
+        size_mb = sum((self.start_dir / f).stat().st_size for f in built["files"]) / 1e6
+        self.record["build"] = {
+            "parameters": built["parameters"], "shape": built["shape"], "fp32_mb": size_mb,
+            "bf16_mb_estimate": 2 * built["parameters"] / 1e6, "oracle_episodes": len(self.examples),
+            "steps": built["sft"]["steps"], "planned_steps": built["sft"]["planned_steps"],
+            "train_seconds": built["sft"]["seconds"], "batch_size": sft.batch_size,
+            "steps_per_s": built["sft"]["steps"] / max(built["sft"]["seconds"], 1e-9),
+            "loss_first": loss[0][1] if loss else None, "loss_last": loss[-1][1] if loss else None,
+            "loss_curve": loss[:: max(1, len(loss) // 50)],
+            "validation_curve": built["sft"]["evals"], "plateau": built["plateau"], "model_dir": str(self.start_dir),
+            "weights_fingerprint": built["weights_fingerprint"]}
+
+    def evaluate_start(self, entry: dict[str, Any]) -> None:
+        """Starts the GRPO arm (its trainer evaluates the start, as the main job does)."""
+        t0 = time.monotonic()
+        self.grpo_arm = GRPOCurve(self.arm_config(), self.work_dir / "grpo", splits=self.splits)
+        self.arm_setup_s = time.monotonic() - t0
+        due = log_every(10.0)
+
+        def eval_line(done: int, total: int) -> None:  # evaluations of every dev task take a while
+            if due() or done == total:
+                logger.info("dev evaluation: %d of %d episodes, %.0f s left in the budget", done, total,
+                            self.remaining())
+
+        self.grpo_arm.trainer.eval_progress = eval_line
+        t0 = time.monotonic()
+        try:
+            self.start_eval = self.grpo_arm.evaluate_start()
+        except BaseException:
+            self.grpo_arm.close()
+            raise
+        self.eval_s = time.monotonic() - t0
+        self.record["start"] = self.start_eval
+        entry.update(eval_s=self.eval_s, arm_setup_s=self.arm_setup_s)
+        self.check_start_weights("grpo", self.grpo_arm.start_weights)
+        entry["sampler"] = self.grpo_arm.trainer.policy.resolved_sampler()
+
+    def check_start_weights(self, arm: str, fingerprint: str) -> None:
+        """Record whether an arm starts from the built weights (the comparison means nothing otherwise)."""
+        same = fingerprint == (self.record.get("build") or {}).get("weights_fingerprint")
+        self.record.setdefault("arms_start_from_build", {})[arm] = same
+        if not same:
+            logger.error("speedrun: the %s arm does not start from the built model's weights", arm)
+
+    def plan_arms(self) -> tuple[int, float]:
+        """(points, training seconds per arm) from the time left and the start evaluation's duration."""
+        points = self.plan.points
+
+        def each_for(points: int) -> float:
+            return arm_seconds(self.remaining(), self.eval_s, points, self.plan.margin, self.arm_setup_s)
+
+        each = each_for(points)
+        while points > 1 and each / points < self.eval_s:  # a segment shorter than an evaluation: fewer points
+            points -= 1
+            each = each_for(points)
+        self.record["arms_plan"] = {"points": points, "training_s_each": each, "eval_s": self.eval_s,
+                                    "remaining_s": self.remaining()}
+        if each <= 0:
+            self.record["arms_plan"]["skipped"] = "no time left for the arms after the start's evaluation"
+            logger.warning("speedrun: no time left for GRPO and SFT (%.0f s left, an evaluation takes %.0f s)",
+                           self.remaining(), self.eval_s)
+            self.grpo_arm.close()
+        else:
+            logger.info("speedrun: %.0f s of training per arm, %d dev evaluation(s) each (~%.0f s)", each, points,
+                        self.eval_s)
+        return points, each
+
+    def grpo(self, entry: dict[str, Any], points: int, each_s: float) -> float | None:
+        """GRPO for `each_s` seconds of training, evaluated at `points` marks; returns its training seconds."""
+        arm = self.grpo_arm
+        steps: list[dict[str, Any]] = []
+        try:
+            tool_calls = _ToolCallTally(arm.trainer)
+        except BaseException:
+            arm.close()
+            raise
+
+        def on_step(m: dict[str, Any]) -> None:
+            row = {"step": m["step"], "elapsed_s": m["time/elapsed_s"], "rollout_s": m["time/rollout_s"],
+                   "update_s": m["time/update_s"], "generated_tokens": m["policy_tokens"],
+                   "generated_tokens_per_s": m["policy_tokens"] / max(m["time/rollout_s"], 1e-9),
+                   "turns_per_episode": m["episode/turns_mean"], "tool_calls_per_episode": tool_calls.last,
+                   "reward": m["reward/mean"], "train_execution_accuracy": m["train/execution_accuracy"],
+                   "groups_dropped": m["train/groups_dropped"], "episodes": m["train/scored"],
+                   "gpu_peak_gib": m.get("memory/gpu_peak_gib"), "probe": m.get("probe/execution_accuracy")}
+            steps.append(row)
+            logger.info("GRPO step %d: rollout %.1f s, update %.1f s, %.0f generated tokens/s, reward %.3f, "
+                        "%.2f turns and %.2f tool calls per episode%s; %.0f s left", row["step"], row["rollout_s"],
+                        row["update_s"], row["generated_tokens_per_s"], row["reward"] or 0.0,
+                        row["turns_per_episode"] or 0.0, row["tool_calls_per_episode"] or 0.0,
+                        "" if row["probe"] is None else f", probe {row['probe']:.3f}", self.remaining())
+
+        result: dict[str, Any] = {"steps": steps, "curve": arm.curve}
+        self.record["grpo"] = result
+        try:
+            for i in range(points):
+                point = arm.train_for(each_s * (i + 1) / points, on_step=on_step)
+                logger.info("GRPO %.2f min, step %d: dev EX %.3f", point["minutes"], point["step"],
+                            point["execution_accuracy"] or 0.0)
+                self.write()
+                if arm.finished:
+                    break
+        finally:
+            result.update(training_s=arm.trained_s, total_steps=arm.trainer.step,
+                          stop_reason=arm.trainer.stop_reason, throughput=_throughput(steps),
+                          sampler=arm.trainer.policy.resolved_sampler())
+            metrics = self.work_dir / "grpo" / "metrics.jsonl"
+            arm.close()
+            if metrics.is_file():
+                shutil.copyfile(metrics, self.output_dir / METRICS_FILE)
+        return arm.trained_s if arm.curve else None
+
+    def sft(self, entry: dict[str, Any], points: int, target_s: float) -> None:
+        """Continued supervision from the start for `target_s` seconds (GRPO's), or what is left."""
+        evals_s = points * EVAL_SLACK * self.eval_s
+        fits = self.remaining() - evals_s - self.arm_setup_s - self.plan.margin / 2
+        seconds = min(target_s, fits)
+        entry.update(target_s=target_s, training_s=seconds)
+        if seconds < target_s:
+            entry["short_by_s"] = target_s - seconds
+            logger.warning("speedrun sft: %.0f s of the %.0f s GRPO trained fit the budget", seconds, target_s)
+        if seconds <= 0:
+            entry["status_override"] = "skipped"
+            return
+        grpo_marks = [p["minutes"] for p in (self.record.get("grpo") or {}).get("curve", [])][:-1]
+        marks = tuple(m for m in grpo_marks if m < seconds / 60) or tuple(
+            seconds / 60 * (i + 1) / points for i in range(points - 1))
+        log_due = log_every()
+
+        def on_step(step: int, loss: float) -> None:
+            if log_due():
+                logger.info("SFT arm: step %d, loss %.4f, %.0f s left", step, loss, self.remaining())
+
+        result = continue_warm_start(self.arm_config(), seconds / 60, eval_at_minutes=marks, progress=on_step,
+                                     examples=self.examples, before=self.start_eval,
+                                     deadline=self.end - EVAL_SLACK * self.eval_s - self.plan.margin / 2,
+                                     batch_size=self.plan.sft_batch_size, splits=self.splits)
+        result.pop("before", None)
+        self.check_start_weights("sft", result["start_weights"])
+        result["training_s"] = result["curve"][-1]["minutes"] * 60 if result["curve"] else 0.0
+        result["steps_per_s"] = result["steps"] / max(result["training_s"], 1e-9)
+        self.record["sft"] = result
+
+    def report(self, entry: dict[str, Any]) -> None:
+        start = self.record["start"]
+        arms = [a for a in ("grpo", "sft") if (self.record.get(a) or {}).get("curve")]
+        for arm in arms:
+            for point in self.record[arm]["curve"]:
+                point["delta"] = paired_delta(start.get("solved"), point.get("solved"))
+                point["sampled_delta"] = paired_delta(_per_task(start), _per_task(point))
+        if len(arms) == 2:
+            g, s = self.record["grpo"]["curve"][-1], self.record["sft"]["curve"][-1]
+            self.record["grpo_minus_sft"] = {"greedy": paired_delta(s.get("solved"), g.get("solved")),
+                                             "avg@k": paired_delta(_per_task(s), _per_task(g))}
+        table = markdown_tables(self.record)
+        self.record["table"] = table
+        (self.output_dir / TABLE_FILE).write_text(table)
+        try:
+            plot_speedrun(self.record, self.output_dir / CURVES_FILE)
+        except Exception as exc:  # noqa: BLE001 - the tables and JSON stand without the picture
+            entry["plot_error"] = f"{type(exc).__name__}: {exc}"
+            logger.error("speedrun: the curves could not be drawn: %s", entry["plot_error"])
+        logger.info("speedrun tables:\n%s", table)
+
+
+class _ToolCallTally:
+    """Tool calls per episode of the training rollouts (the trainer's metrics count tool errors
+    only): wraps `trainer.collect`, whose training calls pass no settings (evaluations and probes
+    pass theirs)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.collect, self.last = trainer.collect, None
+        trainer.collect = self
+
+    def __call__(self, tasks: Any, group_size: int, params: Any, settings: Any = None,
+                 on_episode_done: Any = None) -> Any:
+        trajectories = self.collect(tasks, group_size, params, settings, on_episode_done)
+        if settings is None and trajectories:
+            self.last = mean(t.result.tool_calls for t in trajectories)
+        return trajectories
+
+
+def _per_task(record: dict[str, Any] | None) -> list | None:
+    return ((record or {}).get("sampled") or {}).get("per_task")
+
+
+def _throughput(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-step means (after the first step, which captures CUDA graphs and warms caches, when
+    there are more), and the peak GPU memory of any step."""
+    if not steps:
+        return {}
+    rows = steps[1:] if len(steps) > 1 else steps
+
+    def avg(key: str) -> float | None:
+        values = [r[key] for r in rows if r[key] is not None]
+        return mean(values) if values else None
+
+    peaks = [r["gpu_peak_gib"] for r in steps if r["gpu_peak_gib"] is not None]
+    return {"steps_averaged": len(rows), "first_step_s": steps[0]["rollout_s"] + steps[0]["update_s"],
+            **{f"{key}_mean": avg(key) for key in ("rollout_s", "update_s", "generated_tokens_per_s",
+                                                    "turns_per_episode", "tool_calls_per_episode", "reward")},
+            "step_s_median": median(r["rollout_s"] + r["update_s"] for r in rows),
+            "gpu_peak_gib": max(peaks) if peaks else None}
+
+
+def _fmt_delta(d: dict[str, float] | None) -> str:
+    return "" if not d else f"{100 * d['delta']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown_tables(record: dict[str, Any]) -> str:
+    """The README tables: dev results by arm (changes with 95% paired-bootstrap intervals), what
+    each phase cost, and the GRPO step's throughput."""
+    start = record.get("start") or {}
+    k = (start.get("sampled") or {}).get("k")
+    lines = [f"Dev, {int(start.get('n', 0) or len(start.get('solved') or []))} tasks: greedy EX and avg@{k} "
+             "(common random numbers); changes in points, 95% paired-bootstrap interval", "",
+             f"| arm | training min | steps | dev EX | change | dev avg@{k} | change |", "|---|---|---|---|---|---|---|",
+             f"| start (plateau) | 0 | 0 | {_fmt(start.get('execution_accuracy'))} | | "
+             f"{_fmt((start.get('sampled') or {}).get('avg@k'))} | |"]
+    names = {"grpo": "GRPO", "sft": "continued SFT"}
+    for arm in ("grpo", "sft"):
+        for p in (record.get(arm) or {}).get("curve", []):
+            lines.append(f"| {names[arm]} | {p['minutes']:.2f} | {p['step']} | {_fmt(p.get('execution_accuracy'))} | "
+                         f"{_fmt_delta(p.get('delta'))} | {_fmt((p.get('sampled') or {}).get('avg@k'))} | "
+                         f"{_fmt_delta(p.get('sampled_delta'))} |")
+    if diff := record.get("grpo_minus_sft"):
+        lines.append(f"| GRPO − SFT | | | | {_fmt_delta(diff['greedy'])} | | {_fmt_delta(diff['avg@k'])} |")
+    build = record.get("build") or {}
+    lines += ["", "| phase | status | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {p['status']} | {p.get('seconds', 0):.1f} |" for name, p in record["phases"].items()
+              if p["status"] != "running"]
+    if build:
+        curve = ", ".join(f"{e['step']}: {_fmt(e.get('execution_accuracy'))}" for e in build["validation_curve"])
+        shape = build["shape"]
+        lines += ["", f"Build: {build['parameters'] / 1e6:.1f}M parameters (hidden {shape['hidden_size']}, "
+                      f"{shape['layers']} layers, {shape['heads']}/{shape['kv_heads']} heads, MLP "
+                      f"{shape['intermediate_size']}), {build['steps']} "
+                      f"supervised steps x {build['batch_size']} in {build['train_seconds']:.0f} s, loss "
+                      f"{_fmt(build['loss_first'])} -> {_fmt(build['loss_last'], '.4f')}; validation EX by step: "
+                      f"{curve}; {build['plateau']['stopped']}."]
+    thr = (record.get("grpo") or {}).get("throughput") or {}
+    if thr:
+        lines += ["", "| GRPO step | rollout s | update s | generated tokens/s | turns/episode | tool calls/episode "
+                      "| reward | peak GPU GiB |", "|---|---|---|---|---|---|---|---|",
+                  f"| mean of {thr['steps_averaged']} | {_fmt(thr['rollout_s_mean'], '.2f')} | "
+                  f"{_fmt(thr['update_s_mean'], '.2f')} | {_fmt(thr['generated_tokens_per_s_mean'], ',.0f')} | "
+                  f"{_fmt(thr['turns_per_episode_mean'], '.2f')} | {_fmt(thr['tool_calls_per_episode_mean'], '.2f')} | "
+                  f"{_fmt(thr['reward_mean'])} | {_fmt(thr['gpu_peak_gib'], '.1f')} |"]
+    if sft := record.get("sft"):
+        lines += ["", f"Continued SFT: {sft['steps']} steps in {sft['training_s']:.0f} s "
+                      f"({sft['steps_per_s']:.1f} steps/s)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedrun(record: dict[str, Any], out_png: Path) -> Path:
+    """Three panels: the build's validation curve; GRPO's training reward and probe by step; dev
+    greedy EX and avg@k of both arms against training minutes, with their interval bands."""
+    from skyrl_tool_agent.eval.plots import plt, save_figure
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    build = record.get("build") or {}
+    evals = [e for e in build.get("validation_curve", []) if e.get("execution_accuracy") is not None]
+    ax = axes[0]
+    ax.plot([e["step"] for e in evals], [e["execution_accuracy"] for e in evals], marker="o", color="#55a868")
+    ax.set(xlabel="supervised step", ylabel="validation EX (greedy)", title="build from nothing", ylim=(0, 1))
+    ax = axes[1]
+    steps = (record.get("grpo") or {}).get("steps", [])
+    ax.plot([s["step"] for s in steps], [s["reward"] for s in steps], color="#c44e52", label="training reward")
+    probe = [(s["step"], s["probe"]) for s in steps if s["probe"] is not None]
+    if probe:
+        ax.plot(*zip(*probe), marker="o", color="#8172b2", label="probe: revisited training tasks")
+    ax.set(xlabel="GRPO step", ylabel="reward / success", title="GRPO training", ylim=(0, 1))
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    start = record.get("start") or {}
+    colors = {"grpo": "#c44e52", "sft": "#4c72b0"}
+    for arm in ("grpo", "sft"):
+        curve = (record.get(arm) or {}).get("curve", [])
+        if not curve or start.get("execution_accuracy") is None:
+            continue
+        xs = [0.0] + [p["minutes"] for p in curve]
+        ax.plot(xs, [start["execution_accuracy"]] + [p["execution_accuracy"] for p in curve], marker="o",
+                color=colors[arm], label=f"{arm} greedy")
+        if _per_task(start) and all(_per_task(p) for p in curve):
+            ax.plot(xs, [start["sampled"]["avg@k"]] + [p["sampled"]["avg@k"] for p in curve], marker="s",
+                    linestyle="--", color=colors[arm], label=f"{arm} avg@{start['sampled']['k']}")
+        bands = [(p["minutes"], p["delta"]) for p in curve if p.get("delta")]
+        if bands:
+            ax.fill_between([0.0] + [m for m, _ in bands],
+                            [start["execution_accuracy"]] + [start["execution_accuracy"] + d["low"] for _, d in bands],
+                            [start["execution_accuracy"]] + [start["execution_accuracy"] + d["high"] for _, d in bands],
+                            color=colors[arm], alpha=0.12, linewidth=0)
+    ax.set(xlabel="training minutes (evaluations excluded)", ylabel="dev", title="dev: GRPO vs continued SFT",
+           ylim=(0, 1))
+    ax.legend(fontsize=8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"speedrun, {record['plan']['minutes']:g} min budget, "
+                 f"{(record['phases'].get('setup') or {}).get('device', '?')}", fontsize=10)
+    return save_figure(fig, out_png)

@@ -1,0 +1,94 @@
+"""The speedrun's CPU miniature: the real command at tiny shapes (a 0.2M-parameter Qwen2 built
+from nothing, a few supervised steps on real oracle episodes, two GRPO steps through the real MCP
+server, continued SFT, evaluations of a few dev tasks) and that its phases connect: the supervised
+loss falls, both arms start from the built weights, GRPO steps run on the device's sampler, the
+evaluations carry paired intervals, and the whole run stays within its budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from skyrl_tool_agent.commands.speedrun import main
+from skyrl_tool_agent.speedrun import CURVES_FILE, LOG_FILE, METRICS_FILE, RESULT_FILE, TABLE_FILE, arm_seconds
+
+MINUTES = 2.0
+TINY = ["--hidden-size", "64", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--intermediate-size", "128",
+        "--pool-tasks", "24", "--validation-tasks", "2", "--build-evaluations", "1", "--build-steps", "5",
+        "--sft-batch-size", "4", "--points", "1",
+        "--set", "training.eval_num_tasks=4", "--set", "training.eval_samples=2", "--set", "grpo.group_size=4",
+        "--set", "training.tasks_per_step=2", "--set", "grpo.max_turns=2", "--set", "grpo.max_new_tokens_per_turn=12",
+        "--set", "env.collector.concurrency=16", "--set", "env.sessions_per_server=1",
+        "--set", "training.probe_tasks=2", "--set", "training.probe_every=1", "--set", "training.max_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
+    base = tmp_path_factory.mktemp("speedrun")
+    out = base / "out"
+    rc = main(["--minutes", str(MINUTES), "--output-dir", str(out), "--work-dir", str(base / "work"), *TINY],
+              from_process_start=False)
+    return rc, json.loads((out / RESULT_FILE).read_text()), out
+
+
+def test_every_phase_runs_within_the_budget_into_flat_files(run) -> None:
+    rc, record, out = run
+    assert rc == 0, record["phases"]
+    assert [(name, p["status"]) for name, p in record["phases"].items()] == [
+        (name, "ok") for name in ("setup", "build", "start", "grpo", "sft", "report")]
+    assert record["elapsed_s"] <= 60 * MINUTES
+    assert sorted(p.name for p in out.iterdir()) == sorted([RESULT_FILE, TABLE_FILE, CURVES_FILE, METRICS_FILE,
+                                                            LOG_FILE])
+
+
+def test_the_build_learns_and_both_arms_start_from_its_weights(run) -> None:
+    _, record, _ = run
+    build = record["build"]
+    assert build["steps"] == 5 and build["loss_last"] < build["loss_first"]
+    assert build["validation_curve"][-1]["step"] == 5
+    assert record["arms_start_from_build"] == {"grpo": True, "sft": True}
+
+
+def test_grpo_steps_run_on_the_devices_sampler_and_are_logged(run) -> None:
+    _, record, out = run
+    grpo = record["grpo"]
+    assert grpo["sampler"] == ("engine" if torch.cuda.is_available() else "kernel")
+    assert [s["step"] for s in grpo["steps"]] == [1, 2]
+    for step in grpo["steps"]:
+        assert step["rollout_s"] > 0 and step["generated_tokens"] > 0 and step["episodes"] == 8
+        assert step["turns_per_episode"] >= 1 and step["tool_calls_per_episode"] is not None
+        assert step["probe"] is not None  # the revisited training tasks, every step here
+    assert grpo["throughput"]["generated_tokens_per_s_mean"] > 0
+    rows = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and "probe/execution_accuracy" in rows[0]
+
+
+def test_evaluations_carry_paired_intervals_and_the_table_shows_them(run) -> None:
+    _, record, out = run
+    start = record["start"]
+    assert len(start["solved"]) == 4 and start["sampled"]["k"] == 2
+    for arm in ("grpo", "sft"):
+        point = record[arm]["curve"][-1]
+        for key in ("delta", "sampled_delta"):
+            d = point[key]
+            assert d["n"] == 4 and d["low"] <= d["delta"] <= d["high"]
+    assert record["sft"]["steps"] >= 1
+    assert set(record["grpo_minus_sft"]) == {"greedy", "avg@k"}
+    table = (out / TABLE_FILE).read_text()
+    assert "| GRPO − SFT |" in table and "| continued SFT |" in table and "generated tokens/s" in table
+
+
+def test_the_arms_share_what_the_budget_leaves_after_the_evaluations() -> None:
+    # 100 s left, evaluations of 5 s (x 1.2), 2 per arm, 4 s to set up the second arm, 6 s margin
+    assert arm_seconds(100, 5, 2, 6, 4) == pytest.approx((100 - 24 - 4 - 6) / 2)
+
+
+def test_a_shape_that_cannot_be_built_is_one_error_line(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--hidden-size", "65", "--heads", "2", "--output-dir", str(tmp_path)], from_process_start=False)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: model shape: hidden size 65 is not a multiple of 2 heads"]
