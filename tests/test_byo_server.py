@@ -96,3 +96,109 @@ def test_a_bad_mcp_server_flag_is_one_line(shop):
     line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks),
                                 "--mcp-server", "s=/nonexistent/server --db x", timeout=60))
     assert "env.mcp_servers" in line and "failed to start" in line and "/nonexistent/server" in line
+
+
+# ----------------------------------------------------------------------------- a third-party server
+
+def _attach(database: Path, *, writable: bool = True) -> list[str]:
+    """One flag (two with the writable path): the installed mcp-server-sqlite on the shop database."""
+    flags = ["--mcp-server", f"shop={mcp_server_sqlite()} --db-path {database}"]
+    return [*flags, "--mcp-writable", f"shop={database}"] if writable else flags
+
+
+def test_the_oracle_scores_full_marks_on_a_third_party_server_mapped_onto_sql(shop):
+    db_root, database, tasks = shop
+    before = _sha256(database)
+    out = db_root.parent / "eval"
+    done = _cli("eval", "--policy", "oracle", *_data(db_root, tasks), *_attach(database),
+                "--set", MAP_SQL, "--set", "env.schema_in_prompt=false", "--set", "env.offered_tools=null",
+                "--set", "grpo.max_turns=4", "--output-dir", str(out), timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # its tools, listed at start in the log
+    assert "MCP server 'shop' (a process per episode, on its own copy): read_query, write_query" in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert (results["n"], results["execution_accuracy"], results["infra_errors"]) == (3, 1.0, 0), results
+    samples = [json.loads(line)["samples"][0] for line in (out / "results_trajectories.jsonl").read_text().splitlines()]
+    for sample in samples:  # full format credit: every call existed, every argument was the tool's own
+        assert sample["components"]["format"] == 1.0 and sample["format_errors"] == 0, sample
+        assert sample["tool_errors"] == 0 and sample["reward"] == 1.0, sample
+        system = sample["messages"][0]["content"]
+        assert "test your query with read_query" in system and "execute_sql" not in system
+        calls = " ".join(m["content"] for m in sample["messages"] if m["role"] == "assistant")
+        assert '"read_query", "arguments": {"query"' in calls and '"table_name"' in calls and "db_id" not in calls
+    assert _sha256(database) == before
+
+
+def test_errors_a_server_reports_as_text_count_as_tool_errors(shop):
+    from skyrl_tool_agent.config import load_config
+    from skyrl_tool_agent.env.chat_format import format_answer, format_tool_call
+    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.eval.evaluate import EvalOptions, run_evaluation
+    from skyrl_tool_agent.rollout.agents import ScriptedAgent
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
+
+    db_root, database, _ = shop
+    server = {"name": "shop", "command": str(mcp_server_sqlite()), "args": ["--db-path", str(database)],
+              "error_pattern": TEXT_ERRORS}
+    config = load_config(overrides=[f"env.mcp_servers={json.dumps([server])}", "env.offered_tools=null",
+                                    "env.schema_in_prompt=false"]).env
+    bad = format_tool_call("read_query", {"query": "SELECT nope FROM customer"})
+    turns = [bad, format_tool_call("read_query", {"query": SHOP_TASKS[0].gold_sql}), format_answer(SHOP_TASKS[0].gold_sql)]
+    runtime = EnvRuntime(config, db_root)
+    try:
+        run = run_evaluation(SHOP_TASKS[:1], runtime, ScriptedAgent(lambda r: turns), CollectorSettings(max_turns=4),
+                             EvalOptions())
+    finally:
+        runtime.close()
+    sample = run.records[0]["samples"][0]
+    assert any("Database error: no such column: nope" in m["content"] for m in sample["messages"])
+    assert (sample["tool_calls"], sample["tool_errors"]) == (2, 1), sample
+    assert run.results["tool_error_rate"] == 0.5
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["writable-declared", "undeclared"])
+def test_writes_never_reach_the_next_episode_or_the_reward(shop, declared):
+    """The family's agent (a module beside its file) rewrites the table so its wrong answer returns
+    the gold result there. Declared writable: each episode writes its own copy (the next one reads
+    the original, the reward scores the original: wrong). Undeclared: the original changes, which
+    the run sees (hash) and reports: the episodes are unscored and named, never 1.0."""
+    db_root, database, tasks = shop
+    before = _sha256(database)
+    out = db_root.parent / "eval"
+    done = _cli("eval", "--policy", "oracle", *_data(db_root, tasks), *_attach(database, writable=declared),
+                "--set", f"env.task_family={FAMILY_DIR / 'shop_family.py'}:FAMILY", "--set", "env.offered_tools=null",
+                "--set", "env.schema_in_prompt=false", "--set", "grpo.max_turns=4", "--limit", "1",
+                "--num-samples", "2", "--set", "env.collector.max_episode_retries=0", "--output-dir", str(out),
+                timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    samples = json.loads((out / "results_trajectories.jsonl").read_text().splitlines()[0])["samples"]
+    assert len(samples) == 2
+    if declared:
+        assert _sha256(database) == before
+        for sample in samples:  # each episode first reads the original (2), then its own write (4)
+            observed = [m["content"] for m in sample["messages"] if "paris" in m["content"] and m["role"] == "user"]
+            assert "'paris': 2" in observed[0] and "'paris': 4" in observed[-1], observed
+            assert sample["reward"] < 0.5 and sample["components"]["execution"] == 0.0, sample
+        assert results["accuracy"] == 0.0 and results["infra_errors"] == 0
+    else:
+        assert _sha256(database) != before
+        assert results["infra_errors"] == 2 and results["scored"] == 0, results
+        assert all(s.get("reward", 0.0) < 1.0 for s in samples)
+        log = done.stdout + done.stderr
+        assert "original data changed during the run" in log and str(database) in log
+
+
+def test_two_grpo_steps_on_a_third_party_server_leave_its_data_untouched(shop):
+    db_root, database, tasks = shop
+    before = _sha256(database)
+    out = db_root.parent / "run"
+    done = _cli("train", *_data(db_root, tasks), *_attach(database), "--set", MAP_SQL,
+                "--set", "env.schema_in_prompt=false", "--set", f"env.mcp_servers.0.error_pattern={json.dumps(TEXT_ERRORS)}",
+                "--max-steps", "2", "--output-dir", str(out), "--set", "training.time_budget_minutes=null",
+                "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=2", "--set", "training.eval_num_tasks=3",
+                "--set", "training.eval_samples=1", "--set", "training.probe_tasks=0", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert _sha256(database) == before
