@@ -168,7 +168,8 @@ def test_writes_never_reach_the_next_episode_or_the_reward(shop, declared):
     done = _cli("eval", "--policy", "oracle", *_data(db_root, tasks), *_attach(database, writable=declared),
                 "--set", f"env.task_family={FAMILY_DIR / 'shop_family.py'}:FAMILY", "--set", "env.offered_tools=null",
                 "--set", "env.schema_in_prompt=false", "--set", "grpo.max_turns=4", "--limit", "1",
-                "--num-samples", "2", "--set", "env.collector.max_episode_retries=0", "--output-dir", str(out),
+                "--num-samples", "2", "--concurrency", "1", "--set", "env.collector.max_episode_retries=0",
+                "--output-dir", str(out),
                 timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
