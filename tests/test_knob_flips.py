@@ -71,6 +71,7 @@ NOT_FLIPPED: dict[str, str] = {
        for name in ("task_family", "mcp_servers", "call_timeout_s", "sql_timeout_s", "sessions_per_server",
                     "tool_call_format", "offered_tools", "schema_in_prompt", "bind_db_id", "shaping_rewards",
                     "shaping_penalty", "reward.terms", "reward.keep_distinct")},
+    "env.tool_map": "needs a server whose tools have other names (mcp-server-sqlite); tests/test_byo_server.py",
     "env.reward.gold_cache_size": "an LRU size: changes memory and speed, never a result (no test flips it)",
 }
 

@@ -31,9 +31,63 @@ def add_task_file(parser: argparse.ArgumentParser | Any) -> argparse.Action:
                                     "--set still wins")
 
 
+def add_mcp_server(parser: argparse.ArgumentParser | Any) -> None:
+    """`--mcp-server 'NAME=COMMAND ARGS...'` (repeatable) and `--mcp-writable NAME=PATH`."""
+    parser.add_argument("--mcp-server", action="append", default=[], metavar="'NAME=COMMAND ARGS'",
+                        help="serve the tools of this MCP stdio server (one quoted string, split like a shell line; "
+                             "repeat for several): replaces env.mcp_servers; its tools are listed in the log at start. "
+                             "--set env.mcp_servers.0.KEY=VALUE still sets its other keys (error_pattern, tool_prefix)")
+    parser.add_argument("--mcp-writable", action="append", default=[], metavar="NAME=PATH",
+                        help="the server NAME may write PATH (a file or directory its command line names): each "
+                             "episode runs its own process of it on its own copy (env.mcp_servers[].writable_paths)")
+
+
+def _mcp_server_entries(specs: list[str], writable: list[str]) -> list[dict[str, Any]]:
+    """`--mcp-server` / `--mcp-writable` values as env.mcp_servers entries (one error line each)."""
+    import re
+    import shlex
+
+    from skyrl_tool_agent.config import UserInputError
+
+    servers: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, sep, command = spec.partition("=")
+        try:
+            words = shlex.split(command)
+        except ValueError as exc:
+            raise UserInputError(f"--mcp-server {spec!r}: {exc}") from None
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name.strip()) or not words:
+            raise UserInputError(f"--mcp-server {spec!r}: expected NAME=COMMAND ARGS, e.g. --mcp-server "
+                                 "'shop=mcp-server-sqlite --db-path shop.sqlite'")
+        if name.strip() in servers:
+            raise UserInputError(f"--mcp-server: two servers named {name.strip()!r}; give each its own name")
+        servers[name.strip()] = {"name": name.strip(), "command": words[0], "args": words[1:]}
+    for item in writable:
+        name, sep, path = item.partition("=")
+        if not sep or not path:
+            raise UserInputError(f"--mcp-writable {item!r}: expected NAME=PATH")
+        if name not in servers:
+            raise UserInputError(f"--mcp-writable {item!r}: no --mcp-server named {name!r} (named: "
+                                 f"{', '.join(servers) or 'none'})")
+        servers[name].setdefault("writable_paths", []).append(path)
+    return list(servers.values())
+
+
 def task_file_args(args: argparse.Namespace) -> None:
-    """Put `--task-file`'s overrides before the command's own (`args.overrides`)."""
+    """Put `--task-file`'s overrides, then `--mcp-server`'s, before the command's own `--set`s
+    (`args.overrides`), which win."""
+    import json
+
+    first: list[str] = []
     if getattr(args, "task_file", None):
         from skyrl_tool_agent.examples.one_file import task_file_overrides
 
-        args.overrides = [*task_file_overrides(args.task_file), *args.overrides]
+        first.extend(task_file_overrides(args.task_file))
+    if getattr(args, "mcp_writable", None) and not getattr(args, "mcp_server", None):
+        from skyrl_tool_agent.config import UserInputError
+
+        raise UserInputError("--mcp-writable names a server of --mcp-server; give --mcp-server 'NAME=COMMAND ARGS'")
+    if getattr(args, "mcp_server", None):
+        entries = _mcp_server_entries(args.mcp_server, args.mcp_writable)
+        first.append(f"env.mcp_servers={json.dumps(entries)}")
+    args.overrides = [*first, *args.overrides]

@@ -25,7 +25,13 @@ import json
 from pathlib import Path
 
 from skyrl_tool_agent.cli import ProgressLines, setup_logging
-from skyrl_tool_agent.commands._args import add_output_dir, add_task_file, new_parser, task_file_args
+from skyrl_tool_agent.commands._args import (
+    add_mcp_server,
+    add_output_dir,
+    add_task_file,
+    new_parser,
+    task_file_args,
+)
 from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args
 
 #: The results file's name inside --output-dir (and the default --output).
@@ -80,6 +86,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     p.add_argument("--name", help="evaluation name (Weave); default <dataset>-<split>")
     add_config_args(p)
     add_task_file(p)
+    add_mcp_server(p)
     args = p.parse_args(argv)
     if args.output and args.output_dir:
         p.error("--output FILE and --output-dir DIR both name the results file; give one")

@@ -21,7 +21,13 @@ import os
 import shlex
 import sys
 
-from skyrl_tool_agent.commands._args import add_output_dir, add_task_file, new_parser, task_file_args
+from skyrl_tool_agent.commands._args import (
+    add_mcp_server,
+    add_output_dir,
+    add_task_file,
+    new_parser,
+    task_file_args,
+)
 from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
 
 
@@ -35,6 +41,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     p.add_argument("--mode", choices=["lora", "full"], help="training.mode (LoRA adapters or all parameters)")
     add_config_args(p)
     add_task_file(p)
+    add_mcp_server(p)
     add_output_dir(p, "run directory: training.output_dir")
     p.add_argument("--max-steps", type=int, help="training.max_steps")
     p.add_argument("--resume", help="'auto' (latest checkpoint in the output dir, if any) or a checkpoint dir")

@@ -67,6 +67,43 @@ class MCPServerConfig(Section):
         pattern=r"^[A-Za-z0-9_.-]*$",
     )
 
+    error_pattern: str | None = knob(
+        None,
+        "Regular expression (Python re.search) that marks a result as a tool error when the server "
+        "reports errors as plain text with is_error false (e.g. '^(Database )?[Ee]rror:'). Matching "
+        "results count like is_error results: the tool-error column, tool_errors of reward terms, "
+        "shaping. null = only is_error.",
+    )
+    writable_paths: list[str] = knob(
+        default_factory=list,
+        description="Files or directories this server may write (its database, its state). Each "
+        "episode runs its own server process on its own copy of them: every argument, env value "
+        "or cwd that names one of these paths (as written here, or absolute) is pointed at the "
+        "copy. The originals are never handed to the server; a relative path is taken against the "
+        "server's cwd, else the working directory.",
+    )
+    stateful: bool = knob(
+        False,
+        "The server keeps state between calls (in memory or in files): each episode gets a "
+        "server process of its own, started fresh, so nothing an episode does is seen by the next. "
+        "Implied by writable_paths.",
+    )
+
+    @field_validator("error_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"error_pattern {value!r} is not a regular expression: {exc}") from None
+        return value
+
+    @property
+    def isolated(self) -> bool:
+        """Each episode runs its own server process (stateful, or with writable paths)."""
+        return self.stateful or bool(self.writable_paths)
+
     @field_validator("command", "cwd")
     @classmethod
     def _known_placeholders(cls, value: str | None) -> str | None:
@@ -75,6 +112,13 @@ class MCPServerConfig(Section):
     @field_validator("args")
     @classmethod
     def _known_placeholders_args(cls, value: list[str]) -> list[str]:
+        for item in value:
+            _check_placeholders(item)
+        return value
+
+    @field_validator("writable_paths")
+    @classmethod
+    def _known_placeholders_paths(cls, value: list[str]) -> list[str]:
         for item in value:
             _check_placeholders(item)
         return value
@@ -96,6 +140,7 @@ class MCPServerConfig(Section):
             "args": [substitute(a, values) for a in self.args],
             "env": {k: substitute(v, values) for k, v in self.env.items()},
             "cwd": None if self.cwd is None else substitute(self.cwd, values),
+            "writable_paths": [substitute(w, values) for w in self.writable_paths],
         })
 
 
@@ -201,6 +246,17 @@ class CollectorConfig(Section):
     )
 
 
+class ToolMapping(Section):
+    """Which server tool plays one of the task family's tools, and how its arguments are named."""
+
+    tool: str = knob(..., "The server's tool name (as offered: with its server's tool_prefix).", min_length=1)
+    args: dict[str, str] = knob(
+        default_factory=dict,
+        description="The family's argument name -> the server tool's (e.g. {sql: query}); an argument "
+        "not listed keeps its name, and db_id is dropped when the tool takes none.",
+    )
+
+
 class EnvConfig(Section):
     """The tool environment: MCP servers, timeouts, turn format, rewards, collector."""
 
@@ -252,6 +308,13 @@ class EnvConfig(Section):
         "The env fills every tool's db_id argument with the episode's database and hides db_id "
         "from the tool schemas the policy sees: nothing to copy, and no episode can read another "
         "task's database. Off: the policy passes db_id itself.",
+    )
+    tool_map: dict[str, ToolMapping] = knob(
+        default_factory=dict,
+        description="The task family's tools played by a server's tools of other names: for sql, "
+        "execute_sql (argument sql) and get_schema (argument db_id), e.g. {execute_sql: {tool: "
+        "read_query, args: {sql: query}}}. The prompt, the oracle, schema_in_prompt and SkyRL-SQL's "
+        "<sql> tag then use the server's tool. Empty = the family's own names.",
     )
     shaping_rewards: bool = knob(
         False,

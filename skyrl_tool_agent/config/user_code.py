@@ -9,13 +9,30 @@ Loading a config never calls it: a config is data, and the code it names is impo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["load_module_file"]
+__all__ = ["importable_from", "load_module_file"]
+
+
+@contextlib.contextmanager
+def importable_from(directory: Path | None) -> Iterator[None]:
+    """While inside, modules next to a user's file (`directory`) import by name, as they do when
+    that file is run as a script: a family's oracle or verdict module needs no PYTHONPATH."""
+    if directory is None or str(directory) in sys.path:
+        yield
+        return
+    sys.path.insert(0, str(directory))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(directory))
 
 
 def load_module_file(path: Path) -> ModuleType:
@@ -30,7 +47,8 @@ def load_module_file(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        with importable_from(path.parent):  # `import my_verdict` beside the file works
+            spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]
         raise

@@ -136,7 +136,7 @@ class MCPToolEnvironment(BaseTextEnv):
         self.db_path: Path | None = db_path_for(runtime.db_root, db_id) if self.family.uses_databases else None
         self.max_turns = max_turns
         self.style = settings.tool_call_format
-        default_prompt = skyrl_sql.SYSTEM_PROMPT if self.style == "skyrl_sql" else self.family.system_prompt
+        default_prompt = skyrl_sql.SYSTEM_PROMPT if self.style == "skyrl_sql" else runtime.system_prompt
         self.system_prompt: str = system_prompt or default_prompt
         self.chat_history: ConversationType = []
         self.final_sql: str | None = None
@@ -145,6 +145,8 @@ class MCPToolEnvironment(BaseTextEnv):
         self.tool_calls = 0
         self.tool_errors = 0
         self.reward: RewardBreakdown | None = None
+        #: This episode's tool calls (its own process of each server that writes: `env.isolation`).
+        self.episode_tools = runtime.episode_tools()
 
     # ----------------------------------------------------------------- prompt
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -174,7 +176,10 @@ class MCPToolEnvironment(BaseTextEnv):
         full = [{"role": "system", "content": system}, *messages]
         self.chat_history = list(full)
         return full, {"db_id": self.db_id, "max_turns": self.max_turns, "tools": [t.name for t in self.runtime.tools],
-                      "schema_in_prompt": config.schema_in_prompt, "db_id_bound": sorted(self.runtime.db_id_bound)}
+                      "schema_in_prompt": config.schema_in_prompt, "db_id_bound": sorted(self.runtime.db_id_bound),
+                      "tool_args": {t.name: sorted((t.input_schema.get("properties") or {})) for t in self.runtime.tools},
+                      "family_tools": {role: {"tool": tool, "args": dict(m.args) if (m := config.tool_map.get(role)) else {}}
+                                       for role, tool in self.runtime.family_tools.items() if tool}}
 
     # ------------------------------------------------------------------- step
     def _plan(self, action: str) -> _StepPlan:
@@ -183,6 +188,9 @@ class MCPToolEnvironment(BaseTextEnv):
         bound = self.runtime.db_id_bound
         parsed = parse_turn(action, self.runtime.tool_arg_schemas, style=self.style, db_id=None if bound else self.db_id,
                             answer_hint=self.family.answer_hint)
+        if self.style == "skyrl_sql":  # <sql> is the family's execute_sql: played by the tool mapped onto it
+            parsed = replace(parsed, tool_calls=tuple(
+                ToolCall(*self.runtime.family_call(c.name, c.arguments)) for c in parsed.tool_calls))
         if bound and self.db_id:  # the episode's database, whatever the model might have meant
             parsed = replace(parsed, tool_calls=tuple(
                 ToolCall(c.name, {**c.arguments, "db_id": self.db_id}) if c.name in bound else c for c in parsed.tool_calls))
@@ -238,6 +246,7 @@ class MCPToolEnvironment(BaseTextEnv):
         ends an episode itself (the collector, at its token budget) scores it with it too, so both
         endings are scored by one rule."""
         settings = self.runtime.settings
+        self.runtime.check_originals()  # a changed original is an infrastructure fault, never a score
         episode = Episode(
             answer=self.final_sql,
             ground_truth=self.gold_sql,
@@ -257,7 +266,7 @@ class MCPToolEnvironment(BaseTextEnv):
         plan = self._plan(action)
         if plan.done:
             self.reward = self.score()
-        results = self.runtime.call_tools_sync([(c.name, c.arguments) for c in plan.calls])
+        results = self.episode_tools.call_sync([(c.name, c.arguments) for c in plan.calls])
         return self._finish(plan, results)
 
     async def astep(self, action: str) -> BaseTextEnvStepOutput:
@@ -265,7 +274,7 @@ class MCPToolEnvironment(BaseTextEnv):
         plan = self._plan(action)
         if plan.done:
             self.reward = await asyncio.to_thread(self.score)
-        results = await asyncio.gather(*(self.runtime.call_tool(c.name, c.arguments) for c in plan.calls))
+        results = await asyncio.gather(*(self.episode_tools.call(c.name, c.arguments) for c in plan.calls))
         return self._finish(plan, results)
 
     # ---------------------------------------------------------------- metrics
@@ -281,4 +290,10 @@ class MCPToolEnvironment(BaseTextEnv):
         }
 
     def close(self) -> None:
-        """Nothing per episode: the shared pool outlives episodes and is closed at process exit."""
+        """End the episode's own servers, if it started any (the shared pool outlives episodes and is
+        closed at process exit)."""
+        self.episode_tools.close()
+
+    async def aclose(self) -> None:
+        """`close` for asyncio callers (the collector)."""
+        await self.episode_tools.aclose()

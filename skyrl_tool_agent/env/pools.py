@@ -7,8 +7,8 @@ the server specs and database root, and closed at exit.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import shlex
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,11 +18,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from skyrl_tool_agent.config.base import expand_path
-from skyrl_tool_agent.config.env import SKYRL_SQL_DATA_DIRS, EnvConfig, SkyRLEnvConfig
+from skyrl_tool_agent.config.env import SKYRL_SQL_DATA_DIRS, EnvConfig, MCPServerConfig, SkyRLEnvConfig
 from skyrl_tool_agent.config.errors import UserInputError
 from skyrl_tool_agent.config.overrides import validation_message
-from skyrl_tool_agent.env.families import TaskFamily, resolve_family
-from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, ServerSpec, ToolSpec
+from skyrl_tool_agent.env.families import TaskFamily, family_system_prompt, resolve_family
+from skyrl_tool_agent.env.isolation import (
+    EpisodeTools,
+    IsolatedServer,
+    OriginalData,
+    isolated_server,
+    remove_dir,
+    scratch_dir,
+)
+from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPConfigError, ServerSpec, ToolSpec
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
 from skyrl_tool_agent.rewards.rubric import Rubric
 
@@ -51,7 +59,11 @@ class EnvSettings:
 
 def server_specs(config: EnvConfig, db_root: Path) -> list[ServerSpec]:
     """The configured servers as pool specs, `${db_root}` filled in (see `EnvConfig`)."""
-    return [ServerSpec(**server.model_dump()) for server in config.resolved_servers(db_root)]
+    return [_spec(server) for server in config.resolved_servers(db_root)]
+
+
+def _spec(server: MCPServerConfig) -> ServerSpec:
+    return ServerSpec(**server.model_dump(exclude={"writable_paths", "stateful"}))
 
 
 class EnvDataError(UserInputError, ValueError):
@@ -76,15 +88,22 @@ def build_rubric(config: EnvConfig, family: TaskFamily | None = None) -> Rubric:
         raise EnvDataError(f"env.reward.terms (task family {family.name!r}): {exc}") from None
 
 
-def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bind_db_id: bool) -> list[ToolSpec]:
-    """The tools the policy is offered (`EnvConfig.offered_tools`), db_id removed from their
-    argument schemas when the env binds it. Unknown names are a config error."""
+def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bind_db_id: bool,
+                  tool_map: Mapping[str, str] | None = None) -> list[ToolSpec]:
+    """The tools the policy is offered (`EnvConfig.offered_tools`; a family tool name mapped by
+    `env.tool_map` stands for the server's tool), db_id removed from their argument schemas when
+    the env binds it. A name no server lists is an `EnvDataError` naming the key and the fix."""
     if names is not None:
+        tool_map = tool_map or {}
         known = {t.name for t in tools}
-        unknown = [n for n in names if n not in known]
+        wanted = [tool_map.get(n, n) for n in names]
+        unknown = [n for n, w in zip(names, wanted) if w not in known]
         if unknown:
-            raise ValueError(f"offered_tools: no server lists {unknown}; the servers list {sorted(known)}")
-        tools = [t for t in tools if t.name in set(names)]
+            raise EnvDataError(
+                f"env.offered_tools: no server lists {unknown}; the servers list {sorted(known)}: offer those names, "
+                "set env.offered_tools=null (every tool), or map the family's tool onto a server's with "
+                f"env.tool_map.{unknown[0]}.tool=NAME")
+        tools = [t for t in tools if t.name in set(wanted)]
     if not bind_db_id:
         return list(tools)
     out = []
@@ -101,8 +120,25 @@ def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bin
     return out
 
 
+def _duplicate_tool_message(exc: MCPConfigError, config: EnvConfig) -> str:
+    """The pool's start failure as one line naming the config key and the fix."""
+    text = str(exc)
+    if "is listed by servers" in text:
+        return (f"env.mcp_servers: {text.replace('; set tool_prefix on one of them', '')}: set tool_prefix on one of "
+                "them (e.g. tool_prefix: b_ makes its tools b_<name>), or drop one server")
+    commands = "; ".join(f"{s.name}: {shlex.join([s.command, *s.args])}" for s in config.mcp_servers)
+    return f"env.mcp_servers: {text} (commands: {commands}): check each server's command, args and cwd"
+
+
 class EnvRuntime:
-    """A started MCP pool plus everything episodes of one configuration share."""
+    """A started MCP pool plus everything episodes of one configuration share.
+
+    Everything a configuration can get wrong against the servers it starts is checked here, when
+    the run builds its runtime, as one `EnvDataError` line naming the key and the fix: servers that
+    do not start, two servers listing one tool name, offered tools no server lists, a tool map onto
+    a tool that does not exist, schema_in_prompt without a schema tool. A server declared stateful
+    or given writable paths runs once per episode (`env.isolation`), and the run's original data
+    is hashed now and checked before every scoring and at `close` (`OriginalData`)."""
 
     def __init__(self, config: EnvConfig, db_root: str | Path | None, pool: BackgroundMCPPool | None = None) -> None:
         self.config = config
@@ -114,6 +150,12 @@ class EnvRuntime:
         if config.tool_call_format == "skyrl_sql" and not self.family.uses_databases:
             raise EnvDataError(f"env.tool_call_format skyrl_sql is SQL's turn format; task family "
                                f"{self.family.name!r} needs hermes")
+        family_tools = dict(self.family.tools or {})
+        unknown_roles = sorted(set(config.tool_map) - set(family_tools))
+        if unknown_roles:
+            known = ", ".join(family_tools) or "none"
+            raise EnvDataError(f"env.tool_map: {unknown_roles[0]!r} is not a tool of task family {self.family.name!r} "
+                               f"(its tools: {known}); map only those")
         rubric = build_rubric(config, self.family)
         self.settings = EnvSettings(
             tool_call_format=config.tool_call_format,
@@ -125,60 +167,134 @@ class EnvRuntime:
         )
         self.gold_cache = GoldResultCache(maxsize=config.reward.gold_cache_size)
         self._owns_pool = pool is None
+        self._scratch: Path | None = None
+        #: Servers that run once per episode, on their own copies (`env.isolation`).
+        self.isolated: list[IsolatedServer] = []
+        self.originals: OriginalData | None = None
+        #: Originals found changed when the run ended (`close`), one line each.
+        self.data_faults: list[str] = []
         if pool is None:
             # else the server dies at start with an opaque TaskGroup error
             if self.family.uses_databases and not self.db_root.is_dir():
                 raise EnvDataError(f"database root not found: {self.db_root}")
-            pool = BackgroundMCPPool(
-                server_specs(config, self.db_root),
-                call_timeout_s=config.call_timeout_s,
-                sessions_per_server=config.sessions_per_server,
-            )
-            pool.start()
+            pool = self._start_pool(config)
         self.pool = pool
-        #: Every tool the servers list (the env may read the schema with one not offered).
-        self.all_tools: list[ToolSpec] = list(pool.list_tools())
-        #: The tools offered to the policy, as it sees them (db_id hidden when bound).
         try:
-            self.tools: list[ToolSpec] = offered_tools(self.all_tools, config.offered_tools, bind_db_id=config.bind_db_id)
-        except ValueError:
+            self._resolve_tools(config, family_tools)
+        except BaseException:
             self.close()  # a config error must not leave server processes behind
             raise
+        self._schemas: dict[str, str] = {}
+
+    def _start_pool(self, config: EnvConfig) -> BackgroundMCPPool:
+        servers = config.resolved_servers(self.db_root)
+        specs = []
+        for server in servers:
+            spec = _spec(server)
+            if server.isolated:
+                isolated = isolated_server(server, spec)
+                self.isolated.append(isolated)
+                self._scratch = self._scratch or scratch_dir()
+                spec = isolated.copy_into(self._scratch / server.name)  # the listing instance: its own copy too
+            specs.append(spec)
+        watched = [w for server in self.isolated for _, w in server.writable]
+        if self.family.uses_databases:
+            watched.extend(sorted(self.db_root.glob("*/*.sqlite")))
+        self.originals = OriginalData(watched)
+        pool = BackgroundMCPPool(specs, call_timeout_s=config.call_timeout_s,
+                                 sessions_per_server=config.sessions_per_server)
+        try:
+            pool.start()
+        except MCPConfigError as exc:
+            remove_dir(self._scratch)
+            raise EnvDataError(_duplicate_tool_message(exc, config)) from None
+        return pool
+
+    def _resolve_tools(self, config: EnvConfig, family_tools: Mapping[str, tuple[str, ...]]) -> None:
+        #: Every tool the servers list (the env may read the schema with one not offered).
+        self.all_tools: list[ToolSpec] = list(self.pool.list_tools())
+        listed = {t.name: t for t in self.all_tools}
+        for role, mapping in config.tool_map.items():
+            if mapping.tool not in listed:
+                raise EnvDataError(f"env.tool_map.{role}.tool: no server lists {mapping.tool!r}; the servers list "
+                                   f"{sorted(listed)}")
+            props = set((listed[mapping.tool].input_schema.get("properties") or {}))
+            bad = [a for a in mapping.args.values() if a not in props]
+            if bad:
+                raise EnvDataError(f"env.tool_map.{role}.args: tool {mapping.tool!r} takes no argument {bad[0]!r} (it "
+                                   f"takes {sorted(props) or 'none'})")
+        tool_map = {role: m.tool for role, m in config.tool_map.items()}
+        #: The tools offered to the policy, as it sees them (db_id hidden when bound).
+        self.tools: list[ToolSpec] = offered_tools(self.all_tools, config.offered_tools, bind_db_id=config.bind_db_id,
+                                                   tool_map=tool_map)
         self.tool_arg_schemas: dict[str, Mapping[str, Any]] = {t.name: t.input_schema for t in self.tools}
         #: Offered tools whose db_id argument the env fills in.
         self.db_id_bound: frozenset[str] = frozenset(
             t.name for t in self.all_tools if config.bind_db_id and "db_id" in t.input_schema.get("properties", {}))
-        self._schemas: dict[str, str] = {}
+        #: The family's own tools -> the tool that plays each (listed by a server), None when none does.
+        self.family_tools: dict[str, str | None] = {
+            role: (tool_map.get(role, role) if tool_map.get(role, role) in listed else None) for role in family_tools}
+        offered_names = {t.name for t in self.tools}
+        self.system_prompt: str = family_system_prompt(
+            self.family, {role: t if t in offered_names else None for role, t in self.family_tools.items()})
+        if config.schema_in_prompt and self.family.uses_databases and not self.family_tools.get("get_schema"):
+            raise EnvDataError(
+                f"env.schema_in_prompt is true but no server lists get_schema (the servers list {sorted(listed)}): set "
+                "env.schema_in_prompt=false (the policy reads the schema with the tools), or map a tool that returns "
+                "the schema with env.tool_map.get_schema.tool=NAME")
+        offered = ", ".join(sorted(offered_names)) or "none"
+        for server in config.mcp_servers:
+            names = ", ".join(t.name for t in self.all_tools if t.server == server.name)
+            mode = " (a process per episode, on its own copy)" if server.isolated else ""
+            logger.info("MCP server %r%s: %s; offered to the policy: %s", server.name, mode, names or "no tools",
+                        offered)
+
+    def family_call(self, role: str, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The call that plays the family's tool `role` with its own `arguments`: the mapped tool
+        name and the arguments renamed for it (db_id dropped when the tool takes none)."""
+        tool = self.family_tools.get(role) or role
+        mapping = self.config.tool_map.get(role)
+        renames = mapping.args if mapping is not None else {}
+        schema = next((t.input_schema for t in self.all_tools if t.name == tool), {})
+        props = schema.get("properties") or {}
+        out = {renames.get(k, k): v for k, v in arguments.items()}
+        if "db_id" in out and "db_id" not in props:
+            out.pop("db_id")
+        return tool, out
+
+    def episode_tools(self) -> EpisodeTools:
+        """The tools of one new episode (its own servers start at its first call to one)."""
+        return EpisodeTools(self.pool, self.isolated, call_timeout_s=self.settings.call_timeout_s)
+
+    def check_originals(self) -> None:
+        """Before scoring: `OriginalDataChanged` if data the reward reads changed during the run."""
+        if self.originals is not None:
+            self.originals.check()
 
     def database_schema(self, db_id: str) -> str:
         """The get_schema tool's text for `db_id` (cached; for `schema_in_prompt`)."""
         text = self._schemas.get(db_id)
         if text is None:
-            if not any(t.name == "get_schema" for t in self.all_tools):
-                raise ValueError("schema_in_prompt needs a server listing a get_schema tool; none does")
-            result = self.pool.run(self.pool.pool.call_tool("get_schema", {"db_id": db_id}))
+            if not self.family_tools.get("get_schema"):
+                raise EnvDataError("env.schema_in_prompt needs a server listing a get_schema tool (or "
+                                   "env.tool_map.get_schema); none does")
+            name, arguments = self.family_call("get_schema", {"db_id": db_id})
+            result = self.pool.run(self.pool.pool.call_tool(name, arguments))
             if result.is_error:
                 raise EpisodeSetupError(f"cannot read the schema of database {db_id!r}: {result.text}")
             text = self._schemas[db_id] = result.text
         return text
 
-    def call_tools_sync(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, bool]]:
-        """Run one turn's calls concurrently on the pool's loop (blocking; for the sync `step`)."""
-        if not calls:
-            return []
-        async def gather() -> list:
-            return await asyncio.gather(*(self.pool.pool.call_tool(n, dict(a)) for n, a in calls))
-
-        results = self.pool.run(gather())
-        return [(r.text, r.is_error) for r in results]
-
-    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> tuple[str, bool]:
-        result = await self.pool.call_tool(name, dict(arguments))
-        return result.text, result.is_error
-
     def close(self) -> None:
         if self._owns_pool:
             self.pool.close()
+        remove_dir(self._scratch)
+        self._scratch = None
+        if self.originals is not None and not self.data_faults:
+            self.data_faults = self.originals.verify()
+            for fault in self.data_faults:
+                logger.error("original data changed during the run: %s (episodes scored after it were not scored)",
+                             fault)
 
 
 _RUNTIMES: dict[tuple[Any, ...], EnvRuntime] = {}

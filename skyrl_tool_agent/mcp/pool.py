@@ -7,7 +7,8 @@ live sessions, which concurrent callers share). Tool names must be unique across
 duplicate is an `MCPConfigError` at start; give one spec a `tool_prefix` to run both.
 
 Failure model:
-- tool-level errors (the server answered `is_error`) are results, `ToolResult(is_error=True)`;
+- tool-level errors (the server answered `is_error`, or a text matching its spec's `error_pattern`,
+  for servers that report errors as plain text) are results, `ToolResult(is_error=True)`;
 - a server that dies fails its in-flight calls at once, one that hangs fails them at their
   timeout; both raise `MCPServerUnavailable` (retryable). The pool restarts the server in the
   background; calls made meanwhile wait for it within their own timeout;
@@ -28,6 +29,7 @@ import asyncio
 import atexit
 import json
 import logging
+import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -117,6 +119,8 @@ class MCPClientPool:
         self.startup_timeout_s = startup_timeout_s
         self.ping_timeout_s = ping_timeout_s
         self.server_stderr = server_stderr
+        #: Servers that report errors as text: their pattern, by server name.
+        self._error_patterns = {s.name: re.compile(s.error_pattern) for s in servers if s.error_pattern}
         self._groups: dict[str, SlotGroup] = {}
         self._routes: dict[str, tuple[SlotGroup, str]] = {}  # pool tool name -> (group, server's name)
         self._tools: list[ToolSpec] = []
@@ -258,9 +262,10 @@ class MCPClientPool:
         except Exception as exc:  # noqa: BLE001 - e.g. a malformed response: the server's bug, reported as a result
             logger.warning("MCP call %s on %s failed: %r", name, group.spec.name, exc)
             return ToolResult(text=f"error: {type(exc).__name__}: {exc}", is_error=True)
-        return ToolResult(
-            text=_result_text(result), is_error=bool(result.is_error), structured=result.structured_content
-        )
+        text = _result_text(result)
+        pattern = self._error_patterns.get(group.spec.name)
+        is_error = bool(result.is_error) or (pattern is not None and pattern.search(text) is not None)
+        return ToolResult(text=text, is_error=is_error, structured=result.structured_content)
 
 
 class BackgroundMCPPool:
@@ -307,6 +312,10 @@ class BackgroundMCPPool:
     def run(self, coro: Any, timeout_s: float | None = None) -> Any:
         """Run a coroutine on the pool's loop and wait for its result (from any non-loop thread)."""
         return self._submit(coro).result(timeout_s)
+
+    def submit(self, coro: Any) -> Future[Any]:
+        """Schedule a coroutine on the pool's loop (from any thread); its future."""
+        return self._submit(coro)
 
     def _submit(self, coro: Any) -> Future[Any]:
         loop = self._loop

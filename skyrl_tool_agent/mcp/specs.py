@@ -28,6 +28,11 @@ class ServerSpec(BaseModel):
         description="Prefix added to this server's tool names in the pool (to run two servers that "
         "list the same tool names); the server still sees the unprefixed name.",
     )
+    error_pattern: str | None = Field(
+        default=None,
+        description="Regular expression: a result whose text matches (re.search) is a tool error even "
+        "when the server did not set is_error.",
+    )
 
 
 class ToolSpec(BaseModel):

@@ -138,12 +138,20 @@ def oracle_turn_texts(task: Task, env_info: Mapping[str, Any] | None = None, *, 
     info = env_info or {}
     offered = info.get("tools")
     bound = set(info.get("db_id_bound") or ())
+    takes = info.get("tool_args")  # offered tool -> its argument names (None: every tool takes db_id)
+    #: The family's tools -> the server tool that plays each and its argument names (`env.tool_map`).
+    roles = info.get("family_tools") or {}
 
     def call(name: str, **arguments: Any) -> str:
-        return format_tool_call(name, arguments if name in bound else {"db_id": task.db_id, **arguments})
+        role = roles.get(name) or {}
+        tool, renames = role.get("tool", name), role.get("args") or {}
+        arguments = {renames.get(k, k): v for k, v in arguments.items()}
+        wants_db_id = tool not in bound and (takes is None or "db_id" in takes.get(tool, ()))
+        return format_tool_call(tool, {"db_id": task.db_id, **arguments} if wants_db_id else arguments)
 
     def has(name: str) -> bool:
-        return offered is None or name in offered
+        tool = (roles.get(name) or {}).get("tool", name)
+        return offered is None or tool in offered
 
     turns = []
     if not info.get("schema_in_prompt"):

@@ -250,6 +250,14 @@ class TrajectoryCollector:
     async def _episode(self, task: Task, index: int, batcher: _GenerationBatcher, seq: int) -> Trajectory:
         s = self.settings
         env = MCPToolEnvironment.for_task(task, self.runtime, max_turns=s.max_turns, keep_distinct=s.keep_distinct)
+        try:
+            return await self._play(env, task, index, batcher, seq)
+        finally:
+            await env.aclose()  # the episode's own servers (a server that writes) end with it
+
+    async def _play(self, env: MCPToolEnvironment, task: Task, index: int, batcher: _GenerationBatcher,
+                    seq: int) -> Trajectory:
+        s = self.settings
         messages, env_info = env.init([task_user_message(task.db_id, task.question)])
         record = self.tokenizer is not None
         traj = Trajectory(task.task_id, index, list(messages), EpisodeResult(task.task_id, task.db_id))
