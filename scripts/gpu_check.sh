@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Everything the GPU rollout issue measures, in one command on a GPU machine with the wheels of
-# ../shared/device/wheels.sh carried in .whl (device run: carry [".whl"], command `bash scripts/gpu_check.sh`).
-# Stages run in order of importance, each under its own time limit, each writing to $OUT:
+# The GPU checks and measurements, in one command on a GPU machine, from a clone (after
+# scripts/setup.sh, or any environment where the project imports): `bash scripts/gpu_check.sh`.
+# Stages run in order of importance, each under its own time limit, each writing its log to $OUT:
+#   doctor     `skyrl-tool-agent doctor`: device, memory, bf16, graph capture, one tiny training step
 #   check      the engine on CUDA: graphs = eager, Triton = torch attention, bf16 log-prob error
 #   bench      benchmarks/bench_rollout.py on a Qwen2.5-1.5B-shaped model (random bf16 weights):
 #              today's kernel sampler, model.generate, RolloutEngine at 64 and 256 rows
@@ -9,13 +10,23 @@
 #              every group kept (update included), seconds split and peak GPU memory (metrics.jsonl)
 #   full_step  one full-mode (ZeRO-3) step through the DeepSpeed launcher on one GPU (a small rollout)
 #   update_profile  where the profile's update time goes (benchmarks/profile_update.py, one micro-batch)
+# The 1.5B-shaped model is written by `build-model --random-shape qwen2.5-1.5b`: random weights never
+# stop a turn and never earn a reward, so its figures are a rollout's worst case and say nothing about
+# learning. A machine that cannot install the project from an index may carry wheels in .whl/ with an
+# .whl/on_gpu.sh that installs them and sets the environment: sourced when present, else skipped.
 set -u
+cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
+MODEL_DIR=${MODEL_DIR:-/tmp/q15}
 mkdir -p "$OUT"
-source .whl/on_gpu.sh > "$OUT/stages.txt" 2>&1 || { cat "$OUT/stages.txt"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$OUT/stages.txt"
-python3 .whl/make_qwen_shape.py /tmp/q15 >> "$OUT/stages.txt" 2>&1
-STAGES=${STAGES:-check bench lora_step full_step update_profile}  # a subset reruns part of it
+: > "$OUT/stages.txt"
+if [ -f .whl/on_gpu.sh ]; then
+  source .whl/on_gpu.sh >> "$OUT/stages.txt" 2>&1 || { cat "$OUT/stages.txt"; exit 1; }
+fi
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$OUT/stages.txt" 2>&1
+STAGES=${STAGES:-doctor check bench lora_step full_step update_profile}  # a subset reruns part of it
 stage() {
   local name=$1 limit=$2 start rc
   shift 2
@@ -25,18 +36,23 @@ stage() {
   rc=$?
   echo "$name: rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/stages.txt"
 }
-stage check "${CHECK_S:-90}" python3 benchmarks/check_engine_gpu.py
-stage bench "${BENCH_S:-170}" python3 benchmarks/bench_rollout.py --model /tmp/q15 --rows 64,256 --new-tokens 512 \
+stage doctor "${DOCTOR_S:-150}" "$PY" -m skyrl_tool_agent.commands.main doctor
+case " $STAGES " in *" bench "*|*" lora_step "*|*" full_step "*|*" update_profile "*)
+  [ -f "$MODEL_DIR/config.json" ] || "$PY" -m skyrl_tool_agent.commands.main build-model \
+    --random-shape qwen2.5-1.5b --output-dir "$MODEL_DIR" >> "$OUT/stages.txt" 2>&1 ;;
+esac
+stage check "${CHECK_S:-90}" "$PY" benchmarks/check_engine_gpu.py
+stage bench "${BENCH_S:-170}" "$PY" benchmarks/bench_rollout.py --model "$MODEL_DIR" --rows 64,256 --new-tokens 512 \
   --baseline-new-tokens 128 --json-out "$OUT/bench_rollout.json"
-common=(--set model.name_or_path=/tmp/q15 --set training.max_steps=1 --set training.time_budget_minutes=null
+common=(--set model.name_or_path="$MODEL_DIR" --set training.max_steps=1 --set training.time_budget_minutes=null
         --set grpo.batcher.enabled=false --set grpo.filter_uniform_groups=false --set training.checkpoint_every=0)
-stage lora_step "${LORA_S:-240}" python3 training/scripts/train_grpo.py --mode lora --profile gpu "${common[@]}" \
+stage lora_step "${LORA_S:-240}" "$PY" training/scripts/train_grpo.py --mode lora --profile gpu "${common[@]}" \
   --set training.eval_num_tasks=8 --output-dir /tmp/run_lora
 cp /tmp/run_lora/metrics.jsonl "$OUT/lora_metrics.jsonl" 2>/dev/null
-stage full_step "${FULL_S:-120}" python3 -m deepspeed.launcher.runner --num_gpus 1 training/scripts/train_grpo.py \
+stage full_step "${FULL_S:-120}" "$PY" -m deepspeed.launcher.runner --num_gpus 1 training/scripts/train_grpo.py \
   --mode full --profile gpu "${common[@]}" --set training.tasks_per_step=2 --set grpo.group_size=2 \
   --set grpo.max_turns=1 --set grpo.max_new_tokens_per_turn=16 --set training.eval_num_tasks=2 \
   --set env.collector.concurrency=4 --output-dir /tmp/run_full
 grep -h '"time/' /tmp/run_full/metrics.jsonl >> "$OUT/full_step.log" 2>/dev/null
-stage update_profile "${PROFILE_S:-100}" python3 benchmarks/profile_update.py --model /tmp/q15
+stage update_profile "${PROFILE_S:-100}" "$PY" benchmarks/profile_update.py --model "$MODEL_DIR"
 cat "$OUT/stages.txt"

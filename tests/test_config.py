@@ -55,15 +55,46 @@ def test_shipped_yaml_is_the_generated_file(name: str) -> None:
     )
 
 
-def test_h100_profile_is_valid_and_matches_the_documented_values(tmp_path: Path) -> None:
-    config_cli(["write-defaults", str(tmp_path), "--profile", "h100"])
-    h100 = load_config(tmp_path)
-    assert h100.grpo.group_size == 16
-    assert h100.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
-    assert h100.training.data.dataset == "spider" and h100.grpo.batcher.enabled
-    assert h100.grpo.curriculum == GRPOConfig().curriculum  # knobs without an H100 value keep the CPU one
+def test_gpu_profile_files_are_what_profile_gpu_loads_data_section_untouched(tmp_path: Path, caplog) -> None:
+    """`write-defaults --profile gpu` writes exactly what `--profile gpu` loads: each knob's H100 value
+    and the data section as it is (it wrote dataset: spider before, while the profile kept builtin)."""
+    config_cli(["write-defaults", str(tmp_path), "--profile", "gpu"])
+    gpu = load_config(tmp_path)
+    assert gpu == load_config(profile="gpu")
+    assert gpu.grpo.group_size == 16 and gpu.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert gpu.training.data.dataset == "builtin" and gpu.grpo.batcher.enabled
+    assert gpu.grpo.curriculum == GRPOConfig().curriculum  # knobs without an H100 value keep the CPU one
     assert "CPU default 8; H100: 16." in (GRPOConfig.model_fields["group_size"].description or "")
     assert "group_size: 16" in (tmp_path / "grpo_config.yaml").read_text()
+    assert "write-defaults configs --profile gpu" in (tmp_path / "grpo_config.yaml").read_text()
+    # the earlier spelling still works, with a warning naming the one spelling
+    with caplog.at_level("WARNING"):
+        config_cli(["write-defaults", str(tmp_path / "old"), "--profile", "h100"])
+        assert load_config(profile="h100") == gpu
+    assert load_config(tmp_path / "old") == gpu
+    said = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert said and all(m == "--profile h100 is deprecated: it is spelled gpu now" for m in said)
+
+
+def test_tasks_per_step_under_the_batcher_says_it_has_no_effect(tmp_path: Path, caplog) -> None:
+    """The gpu profile's batcher sizes steps: a tasks_per_step the user sets is ignored, and the load
+    says so (in a --set or in the user's file); knobs says so too."""
+    def warnings(**kwargs) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            load_config(**kwargs)
+        return [r.getMessage() for r in caplog.records if "tasks_per_step" in r.getMessage()]
+
+    said = warnings(overrides=["training.tasks_per_step=32"], profile="gpu")
+    assert len(said) == 1 and said[0].startswith("training.tasks_per_step=32 has no effect: grpo.batcher.enabled")
+    assert warnings(profile="gpu") == [] and warnings(overrides=["training.tasks_per_step=32"]) == []
+    config_cli(["write-defaults", str(tmp_path), "--profile", "gpu"])
+    assert warnings(config_dir=tmp_path) == []  # the file holds the profile's own value
+    text = (tmp_path / "training_config.yaml").read_text().replace("tasks_per_step: 16", "tasks_per_step: 32")
+    (tmp_path / "training_config.yaml").write_text(text)
+    assert len(warnings(config_dir=tmp_path)) == 1
+    description = TrainingConfig.model_fields["tasks_per_step"].description or ""
+    assert "No effect while it is on" in description and "grpo.batcher.max_batch" in description
 
 
 def _all_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("distributed",),  # the trainer over ZeRO-3 ranks
     ("reporting",),
     ("pipeline",),  # the main job as library functions
+    ("doctor",),  # the machine's smoke test (device, graph capture, one training step)
     ("cli",),  # logging and progress for the commands
     ("speedrun",),  # from nothing to a GRPO-trained agent in one budget: build, GRPO, SFT arm, report
     ("skyrl_tool_agent",),  # the package root (version, registration with skyrl-gym)

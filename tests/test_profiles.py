@@ -53,9 +53,9 @@ def test_cli_profile_flag_and_auto_choice_without_cuda():
         pytest.skip("auto picks gpu on this machine; the CPU branch is what CI runs")
     rc, shown, err = _show("--set", "model.name_or_path=/tmp")
     assert rc == 0, err
-    assert shown["training"]["learning_rate"] == pytest.approx(1e-3) and "profile: gpu" not in err
+    assert shown["training"]["learning_rate"] == pytest.approx(1e-3) and "profile gpu:" not in err
     # ... and says, in one line, which profile it took and why (it silently got the CPU lr before)
-    said = [line for line in err.splitlines() if "profile: cpu" in line]
+    said = [line for line in err.splitlines() if "profile cpu:" in line]
     assert len(said) == 1 and "model /tmp but no CUDA" in said[0] and "--profile gpu" in said[0], err
     rc, _, err = _show("--profile", "gpu", "--config-dir", "configs")
     assert rc == 2 and err.startswith("error: --profile gpu picks among the packaged defaults"), err
@@ -75,3 +75,81 @@ def test_gpu_profile_micro_batch_fits_an_h100_by_the_memory_estimate():
     for mode, gpus in (("lora", 1), ("full", 8)):
         total = estimate(s, mode=mode, tokens=tokens, gpus=gpus, kl=gpu.grpo.kl_coef > 0, checkpointing=True)["total"]
         assert total < 0.85 * 80e9, (mode, total / GB)
+
+
+# ---------------------------------------------------------------- auto decides from the model loaded
+def _tiny_model_dir(path, **shape) -> str:
+    """A real random Qwen2 of another shape than the embedded model, with the embedded tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=2054, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, pad_token_id=0,
+                      tie_word_embeddings=True, **shape)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(SHIPPED_EMBEDDED_DIR / name, path)
+    return str(path)
+
+
+def test_auto_profile_decides_from_the_model_loaded_adapters_and_checkpoints_by_their_base(tmp_path):
+    import json
+    import shutil
+
+    from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
+    from skyrl_tool_agent.config.cli import auto_profile
+
+    other = _tiny_model_dir(tmp_path / "other")
+    full_copy = tmp_path / "embedded_full"  # e.g. a full-mode final/ of the embedded model
+    full_copy.mkdir()
+    shutil.copy(SHIPPED_EMBEDDED_DIR / "config.json", full_copy)
+    adapters = {}
+    for name, base in (("adapter_of_embedded", str(SHIPPED_EMBEDDED_DIR)), ("adapter_of_other", other),
+                       ("adapter_of_hub", "Qwen/Qwen2.5-1.5B-Instruct")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
+        adapters[name] = str(tmp_path / name)
+    checkpoint = tmp_path / "checkpoints" / "step-000002"
+    shutil.copytree(adapters["adapter_of_other"], checkpoint / "weights")
+
+    def take(model: str, cuda: bool, device: str = "auto") -> str:
+        return auto_profile(model, device=device, cuda=cuda)[0]
+
+    for model in ("embedded", str(full_copy), adapters["adapter_of_embedded"]):
+        assert take(model, cuda=True) == "cpu", model
+    for model in (other, adapters["adapter_of_other"], adapters["adapter_of_hub"], str(checkpoint),
+                  "Qwen/Qwen2.5-1.5B-Instruct"):
+        assert take(model, cuda=True) == "gpu", model
+        assert take(model, cuda=False) == "cpu", model
+        assert take(model, cuda=True, device="cpu") == "cpu", model
+    assert auto_profile(other, cuda=True)[1] == f"CUDA device and model {other}"
+    assert auto_profile(other, cuda=False)[1] == f"model {other} but no CUDA device"
+
+
+def test_eval_auto_profile_looks_at_model_path_and_says_why(tmp_path):
+    """`eval --model-path X` is decided from X, not from model.name_or_path (the embedded model):
+    on this CPU it logs that X got the CPU defaults for want of CUDA (it said nothing before, and on
+    a GPU it silently took the CPU profile)."""
+    import os
+
+    other = _tiny_model_dir(tmp_path / "other")
+    env = {**os.environ, "WANDB_MODE": "offline", "WEAVE_DISABLED": "true", "HF_HUB_OFFLINE": "1"}
+    # --compare with a missing file ends the command right after the config is resolved (exit 2, one
+    # error line): the profile decision is made and logged by then, without an evaluation's cost.
+    res = subprocess.run([sys.executable, "-m", "skyrl_tool_agent.commands.main", "eval", "--policy", "model",
+                          "--model-path", other, "--compare", str(tmp_path / "missing.json")],
+                         capture_output=True, text=True, timeout=240, env=env)
+    log = res.stdout + res.stderr
+    assert res.returncode == 2 and "missing.json" in res.stderr, log[-3000:]
+    import torch
+
+    expected = "profile gpu: CUDA device and model" if torch.cuda.is_available() else "profile cpu: model"
+    said = [line for line in log.splitlines() if "profile " in line and other in line]
+    assert len(said) == 1 and expected in said[0], log[-3000:]
+    if not torch.cuda.is_available():
+        assert "but no CUDA device" in said[0] and "--profile gpu" in said[0]

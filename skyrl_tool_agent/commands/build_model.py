@@ -4,6 +4,7 @@
     skyrl-tool-agent build-model --ship DIR     # make DIR the shipped default
     skyrl-tool-agent build-model --to-plateau --output-dir DIR [--from MODEL_DIR] [--max-steps N]
     skyrl-tool-agent build-model --frontier [--frontier-tasks N] [--frontier-samples K] [--from MODEL_DIR]
+    skyrl-tool-agent build-model --random-shape qwen2.5-1.5b --output-dir /tmp/q15   # random weights, a real model's shape
     python training/scripts/build_default_model.py ...   # the same command
 
 The package ships a built model (skyrl_tool_agent/assets/embedded; its warmstart.json holds the
@@ -14,7 +15,10 @@ generated pool's validation split per eval step) is saved as warmstart.json. --s
 built directory into the package in bf16 with the sha256 of each file and a greedy check.
 --to-plateau continues a built model (default: the shipped one) with supervised training on the
 generated pool until its validation curve is flat; it checkpoints at every evaluation and the same
-command resumes it; the model lands in DIR/model.
+command resumes it; the model lands in DIR/model. --random-shape writes a model with a published
+Qwen2.5 architecture's exact shape and random bf16 weights (the embedded tokenizer), for timing and
+memory measurements where the real weights cannot be downloaded (scripts/gpu_check.sh): its turns
+always run to the token cap and its rewards are all 0.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="measure the model's frontier on the generated pool into its frontier.json")
     p.add_argument("--frontier-tasks", type=int, help="with --frontier: a stratified subset of N pool tasks (default all)")
     p.add_argument("--frontier-samples", type=int, default=8, help="with --frontier: episodes per task (default 8)")
+    from skyrl_tool_agent.distributed.memory import RANDOM_SHAPES
+
+    p.add_argument("--random-shape", choices=sorted(RANDOM_SHAPES),
+                   help="write a model of this architecture with random bf16 weights into --output-dir and exit")
     return p
 
 
@@ -59,6 +67,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         from skyrl_tool_agent.eval.splits import TaskSplits
         from skyrl_tool_agent.pipeline import build_embedded, ship_embedded
 
+        if args.random_shape:
+            if not args.output_dir:
+                raise UserInputError("--random-shape needs --output-dir DIR")
+            from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
+            from skyrl_tool_agent.distributed.memory import write_random_model
+
+            params = write_random_model(args.random_shape, Path(args.output_dir).expanduser(), SHIPPED_EMBEDDED_DIR)
+            print(f"{args.output_dir}: {args.random_shape} shape, {params / 1e9:.2f}B parameters, random bf16 weights")
+            return
         config = config_from_args(args)
         if args.ship:
             record = ship_embedded(config, Path(args.ship).expanduser())

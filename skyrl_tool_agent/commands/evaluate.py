@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             extra.append(f"training.data.spider_root={json.dumps(args.spider_root)}")
         args.overrides = [*extra, *args.overrides]
         task_file_args(args)
-        config = config_from_args(args)
+        # --profile auto decides from the model this evaluation loads (--model-path, else the config's)
+        config = config_from_args(args, model_path=args.model_path if args.policy == "model" else None)
         baseline = load_results(args.compare) if args.compare else None  # fail before the run, not after
         rollouts = load_rollouts(args.rollouts) if args.rollouts else None
         if args.policy in (ORACLE, OPENAI) and args.model_path:

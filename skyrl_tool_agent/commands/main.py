@@ -4,6 +4,8 @@
     skyrl-tool-agent eval --policy oracle --limit 50    # evaluate through the MCP environment
     skyrl-tool-agent build-data                         # the built-in SQLite tasks
     skyrl-tool-agent build-model --force                # rebuild the embedded model
+    skyrl-tool-agent export RUN/final --merge --output-dir DIR   # a merged model for any server
+    skyrl-tool-agent doctor                             # is this machine ready? one line per check
     skyrl-tool-agent knobs                              # every config knob, documented
     skyrl-tool-agent COMMAND --help                     # a command's own flags
 
@@ -28,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "eval": ("commands.evaluate", "main", (), "evaluate a policy (model or oracle) through the MCP environment"),
     "build-data": ("commands.build_data", "main", (), "build the built-in text-to-SQL dataset (SQLite + JSON)"),
     "build-model": ("commands.build_model", "main", (), "build (or --ship) the embedded default model"),
+    "doctor": ("commands.doctor", "main", (), "check this machine: device, memory, graph capture, one training step"),
+    "export": ("commands.export", "main", (), "merge a trained LoRA adapter into its base: a model any server loads"),
     "sft-baseline": ("commands.sft_baseline", "main", (), "continue the warm start for a wall time (GRPO's baseline)"),
     "speedrun": ("commands.speedrun", "main", (), "from nothing to a GRPO-trained agent in one budget, beside SFT"),
     "memory-profile": ("commands.memory_profile", "main", (), "peak memory of one GRPO update per training mode"),

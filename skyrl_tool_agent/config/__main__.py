@@ -3,7 +3,7 @@
 The same as `skyrl-tool-agent config COMMAND` (and `skyrl-tool-agent knobs`).
 
 * `show [config flags]`            validate and print the resolved config as YAML
-* `write-defaults DIR [--profile cpu|h100]`  write the four section files with their defaults
+* `write-defaults DIR [--profile cpu|gpu]`  write the four section files with their defaults
 * `knobs [--markdown]`             list every knob: name, type, CPU default, H100 value, description
 """
 
@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from skyrl_tool_agent.config.base import format_value, h100_value, has_h100
 from skyrl_tool_agent.config.cli import add_config_args, config_from_args
 from skyrl_tool_agent.config.errors import cli_main_guard
-from skyrl_tool_agent.config.loader import CORE_SECTIONS, SECTIONS, section_yaml
+from skyrl_tool_agent.config.loader import CORE_SECTIONS, SECTIONS, profile_name, section_yaml
 
 
 def type_name(annotation: Any) -> str:
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     add_config_args(commands.add_parser("show", help="validate and print the resolved config", allow_abbrev=False))
     write = commands.add_parser("write-defaults", help="write the default section files", allow_abbrev=False)
     write.add_argument("directory", type=Path)
-    write.add_argument("--profile", choices=("cpu", "h100"), default="cpu")
+    write.add_argument("--profile", choices=("cpu", "gpu", "h100"), default="cpu",
+                       help="cpu (the embedded tiny model) or gpu (each knob's H100 value; h100: deprecated spelling)")
     knobs = commands.add_parser("knobs", help="list every knob", allow_abbrev=False)
     knobs.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
@@ -83,11 +84,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         if args.command == "show":
             sys.stdout.write(config_from_args(args).dump_yaml())
         elif args.command == "write-defaults":
+            profile = profile_name(args.profile)
             args.directory.mkdir(parents=True, exist_ok=True)
             for section in CORE_SECTIONS:
                 schema, filename = SECTIONS[section]
                 default: Any = schema()
-                (args.directory / filename).write_text(section_yaml(section, default, args.profile), encoding="utf-8")
+                (args.directory / filename).write_text(section_yaml(section, default, profile), encoding="utf-8")
                 print(f"wrote {args.directory / filename}")
         else:
             _knobs(args.markdown)

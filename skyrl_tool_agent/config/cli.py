@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from pathlib import Path
 
-from skyrl_tool_agent.config.model import EMBEDDED
+from skyrl_tool_agent.config.model import EMBEDDED, SHIPPED_EMBEDDED_DIR
 from skyrl_tool_agent.config.loader import PROFILES, SECTIONS, Config, load_config
 
 logger = logging.getLogger(__name__)
@@ -50,7 +52,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="auto",
         help="which defaults the packaged config takes: cpu (the embedded tiny model on a CPU) or gpu (each "
         "knob's H100 value, e.g. lr 2e-5, 512 tokens per turn, no time budget; the data section is kept). "
-        "auto: gpu when the model is not the embedded one and CUDA is available, else cpu (printed at start)",
+        "auto: gpu when the model the command loads (model.name_or_path, or eval's --model-path; an adapter or "
+        "checkpoint counts as its base) is not the embedded one and a CUDA device is there, else cpu; the "
+        "choice and its reason are logged at start",
     )
     group.add_argument(
         "--set",
@@ -72,8 +76,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """`load_config` with the flags added by `add_config_args` (`--profile auto` resolved here)."""
+def config_from_args(args: argparse.Namespace, *, model_path: str | None = None) -> Config:
+    """`load_config` with the flags added by `add_config_args`, `--profile auto` resolved here.
+
+    `model_path` is the model the command will actually load when a flag other than
+    `model.name_or_path` names it (`eval --model-path`); auto decides from that model."""
     def load(profile: str) -> Config:
         return load_config(
             getattr(args, "config_dir", None),
@@ -87,15 +94,61 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if profile != "auto":
         return load(profile)
     config = load("cpu")
-    if getattr(args, "config_dir", None) is None and config.model.name_or_path != EMBEDDED and _cuda_available():
-        logger.info("profile: gpu (model %s on CUDA: each knob's H100 default); --profile cpu keeps the CPU ones",
-                    config.model.name_or_path)
+    if getattr(args, "config_dir", None) is not None:
+        return config  # the directory's files set every value themselves
+    model = model_path or config.model.name_or_path
+    choice, reason = auto_profile(model, device=config.model.device, cuda=None)
+    if choice == "gpu":
+        logger.info("profile gpu: %s (each knob's H100 default); --profile cpu keeps the CPU ones", reason)
         return load("gpu")
-    if getattr(args, "config_dir", None) is None and config.model.name_or_path != EMBEDDED:
-        logger.warning("profile: cpu (model %s but no CUDA: the embedded model's CPU defaults, e.g. lr %g and %d "
-                       "tokens per turn); --profile gpu takes each knob's H100 value", config.model.name_or_path,
-                       config.training.learning_rate, config.grpo.max_new_tokens_per_turn)
+    if is_embedded_model(model):
+        logger.info("profile cpu: %s", reason)
+    else:
+        logger.warning("profile cpu: %s: the embedded model's CPU defaults, e.g. lr %g and %d tokens per turn; "
+                       "--profile gpu takes each knob's H100 value", reason, config.training.learning_rate,
+                       config.grpo.max_new_tokens_per_turn)
     return config
+
+
+def auto_profile(model: str, *, device: str = "auto", cuda: bool | None = None) -> tuple[str, str]:
+    """What `--profile auto` takes for loading `model` ('embedded', a hub name, or a model, adapter
+    or checkpoint directory) on `model.device` `device`, and why, in words for the log line.
+    `cuda` None = ask torch whether a CUDA device is there (only when the answer matters)."""
+    if is_embedded_model(model):
+        return "cpu", f"the embedded model ({model})"
+    if device in ("cpu", "mps"):
+        return "cpu", f"model {model} on model.device {device}"
+    if cuda is None:
+        cuda = _cuda_available()
+    if not cuda:
+        return "cpu", f"model {model} but no CUDA device"
+    return "gpu", f"CUDA device and model {model}"
+
+
+#: config.json keys that identify the embedded model's architecture (its copies, fine-tunes and rebuilds).
+_EMBEDDED_SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+
+
+def is_embedded_model(model: str, _depth: int = 0) -> bool:
+    """Whether `model` is the project's embedded tiny model: 'embedded', or a directory holding it
+    (a model with its shape, e.g. a full fine-tune; an adapter whose base is it; a training
+    checkpoint of either). Hub names and unreadable paths are not."""
+    if model == EMBEDDED:
+        return True
+    path = Path(model).expanduser()
+    if _depth > 3 or not path.is_dir():
+        return False
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        path = path / "weights"  # a checkpoint step-XXXXXX/ keeps its adapter or model there
+    try:
+        if (path / "adapter_config.json").is_file():
+            base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            return isinstance(base, str) and is_embedded_model(base, _depth + 1)
+        shape = json.loads((path / "config.json").read_text())
+        shipped = json.loads((SHIPPED_EMBEDDED_DIR / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(shape, dict) and all(shape.get(k) == shipped.get(k) for k in _EMBEDDED_SHAPE_KEYS)
 
 
 def _cuda_available() -> bool:

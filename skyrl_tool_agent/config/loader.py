@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from skyrl_tool_agent.config.base import Section
+from skyrl_tool_agent.config.base import Section, h100_value
 from skyrl_tool_agent.config.distributed import AccelerateConfig, DeepSpeedConfig
 from skyrl_tool_agent.config.env import EnvConfig, MCPServerConfig
 from skyrl_tool_agent.config.errors import ConfigError
@@ -25,6 +26,8 @@ from skyrl_tool_agent.config.model import ModelConfig
 from skyrl_tool_agent.config.overrides import Loc, Override, apply_override, parse_override, validation_message
 from skyrl_tool_agent.config.training import TrainingConfig
 from skyrl_tool_agent.config.yaml_io import read_json_mapping, read_yaml_mapping, render_section
+
+logger = logging.getLogger(__name__)
 
 #: The default section files, shipped inside the package (the repository's configs/ is the same
 #: files as a copy to edit; tests/test_commands.py keeps the two equal).
@@ -188,34 +191,36 @@ class Config(BaseModel):
 def section_yaml(name: str, value: BaseModel, profile: str = "cpu") -> str:
     """A core section as the commented YAML file it is stored in (see yaml_io.render_section)."""
     schema, filename = SECTIONS[name]
-    other = "CPU" if profile == "h100" else "H100"
+    gpu = profile_name(profile) == "gpu"
     header = [
         f"{filename}: {(schema.__doc__ or '').strip().splitlines()[0]}",
-        f"Values: the {'H100 (Qwen2.5-1.5B)' if profile == 'h100' else 'CPU (embedded tiny model)'} profile; "
-        f"comments give the {other} value where it differs.",
+        f"Values: the {'gpu profile (Qwen2.5-1.5B on an H100)' if gpu else 'cpu profile (embedded tiny model)'}; "
+        f"comments give the {'CPU' if gpu else 'H100 (gpu profile)'} value where it differs.",
         f"Each knob is documented once, in skyrl_tool_agent/config/{SCHEMA_MODULES[name]} (Field descriptions).",
-        "Regenerate: python -m skyrl_tool_agent.config write-defaults configs"
-        + (" --profile h100" if profile == "h100" else ""),
+        "Regenerate: python -m skyrl_tool_agent.config write-defaults configs" + (" --profile gpu" if gpu else ""),
     ]
-    return render_section(value, header, profile)
+    return render_section(value, header, "h100" if gpu else "cpu")
 
 
 #: `--profile`: which column of defaults a section read from the package takes. `gpu` is the H100
-#: value of each knob (`knob(..., h100=...)`), except the data section: which tasks to train on is
-#: the user's choice, not the machine's.
+#: value of each knob (`knob(..., h100=...)`); no data knob has one: which tasks to train on is the
+#: user's choice, not the machine's. `h100` is the earlier spelling of `gpu` (accepted, with a warning).
 PROFILES = ("cpu", "gpu")
+DEPRECATED_PROFILES = {"h100": "gpu"}
+
+
+def profile_name(profile: str) -> str:
+    """`profile` in its one spelling: a deprecated alias (h100) becomes its name (gpu), with a warning."""
+    if profile in DEPRECATED_PROFILES:
+        logger.warning("--profile %s is deprecated: it is spelled %s now", profile, DEPRECATED_PROFILES[profile])
+        return DEPRECATED_PROFILES[profile]
+    return profile
 
 
 def profile_defaults(name: str, profile: str) -> dict[str, Any]:
     """The packaged defaults of core section `name` under `profile`, as a mapping to validate."""
     schema = SECTIONS[name][0]
-    cpu = yaml.safe_load(section_yaml(name, schema(), "cpu"))
-    if profile == "cpu":
-        return cpu
-    gpu = yaml.safe_load(section_yaml(name, schema(), "h100"))
-    if name == "training":
-        gpu["data"] = cpu["data"]
-    return gpu
+    return yaml.safe_load(section_yaml(name, schema(), profile))
 
 
 def _parse_overrides(overrides: Sequence[str]) -> tuple[Override, ...]:
@@ -321,8 +326,9 @@ def load_config(
     }
     if config_file is not None and config_dir is not None:
         raise ConfigError(f"give a config directory ({config_dir}) or a single config file ({config_file}), not both")
-    if profile not in PROFILES:
+    if profile not in PROFILES and profile not in DEPRECATED_PROFILES:
         raise ConfigError(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    profile = profile_name(profile)
     if profile != "cpu" and config_dir is not None:
         raise ConfigError(f"--profile {profile} picks among the packaged defaults; the files in {config_dir} "
                           "set every value themselves (drop --config-dir, or edit the files)")
@@ -355,6 +361,24 @@ def load_config(
         dotted = ".".join(map(str, loc))
         where = written[loc].label if loc in written else shown[section]
         raise ConfigError(f"{where}: {dotted}: {message}")
+    if grpo.batcher.enabled and _sets_tasks_per_step(raw, paths, sources):
+        logger.warning("training.tasks_per_step=%d has no effect: grpo.batcher.enabled sizes each step instead "
+                       "(up to grpo.batcher.max_batch=%d tasks within grpo.batcher.target_turns=%g expected turns); "
+                       "set those, or grpo.batcher.enabled=false", training.tasks_per_step,
+                       grpo.batcher.max_batch, grpo.batcher.target_turns)
     config = Config(**parts)
     config._sources = sources
     return config
+
+
+def _sets_tasks_per_step(raw: dict[str, dict[str, Any]], paths: dict[str, str], sources: ConfigSources) -> bool:
+    """Whether the user gave training.tasks_per_step: a `--set`, or a value in a training file of
+    theirs other than the packaged default (a file written by write-defaults holds the default)."""
+    if any(o.path == ("tasks_per_step",) for o in sources.overrides_for("training")):
+        return True
+    if paths["training"] == str(PACKAGED_CONFIG_DIR / SECTIONS["training"][1]):
+        return False
+    data = raw["training"] if "training" in raw else _read(paths["training"])
+    field = TrainingConfig.model_fields["tasks_per_step"]
+    defaults = {field.get_default(), h100_value(field)}
+    return "tasks_per_step" in data and data["tasks_per_step"] not in defaults

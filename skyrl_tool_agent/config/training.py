@@ -34,8 +34,8 @@ class DataConfig(Section):
         "builtin",
         "Task family. builtin = the project's generated SQLite tasks (a checkout's data/processed, "
         "else built on first use into $SKYRL_TOOL_AGENT_CACHE/builtin); spider = Spider 1.0 read from "
-        "spider_root.",
-        h100="spider",
+        "spider_root. No profile switches it (which tasks is the user's choice, not the machine's): "
+        "a Qwen2.5-1.5B run on Spider sets it to spider itself.",
     )
     train_file: str | None = knob(
         None,
@@ -193,8 +193,10 @@ class TrainingConfig(Section):
     )
     tasks_per_step: int = knob(
         8,
-        "Tasks (prompts) per step, unless grpo.batcher.enabled. Each task is rolled out "
-        "grpo.group_size times; with the batcher on, it sizes each step instead. On CPU a step's "
+        "Tasks (prompts) per step, when grpo.batcher.enabled is off. No effect while it is on (the "
+        "gpu profile turns it on): the batcher sizes each step instead, up to grpo.batcher.max_batch tasks within "
+        "grpo.batcher.target_turns expected turns (a warning at load says so when you set this "
+        "with the batcher on). Each task is rolled out grpo.group_size times. On CPU a step's "
         "rollout costs about the decode steps of its longest episode, so 64 episodes cost ~1.5x "
         "what 16 do.",
         h100=16,
@@ -202,7 +204,8 @@ class TrainingConfig(Section):
     )
     micro_batch_size: int = knob(
         8, "Sequences per forward/backward pass (per GPU). H100: 8 episodes at grpo.max_total_tokens need "
-        "~40 GiB for Qwen2.5-1.5B and 61-64 GiB for 7B (distributed/memory.py); 16 would need 75 / 108 GiB.",
+        "~40 GiB for Qwen2.5-1.5B and 61-64 GiB for 7B by the estimate of distributed/memory.py (a formula; "
+        "measured on random 1.5B weights, H200: 36.1 GiB); 16 would need 75 / 108 GiB (estimated).",
         h100=8, ge=1
     )
     micro_batch_tokens: int | None = knob(

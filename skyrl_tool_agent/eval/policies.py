@@ -13,35 +13,15 @@ Adapters are merged into their base for evaluation (plain forward passes, faster
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from skyrl_tool_agent.config import ModelConfig
-from skyrl_tool_agent.policy.loading import (
-    ModelLoadError,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-    resolve_model_path,
-)
+from skyrl_tool_agent.policy.export import adapter_base, has_tokenizer, load_with_adapter, resolve_weights_dir
+from skyrl_tool_agent.policy.loading import ModelLoadError, load_model, load_tokenizer, resolve_device, resolve_model_path
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 
 logger = logging.getLogger(__name__)
-
-_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
-
-
-def _has_tokenizer(path: Path) -> bool:
-    return any((path / name).is_file() for name in _TOKENIZER_FILES)
-
-
-def resolve_weights_dir(path: Path) -> Path:
-    """A checkpoint dir (`step-XXXXXX/weights/...`) -> its weights dir; anything else unchanged."""
-    weights = path / "weights"
-    if weights.is_dir() and not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-        return weights
-    return path
 
 
 def load_eval_policy(model_path: str | Path | None, model_config: ModelConfig) -> QwenPolicy:
@@ -65,7 +45,7 @@ def load_eval_policy(model_path: str | Path | None, model_config: ModelConfig) -
         return _load_adapter(weights, path, config)
     if not (weights / "config.json").is_file():
         raise ModelLoadError(f"{path}: neither a model (config.json) nor a LoRA adapter (adapter_config.json)")
-    tokenizer_src = weights if _has_tokenizer(weights) else Path(resolve_model_path(config))
+    tokenizer_src = weights if has_tokenizer(weights) else Path(resolve_model_path(config))
     device = resolve_device(config.device)
     tokenizer = load_tokenizer(str(tokenizer_src), config)
     model = load_model(str(weights), config, device, mode="full")
@@ -74,21 +54,10 @@ def load_eval_policy(model_path: str | Path | None, model_config: ModelConfig) -
 
 
 def _load_adapter(weights: Path, given: Path, config: ModelConfig) -> QwenPolicy:
-    from peft import PeftModel
-
-    try:
-        base = json.loads((weights / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{weights / 'adapter_config.json'}: unreadable ({exc})") from exc
-    base = base or resolve_model_path(config)
-    tokenizer_src = next((p for p in (weights, given) if _has_tokenizer(p)), None) or base
+    base = adapter_base(weights) or resolve_model_path(config)
+    tokenizer_src = next((p for p in (weights, given) if has_tokenizer(p)), None) or base
     device = resolve_device(config.device)
     tokenizer = load_tokenizer(str(tokenizer_src), config)
-    model = load_model(str(base), config, device, mode="full")
-    try:
-        model = PeftModel.from_pretrained(model, str(weights)).merge_and_unload()
-    except Exception as exc:  # noqa: BLE001 - one clear line for the user
-        raise ModelLoadError(f"cannot load LoRA adapter {weights} onto {base}: {type(exc).__name__}: {exc}") from exc
-    model.eval()
+    model = load_with_adapter(weights, base, config, device, merge=True)
     logger.info("loaded LoRA adapter %s merged into %s", weights, base)
     return QwenPolicy(model, tokenizer, mode="full")

@@ -1,0 +1,140 @@
+"""scripts/setup.sh on a fresh virtualenv: an installed torch (e.g. a CUDA build) is kept, never
+swapped; a torch outside the project's range stops setup with one line; with no torch the pinned
+CPU build is installed.
+
+The real script runs the real pip on a throwaway copy of the project whose only dependency is the
+project's own torch requirement (read from pyproject.toml). torch is faked: tiny local wheels named
+torch with other versions (2.11.0+cu130 stands for a user's CUDA build, 2.13.0 for the newer build an
+index offers), served from a local directory (no index, no network), so the test takes seconds."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: An in-tree PEP 517 backend: a wheel (editable or not) holding only metadata. It declares the
+#: dependencies of the project's pyproject.toml, which is all pip resolves.
+BACKEND = '''
+import base64, hashlib, tomllib, zipfile
+
+def _wheel(directory):
+    project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+    meta = "Metadata-Version: 2.1\\nName: fakeproj\\nVersion: 0.1.0\\nProvides-Extra: dev\\n" + "".join(
+        f"Requires-Dist: {d}\\n" for d in project["dependencies"])
+    name = "fakeproj-0.1.0-py3-none-any.whl"
+    files = {"fakeproj-0.1.0.dist-info/METADATA": meta,
+             "fakeproj-0.1.0.dist-info/WHEEL": "Wheel-Version: 1.0\\nGenerator: fake\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}
+    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},{len(t)}\\n"
+                     for p, t in files.items()) + "fakeproj-0.1.0.dist-info/RECORD,,\\n"
+    with zipfile.ZipFile(f"{directory}/{name}", "w") as z:
+        for p, t in {**files, "fakeproj-0.1.0.dist-info/RECORD": record}.items():
+            z.writestr(p, t)
+    return name
+
+def get_requires_for_build_wheel(config_settings=None): return []
+def get_requires_for_build_editable(config_settings=None): return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None): return _wheel(wheel_directory)
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None): return _wheel(wheel_directory)
+'''
+
+
+def _fake_torch_wheel(directory: Path, version: str) -> Path:
+    files = {"torch/__init__.py": f"__version__ = {version!r}\n",
+             f"torch-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+             f"torch-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: fake\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},{len(t)}\n"
+                     for p, t in files.items()) + f"torch-{version}.dist-info/RECORD,,\n"
+    path = directory / f"torch-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, t in {**files, f"torch-{version}.dist-info/RECORD": record}.items():
+            z.writestr(p, t)
+    return path
+
+
+@pytest.fixture(scope="module")
+def offline_pip(tmp_path_factory) -> tuple[dict[str, str], Path]:
+    """Environment for pip that sees only a local directory of fake torch wheels, and that directory."""
+    wheels = tmp_path_factory.mktemp("wheels")
+    for version in ("2.11.0+cu130", "2.13.0", "2.10.0"):
+        _fake_torch_wheel(wheels, version)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels),
+               PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_CACHE_DIR="1")
+    return env, wheels
+
+
+def _project(root: Path) -> Path:
+    """A throwaway copy of the project for setup.sh: its script and constraints, and a pyproject
+    whose only dependency is the real project's torch requirement."""
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_req = next(d for d in deps if d.replace(" ", "").startswith(("torch>", "torch=", "torch<", "torch~")))
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "setup.sh", root / "scripts")
+    shutil.copy(REPO / "constraints.txt", root)
+    (root / "fakebackend.py").write_text(BACKEND)
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "fakebackend"\nbackend-path = ["."]\n\n'
+        f'[project]\nname = "fakeproj"\nversion = "0.1.0"\ndependencies = ["{torch_req}"]\n')
+    return root
+
+
+def _venv(root: Path, env: dict[str, str]) -> Path:
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(root / ".venv")], check=True, capture_output=True,
+                       timeout=120, env=env)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        pytest.skip(f"cannot create a virtualenv here: {exc}")
+    return root / ".venv" / "bin" / "python"
+
+
+def _torch_in(python: Path) -> str:
+    return subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def _setup(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(root / "scripts" / "setup.sh")], capture_output=True, text=True,
+                          timeout=300, env={**env, "PYTHON": sys.executable})
+
+
+def test_setup_keeps_an_installed_cuda_torch_and_refuses_one_outside_the_range(tmp_path, offline_pip):
+    env, wheels = offline_pip
+    root = _project(tmp_path / "proj")
+    python = _venv(root, env)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheels / "torch-2.11.0+cu130-py3-none-any.whl")],
+                   check=True, env=env, timeout=120)
+    done = _setup(root, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # a newer torch (2.13.0) was on offer; the user's CUDA build stays (before: swapped for 2.13.0)
+    assert _torch_in(python) == "2.11.0+cu130"
+    assert "setup ok: torch 2.11.0+cu130 kept" in done.stdout, done.stdout
+    assert subprocess.run([str(python), "-m", "pip", "show", "-q", "fakeproj"], env=env).returncode == 0
+
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--force-reinstall",
+                    str(wheels / "torch-2.10.0-py3-none-any.whl")], check=True, env=env, timeout=120)
+    done = _setup(root, env)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode != 0 and len(errors) == 1 and "torch 2.10.0" in errors[0], done.stderr
+    assert _torch_in(python) == "2.10.0"  # left as it was
+
+
+def test_setup_installs_the_pinned_cpu_torch_only_when_none_is_installed(tmp_path, offline_pip):
+    env, _ = offline_pip
+    root = _project(tmp_path / "proj")
+    python = _venv(root, env)
+    done = _setup(root, {**env, "TORCH_VERSION": "2.13.0"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _torch_in(python) == "2.13.0" and "torch 2.13.0 installed" in done.stdout, done.stdout
+    default = (REPO / "scripts" / "setup.sh").read_text()
+    assert 'TORCH_VERSION:-2.13.0' in default and "download.pytorch.org/whl/cpu" in default
