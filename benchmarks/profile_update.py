@@ -12,8 +12,8 @@ Variants (`--variants`, comma-separated, in this order by default):
   logits       new, but the `[B, L, V]` logits materialised (the output head run as a module)
   rows         new, but passes of micro_batch_size rows in rollout order (no token budget)
   no_ckpt:T    new without gradient checkpointing, passes of at most T tokens
-Today's path (before these changes) is the same script at the previous commit: scripts/gpu_update.sh
-runs both in one device call.
+Today's path (before these changes) is the same script at an earlier commit: scripts/gpu_check.sh's
+update_today stage runs it from .old/ beside this one in one device call.
 
 FLOPs (written out, per real token of a sequence of length L; N = weights of every matmul, the
 output head included; d = hidden size; layers):
