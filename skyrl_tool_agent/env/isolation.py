@@ -119,11 +119,8 @@ def isolated_server(server: MCPServerConfig, spec: ServerSpec) -> IsolatedServer
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _stat_key(path: Path) -> tuple[int, int, int] | None:
