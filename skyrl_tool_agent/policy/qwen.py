@@ -127,9 +127,9 @@ class QwenPolicy:
             return f"generate arguments {sorted(self.generate_kwargs)}"
         return self._kernel_blocker
 
-    def new_episode_kv(self) -> EpisodeKV:
+    def new_episode_kv(self) -> EpisodeKV | None:
         """A store for the KV caches of one collection's episodes between their turns (pass it to
-        `generate` with each prompt's episode key)."""
+        `generate` with each prompt's episode key); None where the policy keeps none."""
         return EpisodeKV()
 
     def rollout_engine(self, *, slots: int, capacity: int) -> RolloutEngine | None:
