@@ -139,7 +139,7 @@ class RolloutEngine:
         working = SlotModel.working_set_bytes(self.kernel, rows=demand, capacity=self.capacity,
                                               prefill_tokens=prefill_tokens)
         size = memory_plan.format_bytes
-        explanation = (f"{fraction:.2f} x {size(memory.total)} {memory.where} - {size(memory.in_use)} in use "
+        explanation = (f"{fraction:g} x {size(memory.total)} {memory.where} - {size(memory.in_use)} in use "
                        f"- {size(working)} forward working set")
         return memory_plan.plan_slots(demand=demand, capacity=self.capacity,
                                       bytes_per_token=SlotModel.bytes_per_position(self.kernel),

@@ -74,10 +74,10 @@ def plan_slots(*, demand: int, capacity: int, bytes_per_token: int, memory_bytes
     bytes_per_slot = capacity * bytes_per_token
     budget = int(memory_bytes * fraction) - reserved_bytes
     fits = budget // bytes_per_slot - 1  # the engine allocates one scratch slot beside them
-    why = explanation or f"{fraction:.2f} x {format_bytes(memory_bytes)} - {format_bytes(reserved_bytes)} reserved"
+    why = explanation or f"{fraction:g} x {format_bytes(memory_bytes)} - {format_bytes(reserved_bytes)} reserved"
     if fits < 1:
         raise UserInputError(
-            f"the rollout engine cannot hold one episode: a slot of {capacity} tokens needs {format_bytes(bytes_per_slot)} "
+            f"the rollout engine cannot hold one episode: a slot of {capacity} positions needs {format_bytes(bytes_per_slot)} "
             f"(2 slots with the scratch one), the budget is {format_bytes(max(budget, 0))} = {why}; raise "
             f"model.engine_memory_fraction, lower grpo.max_total_tokens or free memory")
     return SlotPlan(min(demand, fits), demand, bytes_per_slot, budget, reserved_bytes, why)
