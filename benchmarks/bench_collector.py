@@ -53,14 +53,14 @@ from skyrl_tool_agent.data.batching import fixed_subset  # noqa: E402
 from skyrl_tool_agent.data.tasks import Task, load_tasks  # noqa: E402
 from skyrl_tool_agent.env.pools import EnvRuntime  # noqa: E402
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache  # noqa: E402
-from skyrl_tool_agent.rollout.agents import AgentTurn, TurnRequest, oracle_turn_texts  # noqa: E402
+from skyrl_tool_agent.rollout.agents import Agent, AgentTurn, TurnRequest, oracle_turn_texts  # noqa: E402
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector  # noqa: E402
 
 BUILTIN = REPO_ROOT / "data" / "processed"
 TARGET_STEPS_PER_S = 500.0
 
 
-class InstantOracle:
+class InstantOracle(Agent):
     """Returns each episode's next oracle turn immediately (scripts built once, before timing)."""
 
     def __init__(self, tasks: Sequence[Task]) -> None:

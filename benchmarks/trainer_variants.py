@@ -19,6 +19,8 @@ from common import REPO_ROOT
 
 import torch
 
+from skyrl_tool_agent.rollout.turns import Agent  # light: no model, no env
+
 BUILTIN = REPO_ROOT / "data" / "processed"
 LORA = {"r": 16, "alpha": 32.0, "dropout": 0.0}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -57,7 +59,7 @@ class Workload:
         return cls(**json.loads(path.read_text()))
 
 
-class _AlternatingOracle:
+class _AlternatingOracle(Agent):
     """Oracle turns; even group members describe the tables first (4 turns), odd ones do not (3)."""
 
     async def act(self, requests: Sequence[Any]) -> list[Any]:

@@ -272,7 +272,8 @@ class Speedrun:
         from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
 
         model = new_tiny_qwen2(self.tokenizer, **asdict(self.plan.shape)).to(self.device)
-        policy = QwenPolicy(model, self.tokenizer, mode="full", sampler=self.config.model.sampler)
+        policy = QwenPolicy(model, self.tokenizer, mode="full", sampler=self.config.model.sampler,
+                            engine_memory_fraction=self.config.model.engine_memory_fraction)
         resolved = policy.resolved_sampler()
         info: dict[str, Any] = {"configured": self.config.model.sampler, "resolved": resolved}
         if resolved != "engine":

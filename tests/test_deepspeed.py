@@ -52,7 +52,7 @@ def tiny(tmp_path_factory):
 # ------------------------------------------------------------------ no launch
 def test_deepspeed_config_autos_are_filled_from_the_training_config():
     from skyrl_tool_agent.config import UserInputError, load_config
-    from skyrl_tool_agent.distributed.engine import model_dtype, resolve_deepspeed_config
+    from skyrl_tool_agent.distributed.zero3 import model_dtype, resolve_deepspeed_config
 
     config = load_config(REPO / "configs", ["training.mode=full", "training.micro_batch_size=3",
                                             "training.tasks_per_step=4", "grpo.group_size=4", "training.max_grad_norm=0.5"])
@@ -186,7 +186,7 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
 def _update_worker(model_dir: str, out: str) -> None:
     """One `_update` on the saved batch with ZeRO-3 over the launched ranks, fp32 (bf16 off)."""
     from skyrl_tool_agent.distributed.comm import DistContext
-    from skyrl_tool_agent.distributed.engine import build_deepspeed_policy, resolve_deepspeed_config
+    from skyrl_tool_agent.distributed.zero3 import build_deepspeed_policy, resolve_deepspeed_config
     from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
 
     config = _update_config(Path(model_dir))

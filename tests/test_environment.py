@@ -12,7 +12,7 @@ import skyrl_tool_agent  # noqa: F401 - registers mcp_tool_env
 from skyrl_tool_agent.config import EnvConfig, MCPServerConfig
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.rollout.agents import oracle_turn_texts
+from skyrl_tool_agent.rollout.agents import Agent, oracle_turn_texts
 from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
 
 REPO = Path(__file__).resolve().parents[1]
@@ -317,7 +317,7 @@ def test_tool_prefix_runs_two_servers_that_list_the_same_tools(cfg_dir, shop_roo
         rt.close()
 
 
-class FixedAnswerAgent:
+class FixedAnswerAgent(Agent):
     """Answers every episode with one SQL query at once (an agent, not a stand-in: the collector,
     env, MCP pool and scoring all run for real)."""
 

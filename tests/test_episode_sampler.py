@@ -162,7 +162,8 @@ def test_two_sampled_evaluations_share_their_draws_whatever_the_batching():
     """avg@k before and after training uses common random numbers: the same policy evaluated twice
     with one seed, at different concurrency (so different generation batches), samples the same
     episodes token for token through the real env; a change of avg@k then measures the policy."""
-    from skyrl_tool_agent.eval.greedy import collect_episodes, sampled_evaluation
+    from skyrl_tool_agent.eval.greedy import sampled_evaluation
+    from skyrl_tool_agent.rollout.collector import collect_episodes
     from skyrl_tool_agent.policy.qwen import SamplingParams
 
     check = json.loads((SHIPPED_EMBEDDED_DIR / MANIFEST_FILE).read_text())["greedy_check"]

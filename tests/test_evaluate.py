@@ -33,7 +33,7 @@ from skyrl_tool_agent.eval.compare import comparison_rows, comparison_warnings, 
 from skyrl_tool_agent.eval.evaluate import EvalOptions, OutputPaths, run_evaluation, write_outputs
 from skyrl_tool_agent.eval.metrics import pass_at_k, pass_at_k_levels
 from skyrl_tool_agent.eval.policies import load_eval_policy
-from skyrl_tool_agent.rollout.agents import AgentTurn
+from skyrl_tool_agent.rollout.agents import Agent, AgentTurn
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from tests.conftest import BUILTIN_DATA, REPO_ROOT
 from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
@@ -68,7 +68,7 @@ EXTRA_TASKS = [
 ]
 
 
-class ScriptedAgent:
+class ScriptedAgent(Agent):
     """Answers each question with a fixed script of turns; `good` = samples that get the gold SQL."""
 
     def __init__(self, scripts: dict[str, list[str]], good=None) -> None:

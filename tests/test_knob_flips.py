@@ -343,6 +343,28 @@ def flip_sampler(kit: Kit) -> None:
         assert policy._engine is None
 
 
+def flip_engine_memory_fraction(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.engine_memory_fraction: the engine holds the episodes that fit that share of the memory
+    (the others wait for a slot); a share without room for one episode is a clear error."""
+    from skyrl_tool_agent.policy import memory_plan
+
+    def engine_slots(fraction: float) -> memory_plan.SlotPlan:
+        policy = kit.trainer(kit.config(model__sampler="engine", model__engine_memory_fraction=fraction)).policy
+        try:
+            return policy.rollout_engine(slots=64, capacity=96).plan
+        finally:
+            policy.release_rollout_engine()
+
+    plan = engine_slots(0.9)  # the machine's RAM: every episode gets a slot
+    assert plan.slots == 64
+    # A memory of twice the working set and 10.5 slots: half of it holds 9 (and the scratch slot).
+    memory = memory_plan.DeviceMemory(int(2 * (plan.reserved_bytes + 10.5 * plan.bytes_per_slot)), 0, "of a test")
+    monkeypatch.setattr(memory_plan, "device_memory", lambda device: memory)
+    assert engine_slots(0.5).slots == 9 and engine_slots(1.0).slots > 9
+    with pytest.raises(UserInputError, match="engine_memory_fraction"):
+        engine_slots(0.25)
+
+
 def flip_episode_limits(kit: Kit) -> None:
     s = CollectorSettings.from_config(kit.config(grpo__max_turns=5, grpo__max_total_tokens=900,
                                                  env__collector__concurrency=3, env__collector__max_episode_retries=2,
@@ -441,6 +463,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "grpo.temperature": flip_temperature,
     **dict.fromkeys(("grpo.top_p", "grpo.max_new_tokens_per_turn"), flip_sampling),
     "model.sampler": flip_sampler,
+    "model.engine_memory_fraction": flip_engine_memory_fraction,
     **dict.fromkeys(("grpo.max_turns", "grpo.max_total_tokens", "env.collector.concurrency",
                      "env.collector.max_episode_retries", "env.reward.eval_keep_distinct"), flip_episode_limits),
     **dict.fromkeys(("grpo.clip_eps_low", "grpo.clip_eps_high"), flip_clip_eps),

@@ -109,9 +109,9 @@ def test_a_continuous_agents_short_turn_is_not_held_for_a_long_one():
     handed over as one batch)."""
     from skyrl_tool_agent.data.tasks import Task
     from skyrl_tool_agent.rollout.collector import _GenerationBatcher
-    from skyrl_tool_agent.rollout.turns import AgentTurn, TurnRequest
+    from skyrl_tool_agent.rollout.turns import Agent, AgentTurn, TurnRequest
 
-    class TurnByTurn:
+    class TurnByTurn(Agent):
         continuous = True
 
         async def act(self, requests):
@@ -137,3 +137,28 @@ def test_a_continuous_agents_short_turn_is_not_held_for_a_long_one():
 
     done = asyncio.run(run())
     assert done[0] < 0.5 <= done[1]
+
+
+def test_an_object_with_act_that_is_not_an_agent_is_one_clear_error():
+    """The collector calls every `Agent` hook; an object that writes only `act` without deriving
+    from `Agent` (whose hooks have defaults) is refused up front, naming the fix."""
+    from skyrl_tool_agent.rollout.agents import make_agent
+    from skyrl_tool_agent.rollout.collector import TrajectoryCollector
+    from skyrl_tool_agent.rollout.turns import Agent
+
+    class ActOnly:
+        async def act(self, requests):
+            return []
+
+    class Derived(Agent):
+        async def act(self, requests):
+            return []
+
+    for build in (make_agent, lambda agent: TrajectoryCollector(None, agent)):
+        with pytest.raises(TypeError, match="ActOnly is not an Agent: derive it from skyrl_tool_agent.rollout.turns.Agent"):
+            build(ActOnly())
+    agent = make_agent(Derived())
+    assert isinstance(agent, Derived) and agent.continuous is False and agent.tokenizer is None
+    agent.start_collection(concurrency=2, max_total_tokens=10)  # the defaults: nothing to do
+    agent.end_episode(0)
+    agent.finish_collection()

@@ -98,6 +98,17 @@ class ModelConfig(Section):
         "ZeRO-3 sharded or 4-bit weights always use). auto = engine on CUDA, kernel elsewhere. A "
         "model the engine or kernel cannot run (not qwen2, 4-bit, sliding window) falls back to hf.",
     )
+    engine_memory_fraction: float = knob(
+        0.9,
+        "Share of device memory the rollout engine's KV cache may fill (as vLLM's gpu_memory_utilization). "
+        "On CUDA the cache gets this fraction of the GPU's total memory less what is in use (weights, "
+        "reference, optimizer state, other processes) and the forward's working set; on CPU this "
+        "fraction of the RAM available. The engine takes one slot "
+        "per episode in flight up to what fits (the log says how many and why); the other episodes "
+        "wait for a slot. Too small for one slot is an error naming the sizes.",
+        gt=0,
+        le=1,
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter settings.")
     quantization: QuantizationConfig = Field(
         default_factory=QuantizationConfig, description="4-bit base model (QLoRA) settings."

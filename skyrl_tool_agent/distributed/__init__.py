@@ -5,7 +5,7 @@ full-parameter training with DeepSpeed ZeRO-3, each started by a launcher that s
 * `comm`           process group (NCCL on GPUs, gloo on CPU), gradient sums, lockstep generation rounds
 * `data_parallel`  `DataParallelTrainer`: task sharding, gathered rewards, balanced update shards
 * `replicated`     LoRA/QLoRA: `ReplicatedBackend`, a whole policy per rank, gradients all-reduced
-* `engine`         full mode: resolved DeepSpeed config, sharded model + reference, `DeepSpeedPolicy`
+* `zero3`          full mode: resolved DeepSpeed config, ZeRO-3 sharded model + reference, `DeepSpeedPolicy`
 * `trainer`        full mode: `DistributedGRPOTrainer` (ZeRO-3 engine)
 * `checkpoint`     full mode's engine checkpoints + consolidated 16-bit export; the agreed resume point
 * `run`            `DeepSpeedBackend`; the backends are what `pipeline.run_training` runs on every rank

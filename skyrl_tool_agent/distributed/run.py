@@ -17,7 +17,7 @@ from skyrl_tool_agent.config import Config, load_deepspeed_config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.distributed.comm import DistContext
-from skyrl_tool_agent.distributed.engine import build_deepspeed_policy, model_hidden_size, resolve_deepspeed_config
+from skyrl_tool_agent.distributed.zero3 import build_deepspeed_policy, model_hidden_size, resolve_deepspeed_config
 from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
 from skyrl_tool_agent.env.pools import EnvRuntime
 

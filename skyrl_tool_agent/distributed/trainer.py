@@ -25,7 +25,7 @@ from skyrl_tool_agent.distributed.checkpoint import (
     save_distributed_checkpoint,
 )
 from skyrl_tool_agent.distributed.data_parallel import DataParallelTrainer
-from skyrl_tool_agent.distributed.engine import DeepSpeedPolicy
+from skyrl_tool_agent.distributed.zero3 import DeepSpeedPolicy
 from skyrl_tool_agent.env.pools import EnvRuntime
 
 logger = logging.getLogger(__name__)

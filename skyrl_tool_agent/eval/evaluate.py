@@ -84,7 +84,7 @@ def make_eval_agent(policy: Any, settings: CollectorSettings, options: EvalOptio
     `Endpoint` (a served model) or any `Agent`, through `rollout.agents.make_agent`."""
     agent = make_agent(policy, temperature=options.temperature, top_p=options.top_p,
                        max_new_tokens=settings.max_new_tokens_per_turn, seed=options.seed)
-    return agent, getattr(agent, "tokenizer", None)
+    return agent, agent.tokenizer
 
 
 def policy_kind(policy: Any) -> str:

@@ -13,32 +13,21 @@ evaluate command's.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import evaluation_record, sampled_record
-from skyrl_tool_agent.rollout.agents import make_agent
-from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.rollout.collector import Collect, CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:  # torch loads only when a policy samples (as in rollout.agents)
     from skyrl_tool_agent.policy.qwen import SamplingParams
 
-__all__ = ["Collect", "GreedyRun", "collect_episodes", "greedy_evaluation", "greedy_params", "sampled_evaluation"]
-
-
-class Collect(Protocol):
-    """Runs `group_size` episodes per task and returns them in (task, group index) order: the
-    signature of `GRPOTrainer.collect`, whose data-parallel subclass shards the tasks over ranks."""
-
-    def __call__(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
-                 settings: CollectorSettings | None = None,
-                 on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]: ...
+__all__ = ["GreedyRun", "greedy_evaluation", "greedy_params", "sampled_evaluation"]
 
 
 @dataclass
@@ -56,22 +45,12 @@ def greedy_params(settings: CollectorSettings) -> SamplingParams:
     return SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=settings.max_new_tokens_per_turn)
 
 
-def collect_episodes(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], group_size: int,
-                     params: SamplingParams, settings: CollectorSettings | None = None,
-                     on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
-    """Episodes of `policy` (anything `rollout.agents.make_agent` takes) in this process, one
-    collector call; a policy with a tokenizer records token ids (and so keeps the token budget)."""
-    agent = make_agent(policy, temperature=params.temperature, top_p=params.top_p, max_new_tokens=params.max_new_tokens)
-    collector = TrajectoryCollector(runtime, agent, tokenizer=getattr(policy, "tokenizer", None), settings=settings)
-    return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
-
-
 def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings, *,
                       on_episode_done: Callable[[Trajectory], None] | None = None,
                       collect: Collect | None = None) -> GreedyRun:
     """One greedy episode per task of `tasks`, in task order, with `settings` (the evaluation
     collector settings: module docstring). `collect`: who runs the episodes (default: this
-    process, `collect_episodes`); the trainer passes its own `collect`, which a data-parallel
+    process, `rollout.collector.collect_episodes`); the trainer passes its own `collect`, which a data-parallel
     trainer shards over its ranks. `on_episode_done` is called as each episode finishes."""
     run = collect or functools.partial(collect_episodes, policy, runtime)
     trajectories = run(tasks, 1, greedy_params(settings), settings, on_episode_done)

@@ -26,7 +26,7 @@ from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.greedy import collect_episodes, greedy_evaluation, sampled_evaluation
+from skyrl_tool_agent.eval.greedy import greedy_evaluation, sampled_evaluation
 from skyrl_tool_agent.eval.metrics import eval_metrics, reward_term_means, summarize
 from skyrl_tool_agent.grpo.advantages import turn_token_advantages
 from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes, plan_micro_batches
@@ -38,7 +38,7 @@ from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
-from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)

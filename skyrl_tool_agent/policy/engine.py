@@ -26,6 +26,11 @@ captured graphs stay valid. Arithmetic per token is `Qwen2Kernel.forward`'s (and
 `Qwen2ForCausalLM`'s in eval mode). The forward over the slot cache (prefill, decode step, graphs,
 read-back) is `slot_model.SlotModel`; this module decides which episode holds which slot and when
 its turn runs.
+
+The engine is asked for a slot per episode in flight and gets what fits its memory budget
+(`memory_plan`: a fraction of the device's memory, less what is in use and the forward's working
+set); the log says how many and why. A fresh episode that finds every slot taken waits, in arrival
+order, for the slot of an episode that ends, and its tokens are those it would have drawn at once.
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.policy import memory_plan
 from skyrl_tool_agent.policy.prefix import MIN_SHARED_PREFIX, common_prefix_length
 from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, weights_version
-from skyrl_tool_agent.policy.slot_model import SlotModel
+from skyrl_tool_agent.policy.slot_model import SlotModel, default_prefill_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +67,7 @@ class _Request:
     key: Hashable
     seed: int
     future: Future = field(default_factory=Future)
+    waiting: bool = False  # found every slot taken
 
 
 @dataclass
@@ -85,27 +94,38 @@ class RolloutEngine:
     """Samples turns of many episodes at once for a Qwen2 `model` (see the module docstring).
 
     Args:
-        slots: episodes in flight at once (the collector's concurrency).
+        slots: episodes wanted in flight at once (the collector's concurrency); the engine gets
+            `min(slots, what fits memory_fraction)` (`self.slots`, `self.plan`), the others wait.
         capacity: most tokens an episode holds (prompt and every turn; `grpo.max_total_tokens`).
         stop_ids, pad_id: the tokenizer's end-of-turn ids and padding id.
         stop_check_interval: decode steps between reads of the sampled tokens (a row may run up to
             this many steps past its stop id; those tokens are dropped). Default: 8 on CUDA, 1 on CPU.
+        memory_fraction: the share of the device's memory (CUDA) or of the available RAM (CPU)
+            the process may fill with the engine's cache (`model.engine_memory_fraction`, `memory_plan`).
         cuda_graphs, attention, prefill_tokens: how the forward runs (`slot_model.SlotModel`).
     """
 
     def __init__(self, model: torch.nn.Module, *, slots: int, capacity: int, stop_ids: Sequence[int], pad_id: int,
-                 stop_check_interval: int | None = None, cuda_graphs: bool | None = None,
-                 attention: str | None = None, prefill_tokens: int | None = None) -> None:
+                 stop_check_interval: int | None = None, memory_fraction: float | None = None,
+                 cuda_graphs: bool | None = None, attention: str | None = None,
+                 prefill_tokens: int | None = None) -> None:
         self.model = model
         self.kernel = Qwen2Kernel(model)
         on_cuda = self.kernel.device.type == "cuda"
-        self.slots, self.interval = slots, stop_check_interval or (8 if on_cuda else 1)
+        self.demand, self.interval = slots, stop_check_interval or (8 if on_cuda else 1)
         self.max_tokens = capacity  # most tokens an episode may hold
         self.capacity = capacity + self.interval + 2  # cache positions: a row may decode `interval` steps past its cap
         self.stop_ids = list(stop_ids)
+        prefill_tokens = prefill_tokens or default_prefill_tokens(self.kernel.device)
+        # Planned after the kernel's fused weights exist, so the budget counts them as in use.
+        self.plan = self._plan_slots(slots, memory_fraction or default_of(ModelConfig, "engine_memory_fraction"),
+                                     prefill_tokens)
+        logger.info(self.plan.describe())
+        slots = self.slots = self.plan.slots
         self.step = SlotModel(self.kernel, slots=slots, capacity=self.capacity, pad_id=pad_id,
                               cuda_graphs=cuda_graphs, attention=attention, prefill_tokens=prefill_tokens)
         self.stats = self.step.stats  # counters for benchmarks and logs (prefill_s: admission, synchronised)
+        self.stats["waited"] = 0  # fresh episodes that found every slot taken and waited for one
         self._free = [_Slot(i) for i in reversed(range(slots))]
         self._by_key: dict[Hashable, _Slot] = {}
         self._rows: list[_Row] = []
@@ -113,6 +133,18 @@ class RolloutEngine:
         self._inbox: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    def _plan_slots(self, demand: int, fraction: float, prefill_tokens: int) -> memory_plan.SlotPlan:
+        memory = memory_plan.device_memory(self.kernel.device)
+        working = SlotModel.working_set_bytes(self.kernel, rows=demand, capacity=self.capacity,
+                                              prefill_tokens=prefill_tokens)
+        size = memory_plan.format_bytes
+        explanation = (f"{fraction:g} x {size(memory.total)} {memory.where} - {size(memory.in_use)} in use "
+                       f"- {size(working)} forward working set")
+        return memory_plan.plan_slots(demand=demand, capacity=self.capacity,
+                                      bytes_per_token=SlotModel.bytes_per_position(self.kernel),
+                                      memory_bytes=memory.total, fraction=fraction,
+                                      reserved_bytes=memory.in_use + working, explanation=explanation)
 
     # ------------------------------------------------------------------ public API (any thread)
     def submit(self, prompt: Sequence[int], *, max_new_tokens: int, temperature: float, top_p: float,
@@ -147,13 +179,14 @@ class RolloutEngine:
                  seeds: Sequence[int]) -> list[TurnResult]:
         """One turn per prompt, blocking; each prompt is its own episode (released after)."""
         keys = [("generate", id(self), i, s) for i, s in enumerate(seeds)]
-        futures = [self.submit(p, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, key=k, seed=s)
-                   for p, k, s in zip(prompts, keys, seeds)]
-        try:
-            return [f.result() for f in futures]
-        finally:
-            for k in keys:
-                self.release(k)
+        futures = []
+        for prompt, key, seed in zip(prompts, keys, seeds):
+            future = self.submit(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                 key=key, seed=seed)
+            # Freed as soon as its turn is done: with more prompts than slots the others wait for it.
+            future.add_done_callback(lambda _, key=key: self.release(key))
+            futures.append(future)
+        return [f.result() for f in futures]
 
     # ------------------------------------------------------------------ worker thread
     def _start(self) -> None:
@@ -227,7 +260,9 @@ class RolloutEngine:
             if slot is not None:
                 continuing.append((request, slot))
                 continue
-            if not self._free:
+            if not self._free:  # every slot taken: wait (in arrival order) for an episode to end
+                self.stats["waited"] += not request.waiting
+                request.waiting = True
                 self._waiting.append(request)
                 continue
             slot = self._free.pop()

@@ -66,7 +66,7 @@ class QwenPolicy:
     """A causal LM + tokenizer pair with batched sampling and training-time log-probs."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, mode: str = "lora",
-                 sampler: str = "auto") -> None:
+                 sampler: str = "auto", engine_memory_fraction: float | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.mode = mode
@@ -82,6 +82,7 @@ class QwenPolicy:
         self.sampler = sampler
         self._kernel: Qwen2Kernel | None = None
         self._engine: RolloutEngine | None = None
+        self.engine_memory_fraction = engine_memory_fraction  # `model.engine_memory_fraction` (None: its default)
         self._kernel_blocker: str | None = unsupported_reason(model)
         if self._kernel_blocker:
             logger.info("sampling through the HF model: %s", self._kernel_blocker)
@@ -94,7 +95,8 @@ class QwenPolicy:
         device = resolve_device(config.device)
         tokenizer = load_tokenizer(path, config)
         model = load_model(path, config, device, mode=mode)
-        return cls(model, tokenizer, mode=mode, sampler=config.sampler)
+        return cls(model, tokenizer, mode=mode, sampler=config.sampler,
+                   engine_memory_fraction=config.engine_memory_fraction)
 
     @staticmethod
     def _stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -125,22 +127,24 @@ class QwenPolicy:
             return f"generate arguments {sorted(self.generate_kwargs)}"
         return self._kernel_blocker
 
-    def new_episode_kv(self) -> EpisodeKV:
+    def new_episode_kv(self) -> EpisodeKV | None:
         """A store for the KV caches of one collection's episodes between their turns (pass it to
-        `generate` with each prompt's episode key)."""
+        `generate` with each prompt's episode key); None where the policy keeps none."""
         return EpisodeKV()
 
     def rollout_engine(self, *, slots: int, capacity: int) -> RolloutEngine | None:
         """The continuous-batching engine for `slots` episodes of up to `capacity` tokens, when
-        `resolved_sampler()` is 'engine' (None otherwise). Reused while it is large enough;
+        `resolved_sampler()` is 'engine' (None otherwise); it holds as many as fit
+        `engine_memory_fraction` and the others wait. Reused while it was asked for enough;
         `release_rollout_engine` frees its cache."""
         if self.resolved_sampler() != "engine":
             return None
         engine = self._engine
-        if engine is None or engine.slots < slots or engine.max_tokens < capacity:
+        if engine is None or engine.demand < slots or engine.max_tokens < capacity:
             self.release_rollout_engine()
             self._engine = RolloutEngine(self.model, slots=slots, capacity=capacity, stop_ids=self.stop_token_ids,
-                                         pad_id=self.tokenizer.pad_token_id)
+                                         pad_id=self.tokenizer.pad_token_id,
+                                         memory_fraction=self.engine_memory_fraction)
         return self._engine
 
     def release_rollout_engine(self) -> None:

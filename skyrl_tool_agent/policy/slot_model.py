@@ -34,6 +34,11 @@ logger = logging.getLogger(__name__)
 PrefillRow = tuple[int, int, list[int]]
 
 
+def default_prefill_tokens(device: torch.device) -> int:
+    """Most (padded) tokens one prefill forward runs, by default."""
+    return 16384 if device.type == "cuda" else 4096
+
+
 @dataclass
 class _StepInputs:
     """A bucket's static decode inputs (a captured graph reads and updates them in place)."""
@@ -63,7 +68,7 @@ class SlotModel:
         self.use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         attention = attention or ("triton" if on_cuda and triton_available() else "torch")
         self.attend = {"triton": decode_attention, "torch": reference_decode_attention}[attention]
-        self.prefill_tokens = prefill_tokens or (16384 if on_cuda else 4096)
+        self.prefill_tokens = prefill_tokens or default_prefill_tokens(self.device)
         shape = (slots + 1, k.kv_heads, capacity, k.head_dim)
         # Zeroed: positions a row does not own still enter the reference path's matmuls (masked),
         # and NaN in uninitialised memory survives a mask (NaN * 0 = NaN).
@@ -86,6 +91,24 @@ class SlotModel:
         # Counters for benchmarks and logs (seconds are wall time).
         self.stats = {"decode_steps": 0, "decoded_rows": 0, "prefill_tokens": 0, "chunks": 0,
                       "decode_s": 0.0, "prefill_s": 0.0, "capture_s": 0.0}
+
+    @staticmethod
+    def bytes_per_position(kernel: Qwen2Kernel) -> int:
+        """Bytes a slot holds per position: keys and values of every layer, the token id and its log-prob."""
+        return 2 * kernel.layers_n * kernel.kv_heads * kernel.head_dim * kernel.dtype.itemsize + 8 + 4
+
+    @staticmethod
+    def working_set_bytes(kernel: Qwen2Kernel, *, rows: int, capacity: int, prefill_tokens: int) -> int:
+        """An estimate of the largest transient memory of a forward beside the cache: a prefill
+        chunk's activations (residual stream, fused projections, MLP), its attention mask, the
+        keys/values of one layer gathered for up to `rows` rows, and the logits of `rows` rows."""
+        k, item = kernel, kernel.dtype.itemsize
+        hidden, inner = k.embed.shape[1], k.layers[0].down_w.shape[1]
+        activations = prefill_tokens * item * (6 * hidden + (k.heads + 2 * k.kv_heads) * k.head_dim + 3 * inner)
+        mask = prefill_tokens * (k.heads // k.kv_heads) * capacity
+        gathered = min(rows, prefill_tokens) * capacity * 2 * k.kv_heads * k.head_dim * item
+        logits = rows * k.lm_head.shape[0] * 4 * 2
+        return activations + mask + gathered + logits
 
     def close(self) -> None:
         """Free the cache and the captured graphs."""

@@ -12,20 +12,38 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import sqlglot
 from sqlglot import exp
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import format_answer, format_tool_call
-from skyrl_tool_agent.rollout.turns import Agent, AgentTurn, TurnRequest
+from skyrl_tool_agent.rollout.turns import Agent, AgentTurn, TurnRequest, as_agent
 
-__all__ = ["Agent", "AgentTurn", "OracleAgent", "PolicyAgent", "ScriptedAgent", "TurnRequest", "make_agent",
-           "oracle_turn_texts"]
+__all__ = ["Agent", "AgentTurn", "OracleAgent", "PolicyAgent", "SamplingPolicy", "ScriptedAgent", "TurnRequest",
+           "make_agent", "oracle_turn_texts"]
 
 
-class PolicyAgent:
+class SamplingPolicy(Protocol):
+    """What `PolicyAgent` samples from: `policy.qwen.QwenPolicy` (and its ZeRO-3 subclass)."""
+
+    tokenizer: Any
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Any, **episodes: Any) -> list[Any]:
+        """One sampled continuation per prompt (`episode_keys`, `episode_kv`, `seeds` with an episode store)."""
+
+    def new_episode_kv(self) -> Any:
+        """A store for the KV caches of one collection's episodes between turns, or None (no store)."""
+
+    def rollout_engine(self, *, slots: int, capacity: int) -> Any:
+        """The continuous-batching engine for `slots` episodes of `capacity` tokens, or None (none)."""
+
+    def release_rollout_engine(self) -> None:
+        """Free the engine's cache."""
+
+
+class PolicyAgent(Agent):
     """Samples turns from a `QwenPolicy`.
 
     With the policy's `RolloutEngine` (`start_collection` opens it), every turn is submitted to the
@@ -38,23 +56,23 @@ class PolicyAgent:
     collections from one torch seed share their draws episode by episode.
     """
 
-    def __init__(self, policy: Any, params: Any) -> None:
+    def __init__(self, policy: SamplingPolicy, params: Any) -> None:
         self.policy = policy
         self.params = params
         self.tokenizer = policy.tokenizer  # the collector records tokens with it
         # A policy that can keep an episode's KV cache between its turns gets a store for this
         # agent's episodes (one collection) and, with each prompt, the episode it continues.
-        new_store = getattr(policy, "new_episode_kv", None)
-        self.episode_kv = new_store() if callable(new_store) else None
+        self.episode_kv = policy.new_episode_kv()
         self.engine: Any = None
-        self.continuous = False
         self._base_seed = 0
+
+    @property
+    def continuous(self) -> bool:  # type: ignore[override]  # the engine batches turn by turn
+        return self.engine is not None
 
     def start_collection(self, *, concurrency: int, max_total_tokens: int) -> None:
         """Open the policy's rollout engine for `concurrency` episodes of `max_total_tokens`, where it has one."""
-        open_engine = getattr(self.policy, "rollout_engine", None)
-        self.engine = open_engine(slots=concurrency, capacity=max_total_tokens) if callable(open_engine) else None
-        self.continuous = self.engine is not None
+        self.engine = self.policy.rollout_engine(slots=concurrency, capacity=max_total_tokens)
         import torch  # the sampling seed comes from the caller's torch RNG (seeded per training step)
 
         self._base_seed = int(torch.randint(0, 2**31 - 1, ()).item())
@@ -63,7 +81,7 @@ class PolicyAgent:
         """The collection is over: the engine's cache is freed (the update needs the memory)."""
         if self.engine is not None:
             self.policy.release_rollout_engine()
-            self.engine, self.continuous = None, False
+            self.engine = None
 
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
         from dataclasses import replace
@@ -168,7 +186,7 @@ def oracle_turn_texts(task: Task, env_info: Mapping[str, Any] | None = None, *, 
     return turns
 
 
-class ScriptedAgent:
+class ScriptedAgent(Agent):
     """Needs no model: answers turn t of an episode with `script(request)[t]` (its last turn again
     past the end). Drives the real env end to end: tests, warm-start data, a task family's oracle."""
 
@@ -199,16 +217,16 @@ def make_agent(policy: Any, *, temperature: float = 0.0, top_p: float = 1.0, max
     - the string 'oracle': `OracleAgent` (it adapts its script to the env's tools and max_turns);
     - an `openai_agent.Endpoint`: `OpenAIChatAgent` (a served model; `max_new_tokens` comes with
       each request, `seed` seeds sampled requests);
-    - a `QwenPolicy` (anything with `generate` and `tokenizer`): `PolicyAgent`;
-    - any `Agent` (an object with `async act(requests)`): itself.
+    - a `QwenPolicy` (a `SamplingPolicy`): `PolicyAgent`;
+    - an `Agent` (a class deriving from `turns.Agent` that writes `async act(requests)`): itself.
 
     temperature 0 = greedy. Agents with a `tokenizer` attribute sample token ids (the collector
     records tokens with it); the others return text.
     """
     from skyrl_tool_agent.rollout.openai_agent import Endpoint, OpenAIChatAgent
 
-    if hasattr(policy, "act"):
-        return policy
+    if hasattr(policy, "act"):  # an agent already (`as_agent` names the fix for one not deriving from Agent)
+        return as_agent(policy)
     if isinstance(policy, Endpoint):
         return OpenAIChatAgent(policy, temperature=temperature, top_p=top_p, seed=seed)
     if isinstance(policy, str):

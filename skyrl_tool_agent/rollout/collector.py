@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.config.env import CollectorConfig
@@ -26,11 +26,13 @@ from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime, EpisodeSetupError
 from skyrl_tool_agent.mcp.pool import MCPPoolError
 from skyrl_tool_agent.rewards.execution import DatabaseUnavailableError, GoldQueryError
-from skyrl_tool_agent.rollout.turns import Agent, AgentTurn, TurnRequest
+from skyrl_tool_agent.rollout.agents import make_agent
+from skyrl_tool_agent.rollout.turns import Agent, AgentTurn, TurnRequest, as_agent
 from skyrl_tool_agent.rollout.trajectory import EpisodeResult, Trajectory
 
 if TYPE_CHECKING:
     from skyrl_tool_agent.config import Config
+    from skyrl_tool_agent.policy.qwen import SamplingParams  # torch loads only when a policy samples
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ class _GenerationBatcher:
         # A continuous agent (the rollout engine) batches on its own, turn by turn, and draws each
         # episode's tokens from the episode's own seed: every request goes to it at once, and its
         # turns resolve one by one, so no batch waits for its slowest row or for other episodes.
-        continuous = bool(getattr(self.agent, "continuous", False))
+        continuous = self.agent.continuous
         in_flight: set[asyncio.Task] = set()
         try:
             await self._serve(continuous, in_flight)
@@ -152,14 +154,14 @@ class TrajectoryCollector:
 
     Args:
         runtime: the shared env runtime (MCP pool, tools, reward cache).
-        agent: `PolicyAgent`, `OracleAgent`, or any object with `async act(requests)`.
+        agent: `PolicyAgent`, `OracleAgent`, or any `Agent` (`rollout.turns`).
         tokenizer: records token ids/masks when given (training); None = text only (evaluation).
         settings: limits and concurrency.
     """
 
     def __init__(self, runtime: EnvRuntime, agent: Agent, *, tokenizer: Any = None, settings: CollectorSettings | None = None) -> None:
         self.runtime = runtime
-        self.agent = agent
+        self.agent = as_agent(agent)
         self.tokenizer = tokenizer
         self.settings = settings or CollectorSettings()
         self.last_stats: dict[str, float] = {}
@@ -175,16 +177,14 @@ class TrajectoryCollector:
         on_episode_done: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Run `group_size` episodes per task; returns trajectories ordered by (task, group index)."""
-        start_collection = getattr(self.agent, "start_collection", None)
-        if start_collection is not None:  # e.g. the rollout engine: a KV-cache slot per episode in flight
-            in_flight = min(self.settings.concurrency, len(tasks) * group_size)
-            start_collection(concurrency=max(1, in_flight), max_total_tokens=self.settings.max_total_tokens)
+        # E.g. the rollout engine: a KV-cache slot per episode in flight (as many as fit; the others wait).
+        in_flight = min(self.settings.concurrency, len(tasks) * group_size)
+        self.agent.start_collection(concurrency=max(1, in_flight), max_total_tokens=self.settings.max_total_tokens)
         batcher = _GenerationBatcher(
             self.agent, self.settings.max_batch, self.settings.batch_wait_s, self.settings.deterministic
         )
         runner = asyncio.create_task(batcher.run())
         semaphore = asyncio.Semaphore(self.settings.concurrency)
-        end_episode = getattr(self.agent, "end_episode", None)
         start = time.monotonic()
 
         async def one(seq: int, task: Task, index: int) -> Trajectory:
@@ -194,8 +194,7 @@ class TrajectoryCollector:
                     traj = await self._episode_with_retries(task, index, batcher, seq)
                 finally:
                     batcher.active_episodes -= 1
-                    if end_episode is not None:  # an agent holding per-episode state (a KV cache) frees it
-                        end_episode(seq)
+                    self.agent.end_episode(seq)  # an agent holding per-episode state (a KV cache) frees it
                 if on_episode_done is not None:
                     on_episode_done(traj)
                 return traj
@@ -206,9 +205,7 @@ class TrajectoryCollector:
         finally:
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
-            finish_collection = getattr(self.agent, "finish_collection", None)
-            if finish_collection is not None:
-                finish_collection()
+            self.agent.finish_collection()
         elapsed = time.monotonic() - start
         steps = sum(t.result.turns for t in trajectories)
         self.last_stats = {
@@ -330,3 +327,23 @@ class TrajectoryCollector:
             done_reason=metadata.get("done_reason", "max_turns"),
             final_sql=env.final_sql,
         )
+
+
+class Collect(Protocol):
+    """Runs `group_size` episodes per task and returns them in (task, group index) order: the
+    signature of `GRPOTrainer.collect`, whose data-parallel subclass shards the tasks over ranks."""
+
+    def __call__(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
+                 settings: CollectorSettings | None = None,
+                 on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]: ...
+
+
+def collect_episodes(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], group_size: int,
+                     params: SamplingParams, settings: CollectorSettings | None = None,
+                     on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+    """Episodes of `policy` (anything `rollout.agents.make_agent` takes) in this process, one
+    collector call: the one route from the trainer (`GRPOTrainer.collect`) and the evaluations to
+    the sampler. An agent with a tokenizer records token ids (and so keeps the token budget)."""
+    agent = make_agent(policy, temperature=params.temperature, top_p=params.top_p, max_new_tokens=params.max_new_tokens)
+    collector = TrajectoryCollector(runtime, agent, tokenizer=agent.tokenizer, settings=settings)
+    return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))

@@ -73,7 +73,7 @@ from skyrl_tool_agent.rollout.openai_schema import (
     ReplyLimits,
     parse_completion,
 )
-from skyrl_tool_agent.rollout.turns import AgentTurn, TurnRequest
+from skyrl_tool_agent.rollout.turns import Agent, AgentTurn, TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def _body(model: str, messages: Sequence[dict[str, Any]], *, temperature: float,
     return body
 
 
-class OpenAIChatAgent:
+class OpenAIChatAgent(Agent):
     """An `Agent` whose turns come from `endpoint`'s chat completions (see module doc).
 
     Sampling is the local path's: `temperature` (0 = greedy), `top_p`, and each request's

@@ -1,12 +1,14 @@
 """What passes between the collector and an agent: a `TurnRequest` per episode waiting for its next
 turn, an `AgentTurn` back, and the `Agent` protocol (every agent kind: `rollout.agents`,
-`rollout.openai_agent`; `rollout.agents.make_agent` picks one)."""
+`rollout.openai_agent`; `rollout.agents.make_agent` picks one), and `as_agent`, the check every
+agent passes before the collector drives it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from abc import abstractmethod
+from typing import Any, Protocol, runtime_checkable
 
 from skyrl_tool_agent.data.tasks import Task
 
@@ -38,11 +40,41 @@ class AgentTurn:
     infra_error: str | None = None
 
 
+@runtime_checkable
 class Agent(Protocol):
-    """Answers a batch of turns. Optional hooks the collector calls when an agent has them:
-    `end_episode(seq)` when episode `seq` ends (an agent keeping a KV cache per episode frees it);
-    `start_collection(concurrency=, max_total_tokens=)` before a collection's first episode and
-    `finish_collection()` after its last; and a true `continuous` attribute means the agent
-    batches on its own (each request goes to `act` at once, and answers come back turn by turn)."""
+    """What the collector drives. An agent writes `act`; it derives from `Agent` for the rest, whose
+    defaults do nothing, and overrides what it needs (the policy's agent opens its rollout engine
+    in `start_collection`, frees an episode's slot in `end_episode`, and is `continuous`).
 
-    async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]: ...
+    The collector calls, for every agent: `start_collection` before a collection's first episode,
+    `act` with the turns waiting (a batch, or one at a time when `continuous`), `end_episode` when
+    an episode ends, and `finish_collection` after the last one.
+    """
+
+    #: True: the agent batches on its own (each request goes to `act` at once and the answers come
+    #: back turn by turn, as the rollout engine's do); False: the collector batches the requests.
+    continuous: bool = False
+    #: The tokenizer of the agent's token ids (a collector recording tokens uses it); None: text only.
+    tokenizer: Any = None
+
+    @abstractmethod
+    async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
+        """One turn per request, in order."""
+
+    def start_collection(self, *, concurrency: int, max_total_tokens: int) -> None:
+        """A collection starts: up to `concurrency` episodes of up to `max_total_tokens` tokens at once."""
+
+    def finish_collection(self) -> None:
+        """The collection's last episode has ended (what it held can go, e.g. for an update's memory)."""
+
+    def end_episode(self, seq: int) -> None:
+        """Episode `seq` of the collection has ended (its per-episode state, e.g. a KV cache, can go)."""
+
+
+def as_agent(agent: Any) -> Agent:
+    """`agent` itself when it is an `Agent`; a `TypeError` naming the fix for an object with an
+    `act` that does not derive from `Agent` (the collector would call hooks it lacks)."""
+    if isinstance(agent, Agent):
+        return agent
+    raise TypeError(f"{type(agent).__name__} is not an Agent: derive it from skyrl_tool_agent.rollout.turns.Agent "
+                    "(it writes `async act(requests)`; the collection hooks have defaults)")

@@ -22,11 +22,10 @@ from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.data.frontier import Frontier
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.greedy import collect_episodes
 from skyrl_tool_agent.eval.metrics import solved_outcome
 from skyrl_tool_agent.policy.manifest import model_weights_sha256
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
-from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
 
 logger = logging.getLogger(__name__)
 

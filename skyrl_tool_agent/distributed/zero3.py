@@ -109,9 +109,10 @@ class DeepSpeedPolicy(QwenPolicy):
         engine.eval()
 
     # -------------------------------------------------------------- sampling
-    #: No per-episode KV store: ZeRO-3 shards the weights, so the ranks sample with
-    #: `model.generate(synced_gpus=...)`, which keeps no cache between turns.
-    new_episode_kv = None
+    def new_episode_kv(self) -> None:
+        """No per-episode KV store: ZeRO-3 shards the weights, so the ranks sample with
+        `model.generate(synced_gpus=...)`, which keeps no cache between turns."""
+        return None
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:

@@ -1,0 +1,103 @@
+"""How many episodes `engine.RolloutEngine` holds at once: its slot KV cache sized from memory.
+
+One slot holds one episode from its first turn to its end: `capacity` positions of keys and values
+in every layer plus the token history. Allocating a slot per episode in flight whatever the device
+has (the gpu profile's 256 episodes x 6,144 tokens of a 7B shape is ~84 GiB of cache) fails late,
+with an out-of-memory error; instead the engine plans its slots before it allocates them, the way
+serving engines size their cache (vLLM's `gpu_memory_utilization`):
+
+    budget = memory x fraction - reserved
+    slots  = min(episodes in flight, budget // bytes per slot - 1)     (one scratch slot pads batches)
+
+- CUDA: memory = the device's total; reserved = what is in use when the engine is built (this
+  process's tensors: the weights, the reference, the optimizer state, the engine's fused weight
+  copy; and other processes on the device) plus the engine's own working set (a prefill chunk's
+  activations, the logits). The update's activations are not reserved: the collector frees the
+  cache (`finish_collection`) before every update, so the two never coexist.
+- CPU: memory = the RAM available now (psutil; what this process holds is already outside it);
+  reserved = the working set.
+
+Episodes beyond the slots wait in the engine for a slot an ended episode frees. `fraction` is
+`model.engine_memory_fraction`. `plan_slots` is the arithmetic (pure); `device_memory` reads the
+device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from skyrl_tool_agent.config import UserInputError
+
+GIB = 2**30
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What a budget is drawn from: `total` bytes the fraction applies to, `in_use` of them taken."""
+
+    total: int
+    in_use: int
+    where: str  # "of cuda:0" or "of available RAM"
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """The engine's slots and why: `slots` of the `demand`ed, each `bytes_per_slot`, out of
+    `budget_bytes` (what was left after `reserved_bytes`)."""
+
+    slots: int
+    demand: int
+    bytes_per_slot: int
+    budget_bytes: int
+    reserved_bytes: int
+    explanation: str  # how the budget was reached, for the log
+
+    def describe(self) -> str:
+        """One log line: how many slots, of how many wanted, and why."""
+        limit = "all wanted" if self.slots == self.demand else "the budget's limit; the other episodes wait for a slot"
+        return (f"rollout engine: {self.slots} of {self.demand} slots ({limit}); "
+                f"{format_bytes(self.bytes_per_slot)} per slot, budget {format_bytes(self.budget_bytes)} = {self.explanation}")
+
+
+def plan_slots(*, demand: int, capacity: int, bytes_per_token: int, memory_bytes: int, fraction: float,
+               reserved_bytes: int, explanation: str = "") -> SlotPlan:
+    """Slots for `demand` episodes of `capacity` positions at `bytes_per_token` each (keys and
+    values of every layer plus the token history), within `memory_bytes x fraction - reserved_bytes`
+    (module docstring). Raises `UserInputError` when not even one slot fits."""
+    if demand < 1 or capacity < 1 or bytes_per_token < 1:
+        raise ValueError(f"demand, capacity and bytes_per_token must be >= 1 (got {demand}, {capacity}, {bytes_per_token})")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    bytes_per_slot = capacity * bytes_per_token
+    budget = int(memory_bytes * fraction) - reserved_bytes
+    fits = budget // bytes_per_slot - 1  # the engine allocates one scratch slot beside them
+    why = explanation or f"{fraction:g} x {format_bytes(memory_bytes)} - {format_bytes(reserved_bytes)} reserved"
+    if fits < 1:
+        raise UserInputError(
+            f"the rollout engine cannot hold one episode: a slot of {capacity} positions needs {format_bytes(bytes_per_slot)} "
+            f"(2 slots with the scratch one), the budget is {format_bytes(max(budget, 0))} = {why}; raise "
+            f"model.engine_memory_fraction, lower grpo.max_total_tokens or free memory")
+    return SlotPlan(min(demand, fits), demand, bytes_per_slot, budget, reserved_bytes, why)
+
+
+def device_memory(device: torch.device) -> DeviceMemory:
+    """The memory a budget on `device` is drawn from (module docstring)."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        # The caching allocator's free blocks count as free: the cache reuses them.
+        others = total - free - torch.cuda.memory_reserved(device)
+        return DeviceMemory(total, others + torch.cuda.memory_allocated(device), f"of {device}")
+    import psutil
+
+    return DeviceMemory(psutil.virtual_memory().available, 0, "of available RAM")
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes in GiB, MiB or KiB (the largest unit it fills)."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n / 1024:.1f} KiB"
