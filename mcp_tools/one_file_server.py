@@ -41,12 +41,12 @@ from mcp_types import CallToolResult, TextContent
 from mcp_tools.call_lanes import SHARE_OF_CLIENT_DEADLINE, CallLanes, limit_under_client
 from mcp_tools.process_memory import release_freed_memory
 from mcp_tools.result_caps import capped_result, clip_error, too_large_result, too_long
-from skyrl_tool_agent.config.base import default_of
-from skyrl_tool_agent.config.env import EnvConfig
 
-#: A call's limit when no client says its own deadline (`limit_under_client`): the share of the
-#: default `env.call_timeout_s` a client's deadline would give (8 s).
-DEFAULT_TIMEOUT_S = SHARE_OF_CLIENT_DEADLINE * default_of(EnvConfig, "call_timeout_s")
+#: A call's limit when no client says its own deadline (`limit_under_client`): the share a client
+#: deadline of 10 s (the default `env.call_timeout_s`) would give. Written here, not read from the
+#: library's config: the servers import nothing from it (tests/test_layers.py; test_config.py
+#: checks the two defaults agree).
+DEFAULT_TIMEOUT_S = SHARE_OF_CLIENT_DEADLINE * 10.0
 
 
 def load(path: Path) -> Any:
