@@ -18,10 +18,9 @@ import pytest
 import torch
 
 from tests.fixtures.distributed import (
-    REPO,
     SCRIPT,
     check_exact_resume,
-    launch_env,
+    launch,
     launched_rows,
     synthetic_batch,
     tiny_run_args,
@@ -32,7 +31,7 @@ from tests.fixtures.distributed import (
 
 def _torchrun(script: Path, *args: str, timeout: int = 280) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
-    return subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return launch(cmd, timeout=timeout)
 
 
 def _update_config(model_dir: Path):
