@@ -100,6 +100,37 @@ def test_a_damaged_copy_is_refused_with_one_line(tmp_path: Path) -> None:
         verify_manifest(copy)
 
 
+def test_a_copy_whose_files_are_links_is_refused(tmp_path: Path) -> None:
+    """Verification reads nothing through a symbolic link (it used to follow them: a weights file
+    linked to /dev/zero hashed forever, one linked to any matching file passed)."""
+    copy = tmp_path / "embedded"
+    shutil.copytree(SHIPPED_EMBEDDED_DIR, copy)
+    weights = copy / "model.safetensors"
+    weights.unlink()
+    weights.symlink_to(SHIPPED_EMBEDDED_DIR / "model.safetensors")  # the very same bytes
+    with pytest.raises(ValueError, match=r"model.safetensors is a symbolic link: refused"):
+        verify_manifest(copy)
+    shutil.copy(SHIPPED_EMBEDDED_DIR / "model.safetensors", weights.with_name("weights.bin"))
+    weights.unlink()
+    (copy / "weights.bin").rename(weights)
+    assert verify_manifest(copy)["files"]  # a regular copy again: accepted
+    manifest = copy / MANIFEST_FILE
+    (copy / "elsewhere.json").write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    manifest.symlink_to(copy / "elsewhere.json")
+    with pytest.raises(ValueError, match=r"warmstart.json is a symbolic link: refused"):
+        verify_manifest(copy)
+    manifest.unlink()
+    record = json.loads((copy / "elsewhere.json").read_text())
+    record["files"]["../escape"] = record["files"].pop("config.json")
+    manifest.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"'../escape' is not a file name inside"):
+        verify_manifest(copy)
+    linked_dir = tmp_path / "linked"  # the directory itself may be a link (a cache on another disk)
+    linked_dir.symlink_to(SHIPPED_EMBEDDED_DIR)
+    assert verify_manifest(linked_dir)["files"]
+
+
 def test_a_damaged_shipped_model_is_a_load_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     copy = tmp_path / "embedded"
     shutil.copytree(SHIPPED_EMBEDDED_DIR, copy)
