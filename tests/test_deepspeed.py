@@ -34,7 +34,7 @@ from tests.fixtures.distributed import (
 )
 
 
-def _deepspeed(script: Path, *args: str, timeout: int = 240, extensions_dir: Path | None = None,
+def _deepspeed(script: Path, *args: str, timeout: int = 280, extensions_dir: Path | None = None,
                ) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
            str(script), *args]
@@ -115,6 +115,7 @@ def test_inert_micro_batch_adds_no_loss_tokens(tiny):
 
 # ------------------------------------------------------------------ launched
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
 def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
     """Same batch, fp32: ZeRO-3 over 2 ranks (uneven shards, an inert micro-batch, KL reference
     engine, grad clipping, 2 epochs) gives the single-process GRPOTrainer's weights and stats.
@@ -161,6 +162,7 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
 def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
