@@ -2,8 +2,8 @@
 a single-process update on the same batch, and `deepspeed --num_gpus 2 train_grpo.py --mode full`
 trains, checkpoints, exports consolidated weights and resumes exactly.
 
-The two launched tests take ~1.5-3 min on 2 busy cores (each launch imports torch, transformers
-and DeepSpeed in two processes); they are the only way to exercise ZeRO-3's collectives, so they
+The two launched tests take ~1-1.5 min each on 2 busy cores, 35 and 85 s of CPU (each launch
+imports torch, transformers and DeepSpeed in two processes); they are the only way to exercise ZeRO-3's collectives, so they
 are marked slow rather than mocked. Nothing is compiled: the ranks leave out DeepSpeed's CPU
 shared-memory op, which training never uses (`distributed.comm.skip_cpu_shared_memory_op`).
 
