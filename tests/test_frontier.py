@@ -21,7 +21,8 @@ from skyrl_tool_agent.policy.manifest import model_weights_sha256
 def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     model_dir = tmp_path_factory.mktemp("frontier") / "embedded"
     shutil.copytree(SHIPPED_EMBEDDED_DIR, model_dir, ignore=shutil.ignore_patterns(FRONTIER_FILE))
-    config = load_config(overrides=[f"model.embedded_dir={model_dir}", "training.data.validation_tasks=8"])
+    config = load_config(overrides=[f"model.embedded_dir={model_dir}", "training.data.validation_tasks=8",
+                                    "grpo.max_new_tokens_per_turn=32"])  # short episodes: the file's form is tested
     summary = build_frontier(config, num_tasks=4, samples=2, command="test")  # 4: the pool test needs them
     return model_dir, summary
 
