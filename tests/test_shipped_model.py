@@ -182,13 +182,14 @@ def test_build_command_still_builds_the_same_shape(manifest, tmp_path: Path) -> 
 @pytest.mark.slow
 def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> None:
     """The quick start's command with its defaults (shipped model, its frontier, LoRA on CPU),
-    cut to two small steps and a small evaluation (greedy and sampled, and the probe): end to
-    end, no timing asserted."""
+    cut to two small steps, a small evaluation (greedy and sampled, and the probe) and 64 tokens
+    a turn: end to end, no timing asserted."""
     out = tmp_path / "run"
     cmd = [sys.executable, str(REPO / "training" / "scripts" / "train_grpo.py"), "--mode", "lora", "--output-dir", str(out),
            "--max-steps", "2", "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=4",
            "--set", "training.eval_num_tasks=3", "--set", "training.wandb.mode=disabled",
-           "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3", "--set", "training.probe_every=2"]
+           "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3", "--set", "training.probe_every=2",
+           "--set", "grpo.max_new_tokens_per_turn=64"]  # half the CPU default: decoding is most of the run's time
     env = {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
