@@ -118,7 +118,7 @@ async def test_the_watchdog_stops_the_work_it_gave_up_on(stop: bool) -> None:
         if stop:
             assert not late and lanes.stopped == 1, len(late)
         else:
-            assert len(late) > 10 and lanes.stopped == 0
+            assert len(late) > 3 and lanes.stopped == 0  # ~40 beats when the machine is idle
     finally:
         quit_.set()
     assert lanes._main.free == 1 and await lanes.run(lambda _limit: "next") == "next"
