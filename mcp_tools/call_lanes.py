@@ -20,8 +20,18 @@ Threads come from two lanes:
   (a schema's first load: cheap by kind) runs in the express lane to its end.
 
 A watchdog answers for a call whose thread is still running `WATCHDOG_GRACE_S` past its limit
-(SQLite stuck inside one operation, or a starved machine): `run` returns None and the thread, left
-behind, ends on its own. A call that got no thread within twice the limit gets None too.
+(SQLite stuck inside one operation, or a starved machine): `run` returns None. A call that got no
+thread within twice the limit gets None too, and its work never starts. What happens to a thread
+left behind depends on the lanes' `stop_abandoned`:
+
+* off (the SQL server): the thread ends on its own; the query's cost is bounded by the sandbox
+  (its deadline and limits, `sandbox_limits`). Its work touches the server's shared catalog, which
+  an exception raised at an arbitrary point could leave half-updated;
+* on (the one-file server, whose tools are arbitrary Python with no deadline of their own): the
+  watchdog raises `Abandoned` inside the thread (`PyThreadState_SetAsyncExc`), which stops the
+  tool at its next Python instruction. A tool blocked inside one C call (a `time.sleep(60)`, a
+  read with no timeout) stops when that call returns; a tool that catches BaseException and
+  goes on is not stopped.
 
 A server whose limit should follow its client's reads it with `limit_under_client`: the MCP client
 pool (skyrl_tool_agent.mcp) puts the deadline it gives each call in every server's environment
@@ -31,9 +41,11 @@ answer, which the model reads, arrives before the client gives up on the call.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -85,6 +97,46 @@ def limit_under_client(default_s: float) -> float:
         logger.warning("ignoring %s=%r (not a positive number of seconds)", CLIENT_DEADLINE_ENV_VAR, text)
         return default_s
     return SHARE_OF_CLIENT_DEADLINE * client_s
+
+
+class Abandoned(BaseException):
+    """Raised inside a call's thread once the watchdog has answered for it (`stop_abandoned`). A
+    BaseException, so that a tool's `except Exception` does not swallow it."""
+
+
+def _raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
+    """Have the thread `ident` raise `exc` at its next Python instruction (None: forget one that
+    has not been raised yet)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
+
+
+class _Stoppable:
+    """The worker thread of one attempt, stopped (`Abandoned`) when the watchdog gives up on it:
+    only while it is inside the call's work, never once the work has returned (the exception
+    would land in the thread pool's own loop)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ident: int | None = None
+        self._abandoned = False
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._abandoned:  # given up on before its thread started: the work never starts
+                raise Abandoned
+            self._ident = threading.get_ident()
+
+    def leave(self) -> None:
+        with self._lock:
+            if self._ident is not None:
+                _raise_in_thread(self._ident, None)  # a stop that came as the work returned
+                self._ident = None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            if self._ident is not None:
+                _raise_in_thread(self._ident, Abandoned)
 
 
 class _Slots:
@@ -143,9 +195,12 @@ class CallLanes:
     """The two lanes of one server (module docstring); made and used on its event loop."""
 
     def __init__(self, timeout_s: float, *, main_threads: int = MAX_QUERY_THREADS,
-                 express_threads: int = EXPRESS_THREADS, probe_s: float = PROBE_S) -> None:
+                 express_threads: int = EXPRESS_THREADS, probe_s: float = PROBE_S,
+                 stop_abandoned: bool = False) -> None:
         self.timeout_s = timeout_s
         self.probe_s = probe_s
+        self.stop_abandoned = stop_abandoned  # module docstring
+        self.stopped = 0  # threads the watchdog stopped (stop_abandoned)
         self._main = _Slots(main_threads, newest_first=False)
         self._express = _Slots(express_threads, newest_first=True)
         self._threads: anyio.CapacityLimiter | None = None  # anyio's own cap, above ours: never waits
@@ -234,14 +289,22 @@ class CallLanes:
 
     async def _attempt(self, work: Callable[[float], R], limit: float, give_up_at: float) -> R | None:
         """`work(limit)` on a worker thread; None once it runs `WATCHDOG_GRACE_S` past `limit`
-        from its thread's start, or has not started by `give_up_at` (the thread is left behind)."""
+        from its thread's start, or has not started by `give_up_at` (the thread is left behind,
+        or stopped: `stop_abandoned`)."""
         started: list[float] = []
         outcome: list[_Answer[R]] = []
         done = anyio.Event()
+        thread = _Stoppable()
 
         def timed() -> R:
+            if self.stop_abandoned:
+                thread.enter()
             started.append(time.monotonic())
-            return work(limit)
+            try:
+                return work(limit)
+            finally:
+                if self.stop_abandoned:
+                    thread.leave()
 
         async def runner() -> None:
             try:
@@ -259,12 +322,15 @@ class CallLanes:
                 # Until the thread starts, look again every QUEUE_POLL_S (it usually starts at once).
                 end = started[0] + limit + WATCHDOG_GRACE_S if started else min(give_up_at, now + QUEUE_POLL_S)
                 if now >= end and (started or now >= give_up_at):
-                    tg.cancel_scope.cancel()  # the thread finishes on its own (abandoned)
+                    tg.cancel_scope.cancel()  # abandoned: the thread finishes on its own, or
+                    if self.stop_abandoned:  # is stopped (or never starts its work)
+                        thread.stop()
+                        self.stopped += 1
                     break
                 with anyio.move_on_after(max(0.0, end - now)):
                     await done.wait()
         return outcome[0].get() if outcome else None
 
 
-__all__ = ["CLIENT_DEADLINE_ENV_VAR", "EXPRESS_THREADS", "MAX_QUERY_THREADS", "PROBE_S", "SHARE_OF_CLIENT_DEADLINE",
+__all__ = ["CLIENT_DEADLINE_ENV_VAR", "Abandoned", "EXPRESS_THREADS", "MAX_QUERY_THREADS", "PROBE_S", "SHARE_OF_CLIENT_DEADLINE",
            "CallLanes", "limit_under_client"]

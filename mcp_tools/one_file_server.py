@@ -18,8 +18,9 @@ The limits of the SQL server hold for these tools too, and for the same reasons:
 * time: each call runs on a worker thread of `call_lanes.CallLanes`, whose watchdog answers
   `timeout: ...` once the call has run `--timeout-s` (default: 0.8 x the MCP client pool's call
   timeout, `call_lanes.limit_under_client`), so the model reads that answer before the client
-  gives up on the call. A Python thread cannot be stopped: the tool runs on, and its result,
-  when it comes, is dropped.
+  gives up on the call. The watchdog then stops the tool's thread (`call_lanes.Abandoned`
+  raised in it at its next Python instruction; a tool blocked inside one C call stops when the
+  call returns): abandoned calls do not pile up running threads.
 
 A result is its text alone (no output schema, no structured copy of the text), as for the SQL tools.
 """
@@ -41,12 +42,12 @@ from mcp_types import CallToolResult, TextContent
 from mcp_tools.call_lanes import SHARE_OF_CLIENT_DEADLINE, CallLanes, limit_under_client
 from mcp_tools.process_memory import release_freed_memory
 from mcp_tools.result_caps import capped_result, clip_error, too_large_result, too_long
-from skyrl_tool_agent.config.base import default_of
-from skyrl_tool_agent.config.env import EnvConfig
 
-#: A call's limit when no client says its own deadline (`limit_under_client`): the share of the
-#: default `env.call_timeout_s` a client's deadline would give (8 s).
-DEFAULT_TIMEOUT_S = SHARE_OF_CLIENT_DEADLINE * default_of(EnvConfig, "call_timeout_s")
+#: A call's limit when no client says its own deadline (`limit_under_client`): the share a client
+#: deadline of 10 s (the default `env.call_timeout_s`) would give. Written here, not read from the
+#: library's config: the servers import nothing from it (tests/test_layers.py; test_config.py
+#: checks the two defaults agree).
+DEFAULT_TIMEOUT_S = SHARE_OF_CLIENT_DEADLINE * 10.0
 
 
 def load(path: Path) -> Any:
@@ -88,7 +89,7 @@ def as_tool(fn: Callable[..., Any], lanes: CallLanes) -> Callable[..., Any]:
                 release_freed_memory()  # what a large result took goes back to the OS
 
         result = await lanes.run(body, takes_budget=False)
-        if result is None:  # the watchdog: the thread runs on, its result is dropped
+        if result is None:  # the watchdog: the thread is stopped, its result (if any) dropped
             text = f"timeout: {name} ran longer than {lanes.timeout_s:g} s"
             return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return result
@@ -104,7 +105,7 @@ def build_server(module: Any, name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
     tools = getattr(module, "TOOLS", None)
     if not tools or not all(callable(t) for t in tools):
         raise SystemExit(f"error: {name}: TOOLS must be a non-empty list of functions")
-    lanes = CallLanes(timeout_s)
+    lanes = CallLanes(timeout_s, stop_abandoned=True)
     server = MCPServer(name, log_level="WARNING")
     for fn in tools:
         server.add_tool(as_tool(fn, lanes), structured_output=False)

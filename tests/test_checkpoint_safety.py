@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +30,6 @@ from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
 from tests.fixtures.tiny_policy import tiny_policy
 
-REPO = Path(__file__).resolve().parents[1]
 CORPUS = ["SELECT count(*) FROM customer WHERE city = 'Paris'", "<tool_call> execute_sql </tool_call> <answer>"] * 20
 CONFIG = Config(training={"learning_rate": 0.01, "max_steps": 10, "warmup_steps": 0})
 
@@ -196,8 +192,11 @@ def test_torn_last_line_of_metrics_jsonl(tmp_path: Path, caplog: pytest.LogCaptu
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
 
 
-def test_cli_resume_from_corrupt_checkpoints_exits_2_with_one_line(model_dir: Path, tmp_path: Path) -> None:
-    """End to end through train_grpo.py: a truncated checkpoint is a user-facing error, not a traceback."""
+def test_cli_resume_from_corrupt_checkpoints_exits_2_with_one_line(model_dir: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """End to end through the train command (in this process: the script is its alias): a
+    truncated checkpoint is a user-facing error, not a traceback."""
+    from skyrl_tool_agent.commands.train import main
     from skyrl_tool_agent.data.tasks import save_tasks
     from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
 
@@ -209,11 +208,13 @@ def test_cli_resume_from_corrupt_checkpoints_exits_2_with_one_line(model_dir: Pa
     sets = {"model.name_or_path": model_dir, "model.device": "cpu", "training.data.train_file": tmp_path / "tasks.json",
             "training.data.dev_file": tmp_path / "tasks.json", "training.data.db_root": tmp_path / "dbs",
             "training.data.train_pool": "file", "training.eval_num_tasks": 1, "training.wandb.mode": "disabled"}
-    cmd = [sys.executable, str(REPO / "training" / "scripts" / "train_grpo.py"), "--mode", "lora",
-           "--output-dir", str(out), "--resume", "auto", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
-    env = {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True, timeout=900)
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    argv = ["--mode", "lora", "--output-dir", str(out), "--resume", "auto",
+            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    stderr = capsys.readouterr().err
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert exited.value.code == 2, stderr[-3000:]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
     assert "no intact checkpoint" in errors[0] and "adapter_model.safetensors" in errors[0]

@@ -435,6 +435,11 @@ def test_library_defaults_are_the_config_knobs() -> None:
         assert default(fn, "timeout_s") == env.sql_timeout_s, fn
     assert GOLD_TIMEOUT_S == env.sql_timeout_s
     assert default(MCPClientPool, "call_timeout_s") == env.call_timeout_s
+    # The one-file server writes its own (it imports nothing from the library): the share of this one.
+    from mcp_tools.call_lanes import SHARE_OF_CLIENT_DEADLINE
+    from mcp_tools.one_file_server import DEFAULT_TIMEOUT_S
+
+    assert DEFAULT_TIMEOUT_S == SHARE_OF_CLIENT_DEADLINE * env.call_timeout_s
     assert default(MCPClientPool, "sessions_per_server") == env.sessions_per_server
     assert default(GoldResultCache, "maxsize") == env.reward.gold_cache_size
     assert DEFAULT_MAX_TURNS == grpo.max_turns

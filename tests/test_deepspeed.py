@@ -2,10 +2,10 @@
 a single-process update on the same batch, and `deepspeed --num_gpus 2 train_grpo.py --mode full`
 trains, checkpoints, exports consolidated weights and resumes exactly.
 
-The two launched tests take ~1.5-3 min on 2 busy cores (each launch imports torch, transformers
-and DeepSpeed in two processes); they are the only way to exercise ZeRO-3's collectives, so they
-are marked slow rather than mocked. DeepSpeed compiles its CPU communication op on first use
-(~50 s): TORCH_EXTENSIONS_DIR (exported by .ci/run) caches it once per machine.
+The two launched tests take ~1-1.5 min each on 2 busy cores, 35 and 85 s of CPU (each launch
+imports torch, transformers and DeepSpeed in two processes); they are the only way to exercise ZeRO-3's collectives, so they
+are marked slow rather than mocked. Nothing is compiled: the ranks leave out DeepSpeed's CPU
+shared-memory op, which training never uses (`distributed.comm.skip_cpu_shared_memory_op`).
 
 This file is also the worker the update test launches (`__main__` at the bottom).
 """
@@ -25,7 +25,7 @@ from tests.fixtures.distributed import (
     SCRIPT,
     check_exact_resume,
     free_port,
-    launch_env,
+    launch,
     launched_rows,
     synthetic_batch,
     tiny_run_args,
@@ -34,10 +34,11 @@ from tests.fixtures.distributed import (
 )
 
 
-def _deepspeed(script: Path, *args: str, timeout: int = 420) -> subprocess.CompletedProcess:
+def _deepspeed(script: Path, *args: str, timeout: int = 280, extensions_dir: Path | None = None,
+               ) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
            str(script), *args]
-    return subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return launch(cmd, timeout=timeout, extensions_dir=extensions_dir)
 
 
 def _update_config(model_dir: Path):
@@ -114,9 +115,14 @@ def test_inert_micro_batch_adds_no_loss_tokens(tiny):
 
 # ------------------------------------------------------------------ launched
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
 def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
     """Same batch, fp32: ZeRO-3 over 2 ranks (uneven shards, an inert micro-batch, KL reference
-    engine, grad clipping, 2 epochs) gives the single-process GRPOTrainer's weights and stats."""
+    engine, grad clipping, 2 epochs) gives the single-process GRPOTrainer's weights and stats.
+
+    The ranks start beside a stale build lock of DeepSpeed's shared-memory op, as a start killed
+    while building it leaves one: torch's extension loader waits for such a lock forever, so the
+    ranks must not build the op (`distributed.comm.skip_cpu_shared_memory_op`)."""
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
     from skyrl_tool_agent.policy.qwen import QwenPolicy
 
@@ -124,7 +130,10 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
     policy = QwenPolicy.from_config(config.model, mode="full")
     batch = synthetic_batch(policy)
     torch.save(batch, tmp_path / "batch.pt")
-    res = _deepspeed(Path(__file__), "update-worker", str(tiny / "model"), str(tmp_path))
+    extensions = tmp_path / "torch_extensions"
+    (extensions / "deepspeed_shm_comm").mkdir(parents=True)
+    (extensions / "deepspeed_shm_comm" / "lock").touch()
+    res = _deepspeed(Path(__file__), "update-worker", str(tiny / "model"), str(tmp_path), extensions_dir=extensions)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     trainer = GRPOTrainer(config, policy, None, None, [], output_dir=tmp_path / "single")
@@ -153,6 +162,7 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
 def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -296,6 +296,31 @@ def test_cli_user_errors_exit_2(tmp_path, capsys):
     assert not (tmp_path / "o.json").exists()
 
 
+def test_a_deeply_nested_results_file_is_one_clear_error(tmp_path, capsys):
+    """json's C scanner recurses per nesting level: a crafted results.json (or the trajectories
+    file it names) used to raise RecursionError through `--compare` (a traceback, exit 1)."""
+    import runpy
+
+    from skyrl_tool_agent.eval.compare import baseline_outcomes
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserInputError, match="not a results.json \\(nested too deeply\\)"):
+        load_results(deep)
+    main = runpy.run_path(str(SCRIPT), run_name="evaluate_cli")["main"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--policy", "oracle", "--compare", str(deep), "--output", str(tmp_path / "o.json")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "nested too deeply" in err[0], err
+    (tmp_path / "not-utf8.json").write_bytes(b'{"execution_accuracy": "\xff"}')
+    with pytest.raises(UserInputError, match="not a results.json"):
+        load_results(tmp_path / "not-utf8.json")
+    # a results.json whose per-question file is the crafted one: no outcomes, no crash
+    (tmp_path / "deep.jsonl").write_text('{"a": ' * 100_000 + "1" + "}" * 100_000 + "\n")
+    assert baseline_outcomes({"files": {"trajectories": str(tmp_path / "deep.jsonl")}}) is None
+
+
 def test_weave_mode_needs_credentials_and_falls_back(monkeypatch):
     from skyrl_tool_agent.eval import weave_eval
     from skyrl_tool_agent.eval.weave_setup import weave_mode

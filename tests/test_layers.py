@@ -17,8 +17,8 @@ PACKAGES = ("skyrl_tool_agent", "mcp_tools")
 #: Lowest first. A unit is a subpackage of skyrl_tool_agent (or a top-level module of it), or the
 #: servers package mcp_tools. Units may import only from units in lower layers.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("mcp_tools",),  # servers: they stand alone below the library (see the test below)
     ("config",),  # the one config schema; knows nothing else
-    ("mcp_tools",),  # servers
     ("data", "rewards", "mcp", "policy"),  # tasks, scoring, the MCP client pool, the model
     ("env",),  # the skyrl-gym environment
     ("rollout",),  # agents and the trajectory collector
@@ -91,6 +91,16 @@ def test_no_module_imports_from_a_layer_above_or_beside_its_own():
         a, b = unit_of(source), unit_of(target)
         if a != b and LAYER_OF[b] >= LAYER_OF[a]:
             wrong.append(f"{source} -> {target} (layer {LAYER_OF[a]} imports layer {LAYER_OF[b]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_servers_import_nothing_from_the_library():
+    """mcp_tools runs as server processes any MCP client may start: no module of it imports
+    skyrl_tool_agent (its config included), anywhere in the source (inside functions too)."""
+    files = sorted((REPO / "mcp_tools").rglob("*.py"))
+    assert {"one_file_server.py", "sqlite_server.py"} <= {p.name for p in files}
+    wrong = [f"{module_name(path)} -> {target}" for path in files
+             for target in sorted(imports_of(path, module_name(path))) if unit_of(target) != "mcp_tools"]
     assert not wrong, "\n".join(wrong)
 
 

@@ -9,6 +9,7 @@ real server.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +88,51 @@ async def test_work_without_a_budget_runs_in_the_express_lane_to_its_end() -> No
     limits: list[float] = []
     answer, order = await behind_slow(lanes, 1, sleeper(0.3, limits), takes_budget=False)
     assert answer == "done" and limits == [1.0] and order == ["it", "slow"]
+
+
+def beating(beats: list[float], quit_: threading.Event) -> Callable[[float], str]:
+    """Work with no deadline of its own (a one-file tool): a beat every 10 ms until `quit_`."""
+
+    def work(_limit: float) -> str:
+        while not quit_.is_set():
+            beats.append(time.monotonic())
+            time.sleep(0.01)
+        return "quit"
+
+    return work
+
+
+@pytest.mark.parametrize("stop", [True, False], ids=["stop_abandoned", "left_behind"])
+async def test_the_watchdog_stops_the_work_it_gave_up_on(stop: bool) -> None:
+    """With `stop_abandoned` (the one-file server) the thread the watchdog gave up on stops at
+    once (issue 43: it used to run on, answer dropped); without (the SQL server, whose queries the
+    sandbox bounds) it runs on."""
+    lanes = CallLanes(0.3, main_threads=1, express_threads=0, stop_abandoned=stop)
+    beats: list[float] = []
+    quit_ = threading.Event()
+    try:
+        assert await lanes.run(beating(beats, quit_), takes_budget=False) is None
+        answered = time.monotonic()
+        await anyio.sleep(0.5)
+        late = [t for t in beats if t > answered + 0.1]
+        if stop:
+            assert not late and lanes.stopped == 1, len(late)
+        else:
+            assert len(late) > 3 and lanes.stopped == 0  # ~40 beats when the machine is idle
+    finally:
+        quit_.set()
+    assert lanes._main.free == 1 and await lanes.run(lambda _limit: "next") == "next"
+
+
+async def test_work_given_up_on_before_its_thread_started_never_starts() -> None:
+    """The watchdog also gives up on a call whose thread has not started by twice the limit (a
+    starved machine): when the thread comes, the work does not start."""
+    from mcp_tools.call_lanes import Abandoned, _Stoppable
+
+    thread = _Stoppable()
+    thread.stop()
+    with pytest.raises(Abandoned):
+        thread.enter()
 
 
 RUNAWAY = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"

@@ -100,6 +100,37 @@ def test_a_damaged_copy_is_refused_with_one_line(tmp_path: Path) -> None:
         verify_manifest(copy)
 
 
+def test_a_copy_whose_files_are_links_is_refused(tmp_path: Path) -> None:
+    """Verification reads nothing through a symbolic link (it used to follow them: a weights file
+    linked to /dev/zero hashed forever, one linked to any matching file passed)."""
+    copy = tmp_path / "embedded"
+    shutil.copytree(SHIPPED_EMBEDDED_DIR, copy)
+    weights = copy / "model.safetensors"
+    weights.unlink()
+    weights.symlink_to(SHIPPED_EMBEDDED_DIR / "model.safetensors")  # the very same bytes
+    with pytest.raises(ValueError, match=r"model.safetensors is a symbolic link: refused"):
+        verify_manifest(copy)
+    shutil.copy(SHIPPED_EMBEDDED_DIR / "model.safetensors", weights.with_name("weights.bin"))
+    weights.unlink()
+    (copy / "weights.bin").rename(weights)
+    assert verify_manifest(copy)["files"]  # a regular copy again: accepted
+    manifest = copy / MANIFEST_FILE
+    (copy / "elsewhere.json").write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    manifest.symlink_to(copy / "elsewhere.json")
+    with pytest.raises(ValueError, match=r"warmstart.json is a symbolic link: refused"):
+        verify_manifest(copy)
+    manifest.unlink()
+    record = json.loads((copy / "elsewhere.json").read_text())
+    record["files"]["../escape"] = record["files"].pop("config.json")
+    manifest.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"'../escape' is not a file name inside"):
+        verify_manifest(copy)
+    linked_dir = tmp_path / "linked"  # the directory itself may be a link (a cache on another disk)
+    linked_dir.symlink_to(SHIPPED_EMBEDDED_DIR)
+    assert verify_manifest(linked_dir)["files"]
+
+
 def test_a_damaged_shipped_model_is_a_load_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     copy = tmp_path / "embedded"
     shutil.copytree(SHIPPED_EMBEDDED_DIR, copy)
@@ -151,13 +182,14 @@ def test_build_command_still_builds_the_same_shape(manifest, tmp_path: Path) -> 
 @pytest.mark.slow
 def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> None:
     """The quick start's command with its defaults (shipped model, its frontier, LoRA on CPU),
-    cut to two small steps and a small evaluation (greedy and sampled, and the probe): end to
-    end, no timing asserted."""
+    cut to two small steps, a small evaluation (greedy and sampled, and the probe) and 64 tokens
+    a turn: end to end, no timing asserted."""
     out = tmp_path / "run"
     cmd = [sys.executable, str(REPO / "training" / "scripts" / "train_grpo.py"), "--mode", "lora", "--output-dir", str(out),
            "--max-steps", "2", "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=4",
-           "--set", "training.eval_num_tasks=6", "--set", "training.wandb.mode=disabled",
-           "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3", "--set", "training.probe_every=2"]
+           "--set", "training.eval_num_tasks=3", "--set", "training.wandb.mode=disabled",
+           "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3", "--set", "training.probe_every=2",
+           "--set", "grpo.max_new_tokens_per_turn=64"]  # half the CPU default: decoding is most of the run's time
     env = {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -166,10 +198,10 @@ def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> 
     assert all(r["episode/tasks"] == 2 for r in rows[1:])
     record = json.loads((out / "before_after.json").read_text())
     assert record["stop_reason"] == "max_steps (2) reached"
-    assert len(record["before"]["solved"]) == 6 and record["execution_accuracy_delta"]["n"] == 6
+    assert len(record["before"]["solved"]) == 3 and record["execution_accuracy_delta"]["n"] == 3
     # avg@2 beside greedy (two samples per task at the training temperature), with its paired interval
-    assert record["before"]["sampled"]["k"] == 2 and len(record["after"]["sampled"]["per_task"]) == 6
-    assert record["avg_at_k_delta"]["n"] == 6 and "avg@2 (T=1)" in res.stdout
+    assert record["before"]["sampled"]["k"] == 2 and len(record["after"]["sampled"]["per_task"]) == 3
+    assert record["avg_at_k_delta"]["n"] == 3 and "avg@2 (T=1)" in res.stdout
     # the probe: the same 3 training tasks before training and at step 2 (the last)
     assert [r["step"] for r in rows if "probe/execution_accuracy" in r] == [0, 2]
     assert (out / "final" / "adapter_config.json").is_file()

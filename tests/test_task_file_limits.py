@@ -48,12 +48,23 @@ def wait_then_text(seconds: float, chars: int) -> str:
     return "x" * chars
 
 
+def beat(path: str) -> str:
+    """Append a dot to a file every 10 ms, for up to 60 s."""
+    end = time.monotonic() + 60
+    with open(path, "a") as f:
+        while time.monotonic() < end:
+            f.write(".")
+            f.flush()
+            time.sleep(0.01)
+    return "done"
+
+
 def fail_with(chars: int) -> str:
     """Raise an error whose message has `chars` characters."""
     raise ValueError("y" * chars)
 
 
-TOOLS = [text_of, numbers, wait_then_text, fail_with]
+TOOLS = [text_of, numbers, wait_then_text, beat, fail_with]
 TASKS = [{"task_id": "t-0", "question": "?", "ground_truth": "x", "difficulty": "easy"}]
 
 
@@ -119,3 +130,18 @@ def test_a_call_is_answered_by_the_servers_deadline(pool: BackgroundMCPPool) -> 
     text, is_error, seconds = timed_call(pool, "numbers", n=2)
     assert (text, is_error) == ("0\n1", False) and seconds < 1.0
     assert pool.server_pids() == pids
+
+
+def test_a_tool_the_watchdog_gave_up_on_stops(pool: BackgroundMCPPool, tmp_path: Path) -> None:
+    """Once the server has answered `timeout:`, the tool's thread stops (issue 43: it ran on for
+    as long as the tool liked, its answer dropped, a thread and its work per abandoned call)."""
+    beats = tmp_path / "beats"
+    text, is_error, _ = timed_call(pool, "beat", path=str(beats))
+    assert (text, is_error) == (f"timeout: beat ran longer than {SERVER_LIMIT_S:g} s", True)
+    time.sleep(0.2)
+    size = beats.stat().st_size
+    assert size > 50  # it ran, ~100 beats a second
+    time.sleep(0.5)
+    assert beats.stat().st_size == size  # and no longer
+    text, is_error, seconds = timed_call(pool, "numbers", n=2)
+    assert (text, is_error) == ("0\n1", False) and seconds < 1.0

@@ -45,6 +45,7 @@ def _config_args(root: Path, model_dir: Path) -> list[str]:
         "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
         "training.data.db_root": root / "dbs", "training.data.train_pool": "file", "training.max_steps": STEPS, "training.tasks_per_step": 2,
         "training.checkpoint_every": 1, "training.eval_every": 0, "training.eval_num_tasks": 3,
+        "training.eval_samples": 0, "training.probe_tasks": 0,  # greedy evaluations only: what resume compares
         "training.learning_rate": 0.01, "training.wandb.mode": "disabled", "training.seed": 7,
         "grpo.group_size": 2, "grpo.max_turns": 4, "grpo.max_new_tokens_per_turn": 40, "grpo.max_total_tokens": 1200,
         "grpo.filter_uniform_groups": False, "grpo.kl_coef": 0.05,
@@ -196,7 +197,11 @@ def test_sigint_and_sigterm_keep_finished_steps_and_resume_exactly(setup, uninte
     _assert_same_steps(_metrics(uninterrupted[0]), _metrics(out))
 
 
-def test_bad_inputs_exit_2_with_one_line(setup, tmp_path):
+def test_bad_inputs_exit_2_with_one_line(setup, tmp_path, monkeypatch, capsys):
+    """The first case through the script (a process of its own), the others through its `main` in
+    this process (the script is its alias): the same exit status and lines, one start instead of four."""
+    from skyrl_tool_agent.commands.train import main
+
     root, model_dir = setup
     cases = [
         ["--set", "grpo.group_size=four"],
@@ -204,13 +209,22 @@ def test_bad_inputs_exit_2_with_one_line(setup, tmp_path):
         ["--set", "model.name_or_path=/nonexistent/model"],
         ["--push-to-hub", "me/repo"],
     ]
-    env = {k: v for k, v in _env().items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")}
-    env["HF_HOME"] = str(tmp_path / "hf_home")  # no token cached by `hf auth login` either
-    for extra in cases:
-        res = subprocess.run(_cmd(root, model_dir, tmp_path / "bad", *extra), env=env, capture_output=True, text=True, timeout=120)
-        assert res.returncode == 2, (extra, res.stderr[-2000:])
-        err = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-        assert len(err) == 1 and "Traceback" not in res.stderr, (extra, res.stderr[-2000:])
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # no token cached by `hf auth login` either
+    for i, extra in enumerate(cases):
+        if i == 0:
+            res = subprocess.run(_cmd(root, model_dir, tmp_path / "bad", *extra), env=_env(),
+                                 capture_output=True, text=True, timeout=120)
+            code, stderr = res.returncode, res.stderr
+        else:
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as exited:
+                main(_cmd(root, model_dir, tmp_path / "bad", *extra)[2:])
+            code, stderr = exited.value.code, capsys.readouterr().err
+        assert code == 2, (extra, stderr[-2000:])
+        err = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and "Traceback" not in stderr, (extra, stderr[-2000:])
         if "model.name_or_path=/nonexistent/model" in extra:
             assert "model directory '/nonexistent/model' does not exist" in err[0], err
         assert not (tmp_path / "bad").exists(), (extra, "a rejected run wrote its output directory")

@@ -29,6 +29,21 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = timedelta(minutes=60)
 
 
+def skip_cpu_shared_memory_op() -> None:
+    """Keep DeepSpeed on the CPU from compiling its shared-memory communication op.
+
+    DeepSpeed's communication backend builds `deepspeed_shm_comm` (C++, torch's JIT extension
+    loader) whenever the CPU accelerator is compatible with it, but the op serves only
+    `inference_all_reduce` (tensor-parallel inference): ZeRO-3 training never calls it. Building
+    it cost ~50 s on a machine's first start, and the loader's build lock
+    (`$TORCH_EXTENSIONS_DIR/.../deepspeed_shm_comm/lock`), left behind by a start that was killed
+    while it held it, made every later start wait on it forever. Marked incompatible, DeepSpeed
+    leaves the op out and reduces through gloo as for any other collective."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 @dataclass(frozen=True)
 class DistContext:
     """This process's place in the data-parallel group: rank, world size, local rank, device, backend."""
@@ -72,6 +87,8 @@ class DistContext:
         if not on_cpu:
             accelerator.set_device(local_rank)
         backend = "gloo" if on_cpu else accelerator.communication_backend_name()
+        if on_cpu:
+            skip_cpu_shared_memory_op()
         if not dist.is_initialized():
             deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
         device = torch.device("cpu") if on_cpu else torch.device(accelerator.device_name(local_rank))

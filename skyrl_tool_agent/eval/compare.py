@@ -56,7 +56,9 @@ def load_results(path: str | Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise UserInputError(f"--compare: no such file: {path}") from exc
-    except (OSError, json.JSONDecodeError) as exc:
+    except RecursionError as exc:  # json's C scanner recurses once per nesting level
+        raise UserInputError(f"--compare {path}: not a results.json (nested too deeply)") from exc
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, or bytes that are not UTF-8
         raise UserInputError(f"--compare {path}: not a results.json ({exc})") from exc
     if not isinstance(data, dict):
         raise UserInputError(f"--compare {path}: not a results.json (not a JSON object)")
@@ -84,7 +86,7 @@ def baseline_outcomes(baseline: Mapping[str, Any]) -> dict[str, bool] | None:
     try:
         records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
         return {str(r["task_id"]): bool(r.get("solved")) for r in records if r.get("scored", True)}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deeply
         return None
 
 

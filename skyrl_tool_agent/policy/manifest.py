@@ -7,7 +7,8 @@ file or a partly written build then fails at load with one line naming the file,
 training from wrong weights. Checkpoints, which nest directories, use `tree_hashes`,
 `tree_sizes` and `tree_problems` the same way (`skyrl_tool_agent.grpo.checkpoint`).
 
-`tree_problems` reads nothing it should not: a symbolic link under the directory whose target lies
+`verify_manifest` reads nothing through a symbolic link (`own_file`): a `warmstart.json`, or a
+file it lists, that is a link is refused. `tree_problems` reads nothing it should not: a symbolic link under the directory whose target lies
 outside it (an `optim.pt` pointing at another file) is refused before any file is opened, and each
 file's size is checked against the size recorded for it (or a cap, when none is recorded) before
 any file is hashed, so a 10 GB sparse file costs a `stat`, not 20-40 s of hashing.
@@ -19,7 +20,7 @@ import hashlib
 import json
 import os
 from collections.abc import Collection, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 MANIFEST_FILE = "warmstart.json"
 
@@ -29,19 +30,36 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def own_file(directory: Path, name: str) -> Path:
+    """`directory / name`, checked to be reached without a symbolic link: ValueError when `name`
+    is not a relative path inside `directory`, or when it or a folder on its way is a link. A
+    link's target could be any file (/dev/zero, which hashes forever; a file of someone else's),
+    and the model's files must be its own. `directory` itself may be a link."""
+    relative = PurePosixPath(name)
+    if not relative.parts or relative.is_absolute() or ".." in relative.parts or "\\" in name:
+        raise ValueError(f"{name!r} is not a file name inside {directory}")
+    path = directory
+    for part in relative.parts:
+        path = path / part
+        if path.is_symlink():
+            raise ValueError(f"{path} is a symbolic link: refused (a model directory's files must be its own)")
+    return path
+
+
 def verify_manifest(directory: Path) -> dict:
     """The manifest of `directory` after checking each recorded file's sha256; raises ValueError
-    naming the first missing or changed file (or a missing/unreadable manifest)."""
-    path = directory / MANIFEST_FILE
+    naming the first missing, changed or linked file (or a missing/unreadable/linked manifest).
+    Nothing is read through a symbolic link (`own_file`)."""
+    path = own_file(directory, MANIFEST_FILE)
     try:
         manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"cannot read the model manifest {path}: {exc}") from exc
-    recorded = manifest.get("files")
+    recorded = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(recorded, dict) or not recorded:
         raise ValueError(f"{path} records no file hashes")
     for name, sha in recorded.items():
-        file = directory / name
+        file = own_file(directory, name)
         if not file.is_file():
             raise ValueError(f"{file} is missing (listed in {path.name})")
         actual = file_sha256(file)

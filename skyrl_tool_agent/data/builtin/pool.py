@@ -10,6 +10,7 @@ questions the policy has never trained on, drawn from dev's distribution but nev
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 from collections import Counter
@@ -21,6 +22,14 @@ from skyrl_tool_agent.data.hardness import spider_hardness, to_difficulty
 from skyrl_tool_agent.data.tasks import Task, db_path_for
 
 logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def difficulty_of(gold_sql: str) -> str:
+    """Spider's difficulty of `gold_sql`, parsed once per process: paraphrases share their SQL,
+    and each load of the pool (every run's splits, each evaluation or report that loads them)
+    would otherwise parse its ~5,400 queries again with sqlglot, 5-10 s of CPU."""
+    return to_difficulty(spider_hardness(gold_sql))
 
 
 def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[Task]:
@@ -35,7 +44,6 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
 
     held_sql = {t.gold_sql for t in held_out}
     held_questions = {t.question for t in held_out}
-    difficulty: dict[str, str] = {}  # paraphrases share their SQL: parse each query once
     tasks: list[Task] = []
     skipped = 0
     for domain in DOMAINS:
@@ -55,11 +63,9 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
                         skipped += 1
                         continue
                     for inst in group:
-                        if inst.gold_sql not in difficulty:
-                            difficulty[inst.gold_sql] = to_difficulty(spider_hardness(inst.gold_sql))
                         tasks.append(Task(task_id=f"builtin-pool-{len(tasks):05d}", db_id=inst.db_id,
                                           question=inst.question, gold_sql=inst.gold_sql,
-                                          difficulty=difficulty[inst.gold_sql], source="builtin",
+                                          difficulty=difficulty_of(inst.gold_sql), source="builtin",
                                           split="train", template_id=inst.template_id))
         finally:
             con.close()
