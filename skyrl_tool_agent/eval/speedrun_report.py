@@ -1,0 +1,113 @@
+"""The speedrun's record shown: the README tables (`markdown_tables`) and the curves
+(`plot_speedrun`), both from `speedrun.json`'s record alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def per_task_samples(record: dict[str, Any] | None) -> list | None:
+    """An evaluation record's per-task sampled success (avg@k's paired data), if it has one."""
+    return ((record or {}).get("sampled") or {}).get("per_task")
+
+
+def _fmt_delta(d: dict[str, float] | None) -> str:
+    return "" if not d else f"{100 * d['delta']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown_tables(record: dict[str, Any]) -> str:
+    """The README tables: dev results by arm (changes with 95% paired-bootstrap intervals), what
+    each phase cost, and the GRPO step's throughput."""
+    start = record.get("start") or {}
+    k = (start.get("sampled") or {}).get("k")
+    lines = [f"Dev, {int(start.get('n', 0) or len(start.get('solved') or []))} tasks: greedy EX and avg@{k} "
+             "(common random numbers); changes in points, 95% paired-bootstrap interval", "",
+             f"| arm | training min | steps | dev EX | change | dev avg@{k} | change |", "|---|---|---|---|---|---|---|",
+             f"| start (plateau) | 0 | 0 | {_fmt(start.get('execution_accuracy'))} | | "
+             f"{_fmt((start.get('sampled') or {}).get('avg@k'))} | |"]
+    names = {"grpo": "GRPO", "sft": "continued SFT"}
+    for arm in ("grpo", "sft"):
+        for p in (record.get(arm) or {}).get("curve", []):
+            lines.append(f"| {names[arm]} | {p['minutes']:.2f} | {p['step']} | {_fmt(p.get('execution_accuracy'))} | "
+                         f"{_fmt_delta(p.get('delta'))} | {_fmt((p.get('sampled') or {}).get('avg@k'))} | "
+                         f"{_fmt_delta(p.get('sampled_delta'))} |")
+    if diff := record.get("grpo_minus_sft"):
+        lines.append(f"| GRPO − SFT | | | | {_fmt_delta(diff['greedy'])} | | {_fmt_delta(diff['avg@k'])} |")
+    build = record.get("build") or {}
+    lines += ["", "| phase | status | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {p['status']} | {p.get('seconds', 0):.1f} |" for name, p in record["phases"].items()
+              if p["status"] != "running"]
+    if build:
+        curve = ", ".join(f"{e['step']}: {_fmt(e.get('execution_accuracy'))}" for e in build["validation_curve"])
+        shape = build["shape"]
+        lines += ["", f"Build: {build['parameters'] / 1e6:.1f}M parameters (hidden {shape['hidden_size']}, "
+                      f"{shape['layers']} layers, {shape['heads']}/{shape['kv_heads']} heads, MLP "
+                      f"{shape['intermediate_size']}), {build['steps']} "
+                      f"supervised steps x {build['batch_size']} in {build['train_seconds']:.0f} s, loss "
+                      f"{_fmt(build['loss_first'])} -> {_fmt(build['loss_last'], '.4f')}; validation EX by step: "
+                      f"{curve}; {build['plateau']['stopped']}."]
+    thr = (record.get("grpo") or {}).get("throughput") or {}
+    if thr:
+        lines += ["", "| GRPO step | rollout s | update s | generated tokens/s | turns/episode | tool calls/episode "
+                      "| reward | peak GPU GiB |", "|---|---|---|---|---|---|---|---|",
+                  f"| mean of {thr['steps_averaged']} | {_fmt(thr['rollout_s_mean'], '.2f')} | "
+                  f"{_fmt(thr['update_s_mean'], '.2f')} | {_fmt(thr['generated_tokens_per_s_mean'], ',.0f')} | "
+                  f"{_fmt(thr['turns_per_episode_mean'], '.2f')} | {_fmt(thr['tool_calls_per_episode_mean'], '.2f')} | "
+                  f"{_fmt(thr['reward_mean'])} | {_fmt(thr['gpu_peak_gib'], '.1f')} |"]
+    if sft := record.get("sft"):
+        lines += ["", f"Continued SFT: {sft['steps']} steps in {sft['training_s']:.0f} s "
+                      f"({sft['steps_per_s']:.1f} steps/s)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedrun(record: dict[str, Any], out_png: Path) -> Path:
+    """Three panels: the build's validation curve; GRPO's training reward and probe by step; dev
+    greedy EX and avg@k of both arms against training minutes, with their interval bands."""
+    from skyrl_tool_agent.eval.plots import plt, save_figure
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    build = record.get("build") or {}
+    evals = [e for e in build.get("validation_curve", []) if e.get("execution_accuracy") is not None]
+    ax = axes[0]
+    ax.plot([e["step"] for e in evals], [e["execution_accuracy"] for e in evals], marker="o", color="#55a868")
+    ax.set(xlabel="supervised step", ylabel="validation EX (greedy)", title="build from nothing", ylim=(0, 1))
+    ax = axes[1]
+    steps = (record.get("grpo") or {}).get("steps", [])
+    ax.plot([s["step"] for s in steps], [s["reward"] for s in steps], color="#c44e52", label="training reward")
+    probe = [(s["step"], s["probe"]) for s in steps if s["probe"] is not None]
+    if probe:
+        ax.plot(*zip(*probe), marker="o", color="#8172b2", label="probe: revisited training tasks")
+    ax.set(xlabel="GRPO step", ylabel="reward / success", title="GRPO training", ylim=(0, 1))
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    start = record.get("start") or {}
+    colors = {"grpo": "#c44e52", "sft": "#4c72b0"}
+    for arm in ("grpo", "sft"):
+        curve = (record.get(arm) or {}).get("curve", [])
+        if not curve or start.get("execution_accuracy") is None:
+            continue
+        xs = [0.0] + [p["minutes"] for p in curve]
+        ax.plot(xs, [start["execution_accuracy"]] + [p["execution_accuracy"] for p in curve], marker="o",
+                color=colors[arm], label=f"{arm} greedy")
+        if per_task_samples(start) and all(per_task_samples(p) for p in curve):
+            ax.plot(xs, [start["sampled"]["avg@k"]] + [p["sampled"]["avg@k"] for p in curve], marker="s",
+                    linestyle="--", color=colors[arm], label=f"{arm} avg@{start['sampled']['k']}")
+        bands = [(p["minutes"], p["delta"]) for p in curve if p.get("delta")]
+        if bands:
+            ax.fill_between([0.0] + [m for m, _ in bands],
+                            [start["execution_accuracy"]] + [start["execution_accuracy"] + d["low"] for _, d in bands],
+                            [start["execution_accuracy"]] + [start["execution_accuracy"] + d["high"] for _, d in bands],
+                            color=colors[arm], alpha=0.12, linewidth=0)
+    ax.set(xlabel="training minutes (evaluations excluded)", ylabel="dev", title="dev: GRPO vs continued SFT",
+           ylim=(0, 1))
+    ax.legend(fontsize=8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"speedrun, {record['plan']['minutes']:g} min budget, "
+                 f"{(record['phases'].get('setup') or {}).get('device', '?')}", fontsize=10)
+    return save_figure(fig, out_png)
