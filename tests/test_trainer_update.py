@@ -17,7 +17,7 @@ from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.grpo.batch import TrainBatch
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer
 from skyrl_tool_agent.policy.qwen import QwenPolicy
-from tests.fixtures.tiny_policy import tiny_policy
+from tests.fixtures.tiny_policy import sql_token_model_dir, tiny_policy
 
 ADVANTAGES = [1.0, -0.5, 2.0]
 # policy tokens per row: unequal, so the three modes give three different numbers
@@ -27,14 +27,7 @@ WIDTH = 16
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
-
-    tokenizer = train_tokenizer(["select name from products where price > 3;"] * 20, 300)
-    model = new_tiny_qwen2(tokenizer, hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
-    out = tmp_path_factory.mktemp("update") / "model"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return sql_token_model_dir(tmp_path_factory.mktemp("update") / "model")
 
 
 def _config(model_dir: Path, **grpo: Any) -> Config:

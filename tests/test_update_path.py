@@ -20,6 +20,7 @@ from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.policy.logprobs import entropy_from_logits, head_token_stats, token_logprobs
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.qwen import QwenPolicy
+from tests.fixtures.tiny_policy import sql_token_model_dir
 
 
 # ------------------------------------------------------------------ head_token_stats
@@ -66,15 +67,8 @@ def test_head_token_stats_without_entropy_gradient() -> None:
 # ------------------------------------------------------------------ the model's forward
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
-
-    tokenizer = train_tokenizer(["select name from products where price > 3;"] * 20, 300)
     torch.manual_seed(0)
-    model = new_tiny_qwen2(tokenizer, hidden_size=32, layers=2, heads=2, kv_heads=1, intermediate_size=64)
-    out = tmp_path_factory.mktemp("update_path") / "model"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return sql_token_model_dir(tmp_path_factory.mktemp("update_path") / "model", layers=2)
 
 
 def _config(model_dir: Path, **training: Any) -> Config:

@@ -109,16 +109,9 @@ class MCPServerConfig(Section):
     def _known_placeholders(cls, value: str | None) -> str | None:
         return None if value is None else _check_placeholders(value)
 
-    @field_validator("args")
+    @field_validator("args", "writable_paths")
     @classmethod
-    def _known_placeholders_args(cls, value: list[str]) -> list[str]:
-        for item in value:
-            _check_placeholders(item)
-        return value
-
-    @field_validator("writable_paths")
-    @classmethod
-    def _known_placeholders_paths(cls, value: list[str]) -> list[str]:
+    def _known_placeholders_each(cls, value: list[str]) -> list[str]:
         for item in value:
             _check_placeholders(item)
         return value
