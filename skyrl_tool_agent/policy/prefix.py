@@ -104,14 +104,13 @@ def shared_prefix_logprobs(
                       past_key_values=expand_cache(kv, batch), use_cache=False).last_hidden_state
     # Prefix positions predict the same next ids in every row: scored once, broadcast. Position P-1
     # predicts each row's first own id; the suffix's positions the rest.
-    hidden = torch.cat([pre_hidden[:, :-1].expand(batch, -1, -1), pre_hidden[:, -1:].expand(batch, -1, -1),
-                        suf_hidden[:, :-1]], dim=1)
-    keep = attention_mask[:, 1:].bool()
-    keep[1:, : prefix_len - 1] = False
-    logp, entropy = _head_stats(weight, hidden, input_ids[:, 1:], keep, temperature, with_entropy)
-    logp = torch.cat([logp[:1, : prefix_len - 1].expand(batch, -1), logp[:, prefix_len - 1:]], dim=1)
-    if entropy is not None:
-        entropy = torch.cat([entropy[:1, : prefix_len - 1].expand(batch, -1), entropy[:, prefix_len - 1:]], dim=1)
+    pre_lp, pre_h = _head_stats(weight, pre_hidden[:, :-1], input_ids[:1, 1:prefix_len],
+                                attention_mask[:1, 1:prefix_len].bool(), temperature, with_entropy)
+    own = torch.cat([pre_hidden[:, -1:].expand(batch, -1, -1), suf_hidden[:, :-1]], dim=1)
+    own_lp, own_h = _head_stats(weight, own, input_ids[:, prefix_len:], attention_mask[:, prefix_len:].bool(),
+                                temperature, with_entropy)
+    logp = torch.cat([pre_lp.expand(batch, -1), own_lp], dim=1)
+    entropy = None if pre_h is None or own_h is None else torch.cat([pre_h.expand(batch, -1), own_h], dim=1)
     assert logp.shape == (batch, width - 1)
     return logp, entropy
 
