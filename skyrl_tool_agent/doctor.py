@@ -182,7 +182,7 @@ def check_training_step(device: torch.device) -> tuple[str, str]:
     ok = bool(torch.isfinite(loss)) and grad_ok and moved == len(params) and drift < tolerance
     memory = (f", peak {_gib(torch.cuda.max_memory_allocated(device)):.2f} GiB" if device.type == "cuda" else "")
     return (PASS if ok else FAIL), (
-        f"{group} episodes sampled ({policy.resolved_sampler()} sampler, {int(mask.sum())} tokens), loss "
+        f"{group} episodes sampled ({policy.sampler()} sampler, {int(mask.sum())} tokens), loss "
         f"{loss.item():.4f}, gradients {'finite' if grad_ok else 'NOT finite'}, {moved}/{len(params)} adapter "
         f"tensors updated, sampling vs training log-prob max |diff| {drift:.1e} (limit {tolerance:g}){memory}")
 

@@ -142,7 +142,6 @@ class Speedrun:
         self.output_dir, self.work_dir = output_dir, work_dir
         self.started = started
         self.end = started + 60 * plan.minutes
-        self.sampler = config.model.sampler
         self.record: dict[str, Any] = {
             "command": command, "plan": {**asdict(plan), "margin_s": plan.margin},
             "size_chosen_by": "flags (the defaults were not chosen by a measurement on validation)",
@@ -204,10 +203,9 @@ class Speedrun:
             self.write()
 
     def arm_config(self, **model: Any) -> Config:
-        """The run's config with the built start as the model (and this run's sampler)."""
+        """The run's config with the built start as the model."""
         config = copy.deepcopy(self.config)
         config.model.name_or_path = str(self.start_dir)
-        config.model.sampler = self.sampler
         for key, value in model.items():
             setattr(config.model, key, value)
         return config
@@ -263,38 +261,6 @@ class Speedrun:
         self.tokenizer = load_tokenizer(str(SHIPPED_EMBEDDED_DIR), ModelConfig())
         entry.update(pool_tasks=len(self.pool), validation_tasks=len(self.validation),
                      dev_tasks=len(self.splits.run_eval()), vocab_size=len(self.tokenizer))
-        self.sampler, entry["sampler"] = self.check_sampler()
-
-    def check_sampler(self) -> tuple[str, dict[str, Any]]:
-        """The sampler every phase uses: `model.sampler`, unless it resolves to the rollout engine
-        and a small batch through the engine fails here, then `kernel` (the engine is the only
-        CUDA-specific sampling code; a failure here costs seconds instead of the run)."""
-        from skyrl_tool_agent.policy.embedded import new_tiny_qwen2
-        from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
-
-        model = new_tiny_qwen2(self.tokenizer, **asdict(self.plan.shape)).to(self.device)
-        policy = QwenPolicy(model, self.tokenizer, mode="full", sampler=self.config.model.sampler,
-                            engine_memory_fraction=self.config.model.engine_memory_fraction)
-        resolved = policy.resolved_sampler()
-        info: dict[str, Any] = {"configured": self.config.model.sampler, "resolved": resolved}
-        if resolved != "engine":
-            return self.config.model.sampler, info
-        prompt = list(self.tokenizer("<|im_start|>user\nHow many books?<|im_end|>\n")["input_ids"])
-        t0 = time.monotonic()
-        try:
-            for temperature in (0.0, 1.0):
-                out = policy.generate([prompt] * 8, SamplingParams(temperature=temperature, max_new_tokens=16))
-                if len(out) != 8 or not all(g.token_ids for g in out):
-                    raise RuntimeError(f"the engine returned {[len(g.token_ids) for g in out]} tokens for 8 prompts")
-        except Exception as exc:  # noqa: BLE001 - fall back, say so
-            logger.error("the rollout engine failed its check (%s: %s); every phase samples with the kernel sampler",
-                         type(exc).__name__, exc)
-            info.update(error=f"{type(exc).__name__}: {exc}", used="kernel")
-            return "kernel", info
-        finally:
-            policy.release_rollout_engine()
-        info.update(check_s=time.monotonic() - t0, used=resolved)
-        return self.config.model.sampler, info
 
     def build(self, entry: dict[str, Any]) -> None:
         from skyrl_tool_agent.env.pools import EnvRuntime
@@ -324,7 +290,7 @@ class Speedrun:
                 self.start_dir, self.tokenizer, self.examples, runtime, self.validation, shape=self.plan.shape,
                 sft=sft, eval_settings=CollectorSettings.from_config(self.config, evaluation=True),
                 deadline=deadline, evaluations=self.plan.build_evaluations, device=str(self.device),
-                sampler=self.sampler, progress=on_step, provenance={"command": self.record["command"]})
+                progress=on_step, provenance={"command": self.record["command"]})
         finally:
             runtime.close()
         loss = built["sft"]["loss"]
@@ -363,7 +329,7 @@ class Speedrun:
         self.record["start"] = self.start_eval
         entry.update(eval_s=self.eval_s, arm_setup_s=self.arm_setup_s)
         self.check_start_weights("grpo", self.grpo_arm.start_weights)
-        entry["sampler"] = self.grpo_arm.trainer.policy.resolved_sampler()
+        entry["sampler"] = self.grpo_arm.trainer.policy.sampler()
 
     def check_start_weights(self, arm: str, fingerprint: str) -> None:
         """Record whether an arm starts from the built weights (the comparison means nothing otherwise)."""
@@ -433,7 +399,7 @@ class Speedrun:
         finally:
             result.update(training_s=arm.trained_s, total_steps=arm.trainer.step,
                           stop_reason=arm.trainer.stop_reason, throughput=_throughput(steps),
-                          sampler=arm.trainer.policy.resolved_sampler())
+                          sampler=arm.trainer.policy.sampler())
             metrics = self.work_dir / "grpo" / "metrics.jsonl"
             arm.close()
             if metrics.is_file():

@@ -166,7 +166,7 @@ def test_a_weight_update_reaches_the_engine_in_place():
     engine = RolloutEngine(model, slots=4, capacity=120, stop_ids=[STOP], pad_id=0)
     try:
         prompt = _prompts(1, 1)[0]
-        pointers = [t.data_ptr() for t in engine.kernel.tensors()]
+        pointers = [t.data_ptr() for t in engine.weights.tensors.values()]
         _turns(engine, [prompt], [0], [0], max_new_tokens=8, temperature=0.0, top_p=1.0)
         engine.release(0)
         with torch.no_grad():  # an optimizer step writes the adapters in place
@@ -175,7 +175,8 @@ def test_a_weight_update_reaches_the_engine_in_place():
                     p.add_(0.3 * torch.randn_like(p))
         ids = _turns(engine, [prompt], [1], [0], max_new_tokens=8, temperature=0.0, top_p=1.0)[0][0]
         assert ids == _argmax_chain(model, prompt, 8)
-        assert [t.data_ptr() for t in engine.kernel.tensors()] == pointers
+        assert [t.data_ptr() for t in engine.weights.tensors.values()] == pointers
+        assert engine.weights.refreshes == 1
     finally:
         engine.close()
 
@@ -189,11 +190,14 @@ from tests.test_rollout_engine import _argmax_chain, _prompts, _turns
 torch.manual_seed(0)
 worst = 0.0
 for heads, kv_heads, dim in [(4, 2, 8), (12, 2, 128)]:  # the test model's heads; Qwen2.5-1.5B's
-    keys, values = torch.randn(5, kv_heads, 130, dim), torch.randn(5, kv_heads, 130, dim)
+    keys, values = torch.randn(6, kv_heads, 130, dim), torch.randn(6, kv_heads, 130, dim)
     q = torch.randn(6, heads, dim)
-    slots, lengths = torch.tensor([3, 0, 4, 4, 1, 2]), torch.tensor([1, 130, 64, 65, 7, 100])
-    ref = reference_decode_attention(q, keys, values, slots, lengths, dim ** -0.5)
-    worst = max(worst, float((decode_attention(q, keys, values, slots, lengths, dim ** -0.5) - ref).abs().max()))
+    # Slot 5 is the root: rows read 0 or 40 of its positions, then their own from there.
+    slots, lengths = torch.tensor([3, 0, 4, 4, 1, 2]), torch.tensor([1, 130, 64, 65, 41, 100])
+    root_lens, root = torch.tensor([0, 40, 0, 40, 40, 70]), torch.tensor([5])
+    ref = reference_decode_attention(q, keys, values, slots, lengths, root_lens, root, dim ** -0.5)
+    out = decode_attention(q, keys, values, slots, lengths, root_lens, root, dim ** -0.5)
+    worst = max(worst, float((out - ref).abs().max()))
 assert worst < 1e-5, worst
 model = lora_qwen()
 engine = RolloutEngine(model, slots=4, capacity=80, stop_ids=[2], pad_id=0, attention="triton")

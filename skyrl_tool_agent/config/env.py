@@ -237,6 +237,14 @@ class CollectorConfig(Section):
         "wrong answer.",
         ge=0,
     )
+    lockstep: bool = knob(
+        True, "Each generation batch waits for every episode in flight and is ordered by episode, so "
+        "what is sampled does not depend on tool latency (exactly reproducible runs and resumes). "
+        "false = continuous batching: a turn joins the rollout engine as soon as its tool call "
+        "returns and resolves as soon as its own tokens are done (faster where turns and tool "
+        "calls vary in length; a resumed run samples the same up to float rounding).",
+        h100=False,
+    )
 
 
 class ToolMapping(Section):

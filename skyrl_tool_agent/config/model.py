@@ -89,15 +89,6 @@ class ModelConfig(Section):
     trust_remote_code: bool = knob(
         False, "Allow custom modeling code from the hub (Qwen2 is built into transformers)."
     )
-    sampler: Literal["auto", "engine", "kernel", "hf"] = knob(
-        "auto",
-        "What samples rollouts. engine = RolloutEngine (every episode in flight in one slot KV cache, "
-        "continuous batching, CUDA-graph decode steps on CUDA); kernel = Qwen2Kernel batches (a "
-        "generation batch runs until its slowest row; prefix tree with the shared system prompt read "
-        "once: fastest on a small CPU); hf = the HF model's forward (the reference, and what "
-        "ZeRO-3 sharded or 4-bit weights always use). auto = engine on CUDA, kernel elsewhere. A "
-        "model the engine or kernel cannot run (not qwen2, 4-bit, sliding window) falls back to hf.",
-    )
     engine_memory_fraction: float = knob(
         0.9,
         "Share of device memory the rollout engine's KV cache may fill (as vLLM's gpu_memory_utilization). "

@@ -1,12 +1,6 @@
 """The process group of a data-parallel run (LoRA over plain `torch.distributed`, full mode through
-DeepSpeed), and the lockstep protocol that keeps ZeRO-3 ranks' generation calls matched.
-
-Under ZeRO-3 every forward pass all-gathers each layer's parameter shards, so every rank must run
-the same number of forward passes, in the same order. Inside one `generate` call transformers'
-`synced_gpus=True` does that (a rank that finished keeps running dummy steps until all have).
-Across calls, the collector's number of generation batches depends on the rank's own episodes
-(turn counts, retries), so `LockstepRounds` adds one all-reduce per call: a rank that has finished
-its episodes keeps joining the others' calls with a one-token dummy prompt until no rank has work.
+DeepSpeed): rank context, object and gradient collectives. Sampling needs none: each rank's rollout
+engine samples from its own copy of the weights (ZeRO-3 ranks gather it once per step).
 """
 
 from __future__ import annotations
@@ -168,28 +162,3 @@ class DistContext:
         tensor = torch.tensor([value], dtype=torch.long, device=self.comm_device)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return int(tensor.item())
-
-
-class LockstepRounds:
-    """One all-reduce per generation call, so ranks with fewer calls join the others' (see module doc).
-
-    `enter()` is called by a rank about to generate (it announces work); `drain(idle)` by a rank
-    whose episodes are done: it keeps calling `idle()` (a dummy generation) while any other rank
-    still announces work, and returns when none does. Every rank makes exactly one all-reduce and
-    (while anyone works) exactly one generation call per round.
-    """
-
-    def __init__(self, ctx: DistContext) -> None:
-        self.ctx = ctx
-        self.idle_calls = 0
-
-    def enter(self) -> None:
-        if self.ctx.world_size > 1:
-            self.ctx.all_reduce_sum(1)
-
-    def drain(self, idle: Callable[[], None]) -> None:
-        if self.ctx.world_size == 1:
-            return
-        while self.ctx.all_reduce_sum(0) > 0:
-            self.idle_calls += 1
-            idle()

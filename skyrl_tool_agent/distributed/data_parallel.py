@@ -85,17 +85,14 @@ class DataParallelTrainer(GRPOTrainer):
         mine = list(tasks[ctx.rank :: ctx.world_size])
         # Same step seed on every rank (set by train_step), offset so ranks sample independently.
         torch.manual_seed(torch.initial_seed() + 1_000_003 * ctx.rank)
+        self.policy.prepare_sampling()  # collective where the weights are sharded: every rank, even one with no tasks
         local = super().collect(mine, group_size, params, settings, on_episode_done) if mine else []
-        self._finish_generation()
         gathered = ctx.all_gather_object(local)
         out: list[Trajectory] = []
         for i in range(len(tasks)):
             rank, j = i % ctx.world_size, i // ctx.world_size
             out.extend(gathered[rank][j * group_size : (j + 1) * group_size])
         return out
-
-    def _finish_generation(self) -> None:
-        """Called once this rank's episodes are done (ZeRO-3: serve the others' generation calls)."""
 
     # --------------------------------------------------------------- update
     def _micro_batches(self, batch: TrainBatch, size: int) -> list[TrainBatch]:

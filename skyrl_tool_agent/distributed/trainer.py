@@ -58,9 +58,6 @@ class DistributedGRPOTrainer(DataParallelTrainer):
         self.engine = engine
         self.ds_config = ds_config
 
-    def _finish_generation(self) -> None:
-        self.policy.finish_generation()
-
     # --------------------------------------------------------------- update
     def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
         # One optimizer step after the last micro-batch, however many there are.

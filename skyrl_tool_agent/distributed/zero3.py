@@ -4,8 +4,13 @@ reference), and `DeepSpeedPolicy`, a `QwenPolicy` whose forwards run through a D
 Order matters: `HfDeepSpeedConfig` is created before `from_pretrained`, so transformers builds the
 model inside `deepspeed.zero.Init` (each rank materialises only its shard) and loads the
 checkpoint into the shards; created later, the weights would be initialised and loaded wrongly.
-The object must stay alive for the whole run (transformers keeps only a weak reference; generation
-also reads it to turn on `synced_gpus`), so the policy holds it.
+The object must stay alive for the whole run (transformers keeps only a weak reference), so the
+policy holds it.
+
+Sampling does not go through the sharded model: before each collection every rank gathers the
+weights layer by layer into its rollout engine's snapshot, once per optimizer step
+(`prepare_sampling`), and then samples alone, with no collective per token, as TRL, OpenRLHF and
+verl feed vLLM.
 """
 
 from __future__ import annotations
@@ -21,15 +26,18 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import Config, DeepSpeedConfig, UserInputError
-from skyrl_tool_agent.distributed.comm import DistContext, LockstepRounds
+from skyrl_tool_agent.distributed.comm import DistContext
 from skyrl_tool_agent.policy.loading import (
     ModelLoadError,
     load_tokenizer,
     resolve_model_path,
 )
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
+from skyrl_tool_agent.policy.memory_plan import format_bytes
+from skyrl_tool_agent.policy.weights import SamplingWeights
 from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
-from skyrl_tool_agent.policy.qwen import Generation, QwenPolicy, SamplingParams
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.policy.token_sampling import logprob_temperature
 
 logger = logging.getLogger(__name__)
 
@@ -85,23 +93,21 @@ class DeepSpeedPolicy(QwenPolicy):
     """A `QwenPolicy` over a ZeRO-3 sharded model (full mode).
 
     Until `attach_engine` the model is the bare sharded module (the trainer builds the optimizer on
-    it, then wraps both in a DeepSpeed engine). Sampling uses transformers' `generate` with
-    `synced_gpus` plus `LockstepRounds` (the shared-prefix sampler stops at a data-dependent step,
-    which ZeRO-3's per-forward all-gathers cannot allow); training forwards are one plain pass
-    through the engine, so every rank runs the same number of engine forwards per micro-batch.
+    it, then wraps both in a DeepSpeed engine). Sampling runs on each rank's rollout engine from a
+    gathered snapshot (module doc); training forwards are one plain pass through the DeepSpeed
+    engine, so every rank runs the same number of engine forwards per micro-batch.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, ctx: DistContext,
-                 hf_ds_config: Any, reference: Any = None, gradient_checkpointing: bool = False) -> None:
-        super().__init__(model, tokenizer, mode="full")
+                 hf_ds_config: Any, reference: Any = None, gradient_checkpointing: bool = False,
+                 engine_memory_fraction: float | None = None) -> None:
+        super().__init__(model, tokenizer, mode="full", engine_memory_fraction=engine_memory_fraction)
         self.ctx = ctx
         self.hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 switch alive (module doc)
         self.reference_engine = reference
         self.engine: Any = None
         self.gradient_checkpointing = gradient_checkpointing
-        self.rounds = LockstepRounds(ctx)
-        self.generate_kwargs = {"synced_gpus": ctx.world_size > 1}
-
+        self._snapshot_step: int | None = None  # the optimizer step the snapshot holds
     def attach_engine(self, engine: Any) -> None:
         """Route forwards through the DeepSpeed engine wrapping `self.model`."""
         self.engine = engine
@@ -109,31 +115,22 @@ class DeepSpeedPolicy(QwenPolicy):
         engine.eval()
 
     # -------------------------------------------------------------- sampling
-    def new_episode_kv(self) -> None:
-        """No per-episode KV store: ZeRO-3 shards the weights, so the ranks sample with
-        `model.generate(synced_gpus=...)`, which keeps no cache between turns."""
-        return None
+    def prepare_sampling(self) -> None:
+        """Collective (every rank, before each collection): the engine's snapshot gathered layer by
+        layer and copied in place, when the optimizer has stepped since it was taken."""
+        step = int(getattr(self.engine, "global_steps", 0) or 0)
+        if self._weights is None:
+            self._weights = SamplingWeights(self.model)
+            logger.info("full mode: the rollout engine samples from a gathered %s snapshot of %s",
+                        self._weights.dtype, format_bytes(self._weights.nbytes()))
+        elif step != self._snapshot_step:
+            self._weights.refresh_()
+        self._snapshot_step = step
 
-    @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        self.rounds.enter()
-        if not prompts:
-            self._dummy_generate()
-            return []
-        return self._hf_generate(prompts, params)
-
-    def idle_generate(self) -> None:
-        """A rank with no episodes left joins the others' generation call (LockstepRounds.drain)."""
-        with torch.no_grad():
-            self._dummy_generate()
-
-    def _dummy_generate(self) -> None:
-        token = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_token_ids[0]
-        self._hf_generate([[token]], SamplingParams(temperature=0.0, max_new_tokens=1))
-
-    def finish_generation(self) -> None:
-        """Called once a rank's episodes are done: serve the other ranks' remaining calls."""
-        self.rounds.drain(self.idle_generate)
+    def sampling_weights(self) -> SamplingWeights:
+        if self._weights is None:
+            raise RuntimeError("full mode samples from a gathered snapshot: call prepare_sampling() on every rank first")
+        return self._weights
 
     # -------------------------------------------------------------- training
     def token_logprobs(
@@ -142,7 +139,7 @@ class DeepSpeedPolicy(QwenPolicy):
         """Log-probs of `input_ids[:, 1:]` from one engine forward ([B, L-1]; entropy if asked)."""
         with recompute_activations(self.model, self.gradient_checkpointing and torch.is_grad_enabled()):
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-        temperature = temperature if temperature > 0 else 1.0
+        temperature = logprob_temperature(temperature)
         logp = token_logprobs(logits, input_ids[:, 1:], temperature)
         return logp, (entropy_from_logits(logits, temperature) if with_entropy else None)
 
@@ -160,7 +157,7 @@ class DeepSpeedPolicy(QwenPolicy):
         """Log-probs of `input_ids[:, 1:]` under the frozen reference ([B, L-1])."""
         with self.reference() as ref:
             logits = ref(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-        return token_logprobs(logits, input_ids[:, 1:], temperature if temperature > 0 else 1.0)
+        return token_logprobs(logits, input_ids[:, 1:], logprob_temperature(temperature))
 
     # ---------------------------------------------------------------- export
     def save(self, path: str | Path) -> None:
@@ -231,4 +228,5 @@ def build_deepspeed_policy(config: Config, ctx: DistContext, ds_config: dict[str
     logger.info("full mode: %.1fM parameters, ZeRO-3 over %d ranks, %s, reference: %s", n_params / 1e6,
                 ctx.world_size, dtype, "sharded copy" if reference is not None else "none (kl_coef 0)")
     return DeepSpeedPolicy(model, tokenizer, ctx=ctx, hf_ds_config=hf_ds_config, reference=reference,
-                           gradient_checkpointing=config.model.gradient_checkpointing)
+                           gradient_checkpointing=config.model.gradient_checkpointing,
+                           engine_memory_fraction=config.model.engine_memory_fraction)

@@ -1,12 +1,18 @@
-"""One decode step's attention over a slot KV cache: each row reads only its own valid positions.
+"""Attention over a slot KV cache with a shared root: each row reads the root once and its own positions.
 
-The cache is `[slots, kv_heads, capacity, head_dim]` per layer and row b of the batch is slot
-`slots[b]` with `lengths[b]` valid positions. At 256 rows and ~2k-token contexts the cache, not the
-weights, is most of the bytes a decode step reads, so the GPU kernel (Triton, flash-decoding style
-without the split) reads exactly `lengths[b]` positions per row, once per KV head for all the query
-heads sharing it (GQA grouped: no `repeat_kv` copy), and its shapes do not depend on the lengths,
-so it can be captured in a CUDA graph. `reference_decode_attention` is the same arithmetic in
-plain torch (CPU, and the oracle the kernel is tested against).
+The cache is `[slots, kv_heads, capacity, head_dim]` per layer. One slot, the *root*, holds the
+prompt prefix every episode of a collection shares (the system prompt: ~570 of ~830 tokens on the
+embedded model); a row that reads it (`root_lens[b]` > 0) attends to root positions
+0..root_lens[b]-1 of that slot and to its own slot's positions root_lens[b]..lengths[b]-1, one
+softmax over both (cascade attention, as FlashInfer and vLLM's prefix caching do). The root is
+stored and computed once instead of once per row, and a decode step reads a row's own keys only.
+
+`cascade_attention` is the arithmetic in plain torch, for prefill (several queries per row) and,
+on CPU, decode: the root's scores for all rows are one matmul per KV head. `decode_attention` is
+the GPU decode step (Triton, flash-decoding style without the split): one program per (row, KV
+head) streams the root's then the row's keys with an online softmax, for all query heads sharing
+that KV head (GQA grouped: no `repeat_kv` copy); its shapes do not depend on the lengths, so it is
+captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -21,48 +27,58 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     triton = None
 
 
+def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tensor,
+                      root_k: Tensor | None = None, root_v: Tensor | None = None,
+                      root_visible: Tensor | None = None) -> Tensor:
+    """Softmax attention of q [R, KVH, Q, D] (the Q query heads and positions of each row's KV
+    head, already scaled) over each row's own keys/values [R, KVH, T, D] where `own_visible`
+    [R, 1, Q, T] (bool), and over the root's [KVH, P, D] where `root_visible` [R, 1, Q, P]. One
+    softmax in float32 over both. Returns [R, KVH, Q, D] in q's dtype."""
+    rows, kv_heads, queries, dim = q.shape
+    own = torch.matmul(q, own_k.transpose(-1, -2)).float().masked_fill_(~own_visible, float("-inf"))
+    if root_k is None or root_k.shape[1] == 0:
+        return torch.matmul(torch.softmax(own, dim=-1).to(q.dtype), own_v)
+    # The root's scores for every row at once: one [R*Q, D] x [D, P] matmul per KV head.
+    flat = q.transpose(0, 1).reshape(kv_heads, rows * queries, dim)
+    shared = torch.matmul(flat, root_k.transpose(-1, -2)).view(kv_heads, rows, queries, -1).transpose(0, 1)
+    shared = shared.float().masked_fill_(~root_visible, float("-inf"))
+    weights = torch.softmax(torch.cat([shared, own], dim=-1), dim=-1).to(q.dtype)
+    prefix = root_k.shape[1]
+    to_root = weights[..., :prefix].transpose(0, 1).reshape(kv_heads, rows * queries, prefix)
+    out = torch.matmul(to_root, root_v).view(kv_heads, rows, queries, dim).transpose(0, 1)
+    return out + torch.matmul(weights[..., prefix:], own_v)
+
+
 def reference_decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor,
-                               scale: float) -> Tensor:
-    """q [B, H, D]; keys/values [S, KVH, C, D]; row b attends to positions < lengths[b] of slot
-    slots[b]. Returns [B, H, D] in q's dtype."""
+                               root_lens: Tensor, root_slot: Tensor, scale: float) -> Tensor:
+    """q [B, H, D]; keys/values [S, KVH, C, D]; row b attends to root positions < root_lens[b] of
+    slot `root_slot` (a one-element tensor) and to positions root_lens[b] .. lengths[b]-1 of slot slots[b]. [B, H, D]."""
     batch, heads, dim = q.shape
     kv_heads = keys.shape[1]
-    used = int(lengths.max())
-    k = keys[:, :, :used].index_select(0, slots)  # [B, KVH, T, D]: only the used positions are copied
-    v = values[:, :, :used].index_select(0, slots)
+    low, used = int(root_lens.min()), int(lengths.max())
+    positions = torch.arange(low, used, device=q.device)
+    own_visible = (positions >= root_lens.view(batch, 1, 1, 1)) & (positions < lengths.view(batch, 1, 1, 1))
     grouped = q.view(batch, kv_heads, heads // kv_heads, dim) * scale
-    scores = torch.matmul(grouped, k.transpose(-1, -2))  # [B, KVH, G, T]
-    hidden = torch.arange(used, device=q.device) >= lengths.view(batch, 1, 1, 1)
-    weights = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
-    return torch.matmul(weights, v).view(batch, heads, dim)
+    # Only each row's own used positions are copied out of the cache.
+    own_k = keys[:, :, low:used].index_select(0, slots)
+    own_v = values[:, :, low:used].index_select(0, slots)
+    prefix = int(root_lens.max())
+    root_visible = torch.arange(prefix, device=q.device) < root_lens.view(batch, 1, 1, 1)
+    root = int(root_slot)
+    out = cascade_attention(grouped, own_k, own_v, own_visible, keys[root, :, :prefix], values[root, :, :prefix],
+                            root_visible)
+    return out.reshape(batch, heads, dim)
 
 
 if triton is not None:
 
     @triton.jit
-    def _decode_attention_kernel(
-        q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr, scale,
-        stride_qb, stride_qh, stride_ks, stride_kh, stride_kt, stride_ob, stride_oh,
-        GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-    ):
-        row = tl.program_id(0)
-        kv_head = tl.program_id(1)
-        slot = tl.load(slots_ptr + row).to(tl.int64)
-        length = tl.load(lengths_ptr + row)
-        g = tl.arange(0, GROUPS_PAD)
-        d = tl.arange(0, DIM_PAD)
-        head = kv_head * GROUPS + g
-        q_mask = (g < GROUPS)[:, None] & (d < HEAD_DIM)[None, :]
-        q = tl.load(q_ptr + row * stride_qb + head[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
-        q = (q.to(tl.float32) * scale).to(q_ptr.dtype.element_ty)
-        base = slot * stride_ks + kv_head * stride_kh
-        m = tl.full([GROUPS_PAD], float("-inf"), tl.float32)
-        total = tl.zeros([GROUPS_PAD], tl.float32)
-        acc = tl.zeros([GROUPS_PAD, DIM_PAD], tl.float32)
-        for start in range(0, length, BLOCK_N):
-            t = start + tl.arange(0, BLOCK_N)
-            t_mask = t < length
+    def _attend_span(q, k_ptr, v_ptr, base, start, stop, stride_kt, m, total, acc, d,
+                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Online-softmax accumulation over positions start..stop-1 at `base` (one slot, one KV head)."""
+        for first in range(start, stop, BLOCK_N):
+            t = first + tl.arange(0, BLOCK_N)
+            t_mask = t < stop
             kv_mask = t_mask[:, None] & (d < HEAD_DIM)[None, :]
             offsets = base + t[:, None] * stride_kt + d[None, :]
             k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0)
@@ -75,6 +91,35 @@ if triton is not None:
             total = total * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
+        return m, total, acc
+
+    @triton.jit
+    def _decode_attention_kernel(
+        q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, lengths_ptr, root_lens_ptr, root_slot_ptr, scale,
+        stride_qb, stride_qh, stride_ks, stride_kh, stride_kt, stride_ob, stride_oh,
+        GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        slot = tl.load(slots_ptr + row).to(tl.int64)
+        length = tl.load(lengths_ptr + row)
+        root_len = tl.load(root_lens_ptr + row)
+        g = tl.arange(0, GROUPS_PAD)
+        d = tl.arange(0, DIM_PAD)
+        head = kv_head * GROUPS + g
+        q_mask = (g < GROUPS)[:, None] & (d < HEAD_DIM)[None, :]
+        q = tl.load(q_ptr + row * stride_qb + head[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+        q = (q.to(tl.float32) * scale).to(q_ptr.dtype.element_ty)
+        m = tl.full([GROUPS_PAD], float("-inf"), tl.float32)
+        total = tl.zeros([GROUPS_PAD], tl.float32)
+        acc = tl.zeros([GROUPS_PAD, DIM_PAD], tl.float32)
+        root_base = tl.load(root_slot_ptr).to(tl.int64) * stride_ks + kv_head * stride_kh
+        m, total, acc = _attend_span(q, k_ptr, v_ptr, root_base, 0, root_len, stride_kt, m, total, acc, d,
+                                     HEAD_DIM, BLOCK_N)
+        own_base = slot * stride_ks + kv_head * stride_kh
+        m, total, acc = _attend_span(q, k_ptr, v_ptr, own_base, root_len, length, stride_kt, m, total, acc, d,
+                                     HEAD_DIM, BLOCK_N)
         out = acc / total[:, None]
         tl.store(out_ptr + row * stride_ob + head[:, None] * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -84,10 +129,10 @@ def triton_available() -> bool:
     return triton is not None
 
 
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor, scale: float,
-                     *, block_n: int = 64) -> Tensor:
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor, root_lens: Tensor,
+                     root_slot: Tensor, scale: float, *, block_n: int = 64) -> Tensor:
     """`reference_decode_attention` as one Triton launch over (row, KV head): no host sync, static
-    shapes (capturable). `lengths` must be >= 1 per row."""
+    shapes (capturable); `root_slot` is a one-element tensor. `lengths` must be > `root_lens` per row."""
     if triton is None:
         raise RuntimeError("decode_attention needs triton; use reference_decode_attention")
     batch, heads, dim = q.shape
@@ -96,7 +141,7 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, len
     assert keys.stride(-1) == 1 and q.stride(-1) == 1 and keys.stride() == values.stride()
     out = torch.empty_like(q)
     _decode_attention_kernel[(batch, kv_heads)](
-        q, keys, values, out, slots, lengths, scale,
+        q, keys, values, out, slots, lengths, root_lens, root_slot, scale,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), out.stride(0), out.stride(1),
         GROUPS=groups, GROUPS_PAD=max(16, triton.next_power_of_2(groups)), HEAD_DIM=dim,
         DIM_PAD=max(16, triton.next_power_of_2(dim)), BLOCK_N=block_n,

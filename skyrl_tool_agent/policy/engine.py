@@ -20,12 +20,16 @@ hundred kernel launches from Python. Attention reads only each row's valid posit
 (`token_sampling`): no host synchronisation inside a check interval, and an episode samples the
 same tokens whatever else shares its batch.
 
-The weights are `Qwen2Kernel`'s snapshot (LoRA folded in, fused projections), refreshed in place
-when the model's weights changed and no row is in flight, i.e. once per optimizer step, so the
-captured graphs stay valid. Arithmetic per token is `Qwen2Kernel.forward`'s (and so
-`Qwen2ForCausalLM`'s in eval mode). The forward over the slot cache (prefill, decode step, graphs,
+The weights are a `weights.SamplingWeights` snapshot (LoRA folded in, fused projections, 4-bit
+weights dequantized, ZeRO-3 shards gathered), refreshed in place when the model's weights changed
+and no row is in flight, i.e. once per optimizer step, so the captured graphs stay valid; the
+engine is built once per run and only its weights change. Arithmetic per token is
+`Qwen2ForCausalLM`'s in eval mode. The forward over the slot cache (prefill, decode step, graphs,
 read-back) is `slot_model.SlotModel`; this module decides which episode holds which slot and when
-its turn runs.
+its turn runs, and what is computed once for many episodes: the prefix every fresh prompt shares
+(the system prompt) becomes the cache's *root*, stored once and read by every slot that starts
+with it, and a prompt asked for by several fresh episodes (a GRPO group) is run once and its keys
+copied to the others' slots; each episode then draws its own first token.
 
 The engine is asked for a slot per episode in flight and gets what fits its memory budget
 (`memory_plan`: a fraction of the device's memory, less what is in use and the forward's working
@@ -49,8 +53,9 @@ from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.policy import memory_plan
 from skyrl_tool_agent.policy.prefix import MIN_SHARED_PREFIX, common_prefix_length
-from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, weights_version
 from skyrl_tool_agent.policy.slot_model import SlotModel, default_prefill_tokens
+from skyrl_tool_agent.policy.token_sampling import is_greedy
+from skyrl_tool_agent.policy.weights import SamplingWeights
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +80,7 @@ class _Slot:
     index: int
     key: Hashable | None = None
     tokens: list[int] = field(default_factory=list)  # ids whose keys/values are valid at 0..len-1
+    root: int = 0  # of those, the first `root` are read from the root slot
 
 
 @dataclass
@@ -91,9 +97,10 @@ class _Row:
 
 
 class RolloutEngine:
-    """Samples turns of many episodes at once for a Qwen2 `model` (see the module docstring).
+    """Samples turns of many episodes at once for a Qwen2 (see the module docstring).
 
     Args:
+        weights: the snapshot to sample from, or a model to take one of.
         slots: episodes wanted in flight at once (the collector's concurrency); the engine gets
             `min(slots, what fits memory_fraction)` (`self.slots`, `self.plan`), the others wait.
         capacity: most tokens an episode holds (prompt and every turn; `grpo.max_total_tokens`).
@@ -105,28 +112,28 @@ class RolloutEngine:
         cuda_graphs, attention, prefill_tokens: how the forward runs (`slot_model.SlotModel`).
     """
 
-    def __init__(self, model: torch.nn.Module, *, slots: int, capacity: int, stop_ids: Sequence[int], pad_id: int,
-                 stop_check_interval: int | None = None, memory_fraction: float | None = None,
-                 cuda_graphs: bool | None = None, attention: str | None = None,
-                 prefill_tokens: int | None = None) -> None:
-        self.model = model
-        self.kernel = Qwen2Kernel(model)
-        on_cuda = self.kernel.device.type == "cuda"
+    def __init__(self, weights: SamplingWeights | torch.nn.Module, *, slots: int, capacity: int,
+                 stop_ids: Sequence[int], pad_id: int, stop_check_interval: int | None = None,
+                 memory_fraction: float | None = None, reserved_bytes: int = 0, cuda_graphs: bool | None = None,
+                 attention: str | None = None, prefill_tokens: int | None = None) -> None:
+        self.weights = weights if isinstance(weights, SamplingWeights) else SamplingWeights(weights)
+        on_cuda = self.weights.device.type == "cuda"
         self.demand, self.interval = slots, stop_check_interval or (8 if on_cuda else 1)
         self.max_tokens = capacity  # most tokens an episode may hold
         self.capacity = capacity + self.interval + 2  # cache positions: a row may decode `interval` steps past its cap
         self.stop_ids = list(stop_ids)
-        prefill_tokens = prefill_tokens or default_prefill_tokens(self.kernel.device)
-        # Planned after the kernel's fused weights exist, so the budget counts them as in use.
+        prefill_tokens = prefill_tokens or default_prefill_tokens(self.weights.device)
+        # Planned after the snapshot exists, so the budget counts it as in use.
         self.plan = self._plan_slots(slots, memory_fraction or default_of(ModelConfig, "engine_memory_fraction"),
-                                     prefill_tokens)
+                                     prefill_tokens, reserved_bytes)
         logger.info(self.plan.describe())
         slots = self.slots = self.plan.slots
-        self.step = SlotModel(self.kernel, slots=slots, capacity=self.capacity, pad_id=pad_id,
+        self.step = SlotModel(self.weights, slots=slots, capacity=self.capacity, pad_id=pad_id,
                               cuda_graphs=cuda_graphs, attention=attention, prefill_tokens=prefill_tokens)
         self.stats = self.step.stats  # counters for benchmarks and logs (prefill_s: admission, synchronised)
         self.stats["waited"] = 0  # fresh episodes that found every slot taken and waited for one
         self._free = [_Slot(i) for i in reversed(range(slots))]
+        self.root_tokens: list[int] = []  # what the root slot holds
         self._by_key: dict[Hashable, _Slot] = {}
         self._rows: list[_Row] = []
         self._waiting: list[_Request] = []
@@ -134,17 +141,18 @@ class RolloutEngine:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def _plan_slots(self, demand: int, fraction: float, prefill_tokens: int) -> memory_plan.SlotPlan:
-        memory = memory_plan.device_memory(self.kernel.device)
-        working = SlotModel.working_set_bytes(self.kernel, rows=demand, capacity=self.capacity,
+    def _plan_slots(self, demand: int, fraction: float, prefill_tokens: int, update_bytes: int) -> memory_plan.SlotPlan:
+        memory = memory_plan.device_memory(self.weights.device)
+        working = SlotModel.working_set_bytes(self.weights, rows=demand, capacity=self.capacity,
                                               prefill_tokens=prefill_tokens)
         size = memory_plan.format_bytes
         explanation = (f"{fraction:g} x {size(memory.total)} {memory.where} - {size(memory.in_use)} in use "
-                       f"- {size(working)} forward working set")
+                       f"- {size(working)} forward working set"
+                       + (f" - {size(update_bytes)} reserved for the update" if update_bytes else ""))
         return memory_plan.plan_slots(demand=demand, capacity=self.capacity,
-                                      bytes_per_token=SlotModel.bytes_per_position(self.kernel),
+                                      bytes_per_token=SlotModel.bytes_per_position(self.weights),
                                       memory_bytes=memory.total, fraction=fraction,
-                                      reserved_bytes=memory.in_use + working, explanation=explanation)
+                                      reserved_bytes=memory.in_use + working + update_bytes, explanation=explanation)
 
     # ------------------------------------------------------------------ public API (any thread)
     def submit(self, prompt: Sequence[int], *, max_new_tokens: int, temperature: float, top_p: float,
@@ -235,20 +243,20 @@ class RolloutEngine:
             turns, self._waiting = [*self._waiting, *turns], []
             start = time.perf_counter()
             self._admit(turns)
-            if self.kernel.device.type == "cuda":
-                torch.cuda.synchronize(self.kernel.device)
+            if self.weights.device.type == "cuda":
+                torch.cuda.synchronize(self.weights.device)
             self.stats["prefill_s"] += time.perf_counter() - start
 
     def _free_slot(self, slot: _Slot) -> None:
         if self._by_key.get(slot.key) is slot:
             del self._by_key[slot.key]
-        slot.key, slot.tokens = None, []
+        slot.key, slot.tokens, slot.root = None, [], 0
         self._free.append(slot)
 
     # ------------------------------------------------------------------ admission and prefill
     def _admit(self, requests: list[_Request]) -> None:
-        if not self._rows and not self._by_key and weights_version(self.model) != self.kernel.version:
-            self.kernel.refresh_(self.model)  # once per optimizer step: no episode holds old keys/values
+        if not self._rows and not self._by_key and not self.weights.is_current():
+            self.weights.refresh_()  # once per optimizer step: no episode holds old keys/values
         continuing: list[tuple[_Request, _Slot]] = []
         fresh: list[tuple[_Request, _Slot]] = []
         for request in requests:
@@ -271,28 +279,63 @@ class RolloutEngine:
             fresh.append((request, slot))
         if not continuing and not fresh:
             return
+        if fresh:
+            self._set_root([r.prompt for r, _ in fresh])
+        root = len(self.root_tokens)
+        for request, slot in fresh:
+            slot.root = root if len(request.prompt) > root and request.prompt[:root] == self.root_tokens else 0
         admitted = continuing + fresh
-        self.step.set_sampling([s.index for _, s in admitted], [r.seed for r, _ in admitted],
-                               [r.temperature for r, _ in admitted], [r.top_p for r, _ in admitted])
+        self.step.set_slots([s.index for _, s in admitted], [r.seed for r, _ in admitted],
+                            [r.temperature for r, _ in admitted], [r.top_p for r, _ in admitted],
+                            [s.root for _, s in admitted])
         work = [(s.index, len(s.tokens), r.prompt[len(s.tokens):]) for r, s in continuing]
-        shared = common_prefix_length([r.prompt for r, _ in fresh]) if len(fresh) > 1 else 0
-        if shared >= MIN_SHARED_PREFIX:
-            # The fresh prompts' common prefix (the system prompt) runs once and is copied to the others.
-            first = fresh[0][1].index
-            self.step.prefill([(first, 0, fresh[0][0].prompt[:shared])], sample=False)
-            self.step.copy_prefix(first, [s.index for _, s in fresh[1:]], shared)
-        else:
-            shared = 0
-        work += [(s.index, shared, r.prompt[shared:]) for r, s in fresh]
-        self.step.prefill(work, sample=True, nucleus=any(r.temperature > 0 and r.top_p < 1 for r, _ in admitted))
+        # A prompt several fresh episodes ask for (a GRPO group) runs once, all but its last token,
+        # and its keys are copied to the others' slots; each then runs its last token and draws.
+        siblings: dict[tuple[int, ...], list[_Slot]] = {}
+        for request, slot in fresh:
+            siblings.setdefault(tuple(request.prompt), []).append(slot)
+        stems = [(slots[0].index, slots[0].root, list(prompt[slots[0].root:-1]))
+                 for prompt, slots in siblings.items() if len(slots) > 1 and len(prompt) - 1 > slots[0].root]
+        if stems:
+            self.step.prefill(stems, sample=False)
+        for prompt, slots in siblings.items():
+            if len(slots) > 1:
+                if len(prompt) - 1 > slots[0].root:
+                    self.step.copy_positions(slots[0].index, [s.index for s in slots[1:]], slots[0].root, len(prompt) - 1)
+                work += [(s.index, len(prompt) - 1, [prompt[-1]]) for s in slots]
+            else:
+                work.append((slots[0].index, slots[0].root, list(prompt[slots[0].root:])))
+        self.step.prefill(work, sample=True, nucleus=any(not is_greedy(r.temperature) and r.top_p < 1 for r, _ in admitted))
         for request, slot in admitted:
             slot.tokens = list(request.prompt)
             self._rows.append(_Row(slot, request, len(request.prompt), len(request.prompt)))
 
+    def _set_root(self, prompts: list[list[int]]) -> None:
+        """Make the fresh `prompts`' common prefix the root, unless a held slot still reads the
+        root, the root already starts them all, or they are copies of one prompt. Computed once,
+        in the root slot."""
+        if any(slot.root for slot in self._by_key.values() if slot.tokens):
+            return  # episodes in flight read the current root
+        if self.root_tokens and all(len(p) > len(self.root_tokens) and p[:len(self.root_tokens)] == self.root_tokens
+                                    for p in prompts):
+            return
+        distinct = [list(p) for p in dict.fromkeys(tuple(p) for p in prompts)]
+        if len(distinct) < 2:
+            return  # one prompt says nothing about what the next ones share (its copies share its stem)
+        shared = common_prefix_length(distinct)
+        if shared < MIN_SHARED_PREFIX:
+            if not self.root_tokens:
+                return
+            shared, distinct = 0, distinct[:1]
+        self.root_tokens = list(distinct[0][:shared])
+        self.step.slot_root[self.step.root] = 0
+        if shared:
+            self.step.prefill([(self.step.root, 0, self.root_tokens)], sample=False)
+
     def _decode_chunk(self) -> None:
         rows = self._rows
         starts = [r.length for r in rows]
-        nucleus = any(r.request.temperature > 0 and r.request.top_p < 1 for r in rows)
+        nucleus = any(not is_greedy(r.request.temperature) and r.request.top_p < 1 for r in rows)
         ids, logps = self.step.decode([r.slot.index for r in rows], starts, self.interval, nucleus)
         still: list[_Row] = []
         for row, start, row_ids, row_logps in zip(rows, starts, ids, logps):

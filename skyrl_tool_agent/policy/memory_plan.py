@@ -7,7 +7,7 @@ with an out-of-memory error; instead the engine plans its slots before it alloca
 serving engines size their cache (vLLM's `gpu_memory_utilization`):
 
     budget = memory x fraction - reserved
-    slots  = min(episodes in flight, budget // bytes per slot - 1)     (one scratch slot pads batches)
+    slots  = min(episodes in flight, budget // bytes per slot - 2)     (a scratch slot pads batches, a root slot holds the shared prefix)
 
 - CUDA: memory = the device's total; reserved = what is in use when the engine is built (this
   process's tensors: the weights, the reference, the optimizer state, the engine's fused weight
@@ -73,12 +73,12 @@ def plan_slots(*, demand: int, capacity: int, bytes_per_token: int, memory_bytes
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     bytes_per_slot = capacity * bytes_per_token
     budget = int(memory_bytes * fraction) - reserved_bytes
-    fits = budget // bytes_per_slot - 1  # the engine allocates one scratch slot beside them
+    fits = budget // bytes_per_slot - 2  # the engine allocates a scratch slot and the root slot beside them
     why = explanation or f"{fraction:g} x {format_bytes(memory_bytes)} - {format_bytes(reserved_bytes)} reserved"
     if fits < 1:
         raise UserInputError(
             f"the rollout engine cannot hold one episode: a slot of {capacity} positions needs {format_bytes(bytes_per_slot)} "
-            f"(2 slots with the scratch one), the budget is {format_bytes(max(budget, 0))} = {why}; raise "
+            f"(3 slots with the scratch and root ones), the budget is {format_bytes(max(budget, 0))} = {why}; raise "
             f"model.engine_memory_fraction, lower grpo.max_total_tokens or free memory")
     return SlotPlan(min(demand, fits), demand, bytes_per_slot, budget, reserved_bytes, why)
 

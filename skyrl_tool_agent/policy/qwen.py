@@ -5,6 +5,12 @@ sampling distribution (temperature-scaled, before top-p truncation, which is wha
 importance ratio compares against). The trainer recomputes log-probs on the same ids with
 `token_logprobs`; nothing is ever re-tokenised from text.
 
+Every mode samples through one engine, `engine.RolloutEngine`, on CPU and CUDA alike: LoRA from the
+model with its adapters folded in, QLoRA from its 4-bit weights dequantized once per step, full
+mode (ZeRO-3) from a snapshot its ranks gather once per step (`weights.SamplingWeights`). The
+engine is built once per run and its weights refreshed in place. `model.generate` runs only for an
+architecture the engine does not implement (`weights.unsupported_reason`), and the log says so.
+
 Dropout is off in both sampling and training forwards (the model stays in eval mode; gradients
 still flow): with dropout on, the ratio of a fully on-policy update would not be 1.
 """
@@ -14,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.policy.engine import RolloutEngine
-from skyrl_tool_agent.policy.episode_sampler import EpisodeKV, sample_episodes
 from skyrl_tool_agent.policy.loading import (
     check_4bit_training_layout,
     load_model,
@@ -33,13 +38,9 @@ from skyrl_tool_agent.policy.loading import (
     resolve_model_path,
 )
 from skyrl_tool_agent.policy.logprobs import token_logprobs
-from skyrl_tool_agent.policy.prefix import (
-    MIN_SHARED_PREFIX,
-    batch_logprobs,
-    common_prefix_length,
-    sample_with_shared_prefix,
-)
-from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, unsupported_reason, weights_version
+from skyrl_tool_agent.policy.prefix import batch_logprobs
+from skyrl_tool_agent.policy.token_sampling import is_greedy, logprob_temperature
+from skyrl_tool_agent.policy.weights import SamplingWeights, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class QwenPolicy:
     """A causal LM + tokenizer pair with batched sampling and training-time log-probs."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, mode: str = "lora",
-                 sampler: str = "auto", engine_memory_fraction: float | None = None) -> None:
+                 engine_memory_fraction: float | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.mode = mode
@@ -74,18 +75,16 @@ class QwenPolicy:
         self.stop_token_ids = self._stop_ids(tokenizer)
         self._reference: PreTrainedModel | None = None
         self.is_4bit = any(getattr(p, "quant_state", None) is not None for p in model.parameters())
-        # Extra `model.generate` arguments (the DeepSpeed policy adds synced_gpus=True).
-        self.generate_kwargs: dict[str, Any] = {}
-        # `model.sampler`: engine (RolloutEngine), kernel (Qwen2Kernel batches) or hf; auto = engine on
-        # CUDA, kernel elsewhere. The HF-model samplers below are also the fallback for models the
-        # other two cannot run (see `fast_sampling_unsupported`).
-        self.sampler = sampler
-        self._kernel: Qwen2Kernel | None = None
+        self._weights: SamplingWeights | None = None
         self._engine: RolloutEngine | None = None
         self.engine_memory_fraction = engine_memory_fraction  # `model.engine_memory_fraction` (None: its default)
-        self._kernel_blocker: str | None = unsupported_reason(model)
-        if self._kernel_blocker:
-            logger.info("sampling through the HF model: %s", self._kernel_blocker)
+        #: Memory the engine's plan leaves free for the update (the trainer sets it from `memory_plan`).
+        self.update_reserve_bytes = 0
+        #: Why the engine cannot sample this model (None: it does).
+        self.engine_blocker: str | None = unsupported_reason(model)
+        if self.engine_blocker:
+            logger.warning("the rollout engine cannot run this model (%s): sampling through model.generate, "
+                           "which keeps no cache between turns and is slower", self.engine_blocker)
         self.model.eval()
 
     @classmethod
@@ -95,8 +94,7 @@ class QwenPolicy:
         device = resolve_device(config.device)
         tokenizer = load_tokenizer(path, config)
         model = load_model(path, config, device, mode=mode)
-        return cls(model, tokenizer, mode=mode, sampler=config.sampler,
-                   engine_memory_fraction=config.engine_memory_fraction)
+        return cls(model, tokenizer, mode=mode, engine_memory_fraction=config.engine_memory_fraction)
 
     @staticmethod
     def _stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -110,98 +108,68 @@ class QwenPolicy:
         return ids
 
     # -------------------------------------------------------------- sampling
-    def resolved_sampler(self) -> str:
-        """What samples: 'engine', 'kernel' or 'hf' (`model.sampler`, auto resolved, falling back
-        to hf where the model needs it)."""
-        if self.fast_sampling_unsupported() is not None:
-            return "hf"
-        if self.sampler == "auto":
-            return "engine" if self.device.type == "cuda" else "kernel"
-        return self.sampler
+    def sampler(self) -> str:
+        """What samples, for logs and records: 'engine', or 'model.generate (why)'."""
+        return "engine" if self.engine_blocker is None else f"model.generate ({self.engine_blocker})"
 
-    def fast_sampling_unsupported(self) -> str | None:
-        """Why `generate` uses the HF-model samplers (None: it uses the engine or `Qwen2Kernel`)."""
-        if self.sampler == "hf":
-            return "model.sampler is hf"
-        if self.generate_kwargs:  # sharded (ZeRO-3) weights: only the HF forward gathers them
-            return f"generate arguments {sorted(self.generate_kwargs)}"
-        return self._kernel_blocker
+    def sampling_weights(self) -> SamplingWeights:
+        """The engine's weight snapshot (taken on first use; the engine refreshes it after each step)."""
+        if self._weights is None:
+            self._weights = SamplingWeights(self.model)
+        return self._weights
 
-    def new_episode_kv(self) -> EpisodeKV | None:
-        """A store for the KV caches of one collection's episodes between their turns (pass it to
-        `generate` with each prompt's episode key); None where the policy keeps none."""
-        return EpisodeKV()
+    def prepare_sampling(self) -> None:
+        """Called by every rank before a collection: nothing to do here (the engine refreshes the
+        snapshot itself); a sharded policy gathers its weights now, together."""
 
     def rollout_engine(self, *, slots: int, capacity: int) -> RolloutEngine | None:
-        """The continuous-batching engine for `slots` episodes of up to `capacity` tokens, when
-        `resolved_sampler()` is 'engine' (None otherwise); it holds as many as fit
-        `engine_memory_fraction` and the others wait. Reused while it was asked for enough;
-        `release_rollout_engine` frees its cache."""
-        if self.resolved_sampler() != "engine":
+        """The continuous-batching engine for `slots` episodes of up to `capacity` tokens (None when
+        the engine cannot run this model). Built once and kept for the run, its cache and graphs
+        reused by every collection; rebuilt only when asked for more slots or longer episodes. It
+        holds as many slots as fit `engine_memory_fraction` beside `update_reserve_bytes`; the
+        other episodes wait."""
+        if self.engine_blocker is not None:
             return None
         engine = self._engine
         if engine is None or engine.demand < slots or engine.max_tokens < capacity:
+            if engine is not None:
+                logger.info("rollout engine rebuilt for %d slots of %d tokens (it had %d of %d)", slots, capacity,
+                            engine.demand, engine.max_tokens)
             self.release_rollout_engine()
-            self._engine = RolloutEngine(self.model, slots=slots, capacity=capacity, stop_ids=self.stop_token_ids,
-                                         pad_id=self.tokenizer.pad_token_id,
-                                         memory_fraction=self.engine_memory_fraction)
+            self._engine = RolloutEngine(self.sampling_weights(), slots=slots, capacity=capacity,
+                                         stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id,
+                                         memory_fraction=self.engine_memory_fraction,
+                                         reserved_bytes=self.update_reserve_bytes)
         return self._engine
 
     def release_rollout_engine(self) -> None:
-        """Free the engine's KV cache and graphs (e.g. for the memory of an update)."""
+        """Free the engine's KV cache and graphs (the snapshot stays)."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None
 
-    def _sampling_kernel(self) -> Qwen2Kernel:
-        """The kernel for the current weights: rebuilt after any in-place write to a parameter
-        (an optimizer step, a checkpoint load), i.e. once per training step."""
-        if self._kernel is None or self._kernel.version != weights_version(self.model):
-            self._kernel = Qwen2Kernel(self.model)
-        return self._kernel
-
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
-                 episode_keys: Sequence[Hashable | None] | None = None,
-                 episode_kv: EpisodeKV | None = None, seeds: Sequence[int] | None = None) -> list[Generation]:
-        """Sample one continuation per prompt (a GRPO group is G copies of a prompt).
-
-        By `resolved_sampler()`: the engine (each prompt its own episode, seeded from the torch
-        RNG; a collection drives the engine itself through `rollout_engine`); `Qwen2Kernel`, where
-        with `episode_kv` a prompt continuing the episode `episode_keys[i]` reuses that episode's
-        cache; or the HF model: prompts sharing a long prefix (the system prompt) use the
-        shared-prefix sampler, and others `model.generate` on a left-padded batch. `seeds` (one per
-        prompt): the kernel and shared-prefix samplers draw each token from (seed, position)
-        (`prefix.SampledTokens`), as the engine does; `model.generate` draws from the torch RNG.
-        """
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Sample one continuation per prompt, each its own episode (a GRPO group is G copies of a
+        prompt), through the engine: each prompt's tokens are drawn from its seed and their
+        positions (`seeds`, default: drawn from the caller's torch RNG). A collection drives the
+        engine itself through `rollout_engine`. Where the engine cannot run the model,
+        `model.generate` samples from the torch RNG."""
         if not prompts:
             return []
-        sampler = self.resolved_sampler() if all(prompts) else "hf"
-        if sampler == "engine":
-            engine = self.rollout_engine(slots=len(prompts), capacity=max(map(len, prompts)) + params.max_new_tokens)
-            assert engine is not None
-            seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the caller's torch RNG
-            results = engine.generate(prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                                      top_p=params.top_p, seeds=seeds)
-            return [Generation(i, lp, "stop" if s else "length") for i, lp, s in results]
-        if sampler == "kernel":
-            ids, logps, stopped = sample_episodes(
-                self._sampling_kernel(), prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                top_p=params.top_p, stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id,
-                episode_keys=episode_keys, episode_kv=episode_kv, seeds=seeds,
-            )
-            return [Generation(i, lp, "stop" if s else "length") for i, lp, s in zip(ids, logps, stopped)]
-        prefix_len = common_prefix_length(prompts)
-        if prefix_len >= MIN_SHARED_PREFIX:
-            ids, logps, stopped = sample_with_shared_prefix(
-                self.model, prompts, prefix_len, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                top_p=params.top_p, stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id, device=self.device,
-                seeds=seeds,
-            )
-            return [Generation(i, lp, "stop" if s else "length") for i, lp, s in zip(ids, logps, stopped)]
-        return self._hf_generate(prompts, params)
+        engine = self.rollout_engine(slots=len(prompts), capacity=max(map(len, prompts)) + params.max_new_tokens)
+        if engine is None:
+            return self._hf_generate(prompts, params)
+        if seeds is None:
+            seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
+        results = engine.generate(prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                                  top_p=params.top_p, seeds=seeds)
+        return [Generation(i, lp, "stop" if s else "length") for i, lp, s in results]
 
     def _hf_generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """`model.generate` on a left-padded batch: the fallback for models the engine cannot run,
+        and the tests' reference."""
         pad_id = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -209,7 +177,7 @@ class QwenPolicy:
         for i, prompt in enumerate(prompts):
             input_ids[i, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
             attention[i, width - len(prompt) :] = 1
-        greedy = params.temperature <= 0
+        greedy = is_greedy(params.temperature)
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
@@ -222,10 +190,9 @@ class QwenPolicy:
             pad_token_id=pad_id,
             return_dict_in_generate=True,
             output_logits=True,
-            **self.generate_kwargs,
         )
         new_ids = out.sequences[:, width:].cpu()
-        temperature = 1.0 if greedy else params.temperature
+        temperature = logprob_temperature(params.temperature)
         logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V], raw (before warping)
         logprobs = token_logprobs(logits, new_ids.clamp(min=0), temperature)
         results = []

@@ -1,37 +1,47 @@
 """`SlotModel`: a Qwen2's forward over a slot KV cache, the model half of `engine.RolloutEngine`.
 
-One slot per episode: per layer `[slots + 1, kv_heads, capacity, head_dim]` keys and values (the
-extra slot is scratch for the rows that pad a batch to its bucket), and per slot the token history
-(the id at each position, the sampling log-prob of each sampled one) and the sampling state (seed,
-temperature, top-p). Two forwards write into it, both `Qwen2Kernel`'s arithmetic (LoRA folded in,
-fused projections): `prefill` runs any rows' new tokens at their positions and may draw each row's
-next token; `decode` runs `steps` static-shape decode steps for a batch of slots, padded to a
+One slot per episode: per layer `[slots + 2, kv_heads, capacity, head_dim]` keys and values. Of
+the two extra slots one is scratch for the rows that pad a batch to its bucket, and one is the
+*root*: the prompt prefix the episodes share (the system prompt), computed and stored once; a slot
+that reads it (`slot_root[slot]` > 0) holds only its own positions after it and attends to both
+(`decode_attention`'s cascade). Per slot there is also the token history (the id at each position,
+the sampling log-prob of each sampled one) and the sampling state (seed, temperature, top-p).
+
+The Qwen2 layer is written once (`_layers`); attention is the only part that differs between the
+two forwards that call it: `prefill` runs any rows' new tokens at their positions and may draw each
+row's next token; `decode` runs `steps` static-shape decode steps for a batch of slots, padded to a
 bucket (1, 2, 4, ... slots rows) so that on CUDA each bucket's step is captured once in a CUDA
-graph and replayed, then reads the new tokens back in one transfer. Attention in the decode step
-reads only each row's valid positions (`decode_attention`); tokens are drawn on the device from the
-slot's seed and the position (`token_sampling`), so a row's tokens do not depend on its batch.
-Which episode holds which slot, and when, is the engine's business.
+graph and replayed, then reads the new tokens back in one transfer. Tokens are drawn on the device
+from the slot's seed and the position (`token_sampling`), so a row's tokens do not depend on its
+batch. Which episode holds which slot, and when, is the engine's business.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from skyrl_tool_agent.policy.decode_attention import decode_attention, reference_decode_attention, triton_available
-from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel, _rotate
+from skyrl_tool_agent.policy.decode_attention import (
+    cascade_attention,
+    decode_attention,
+    reference_decode_attention,
+    triton_available,
+)
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
+from skyrl_tool_agent.policy.weights import SamplingWeights, rotate
 
 logger = logging.getLogger(__name__)
 
 #: What a prefill runs per row: (slot, first position, the ids to run there).
 PrefillRow = tuple[int, int, list[int]]
+#: Attention of one layer: (layer index, q, k, v) -> the attended values, q's shape.
+Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 
 def default_prefill_tokens(device: torch.device) -> int:
@@ -48,7 +58,7 @@ class _StepInputs:
 
 
 class SlotModel:
-    """`kernel`'s forward over `slots` slots of `capacity` positions (module docstring).
+    """`weights`' forward over `slots` slots of `capacity` positions (module docstring).
 
     Args:
         cuda_graphs: capture the decode step per bucket (default: on CUDA).
@@ -57,32 +67,35 @@ class SlotModel:
         prefill_tokens: most (padded) tokens one prefill forward runs.
     """
 
-    def __init__(self, kernel: Qwen2Kernel, *, slots: int, capacity: int, pad_id: int,
+    def __init__(self, weights: SamplingWeights, *, slots: int, capacity: int, pad_id: int,
                  cuda_graphs: bool | None = None, attention: str | None = None,
                  prefill_tokens: int | None = None) -> None:
-        k = self.kernel = kernel
-        self.device, self.dtype = k.device, k.dtype
+        w = self.weights = weights
+        self.device, self.dtype = w.device, w.dtype
         on_cuda = self.device.type == "cuda"
         self.capacity, self.pad_id = capacity, pad_id
-        self.scratch = slots  # the padding rows' slot
+        self.scratch, self.root = slots, slots + 1  # the padding rows' slot; the shared prefix's slot
+        self.root_index = torch.tensor([self.root], device=self.device)
         self.use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         attention = attention or ("triton" if on_cuda and triton_available() else "torch")
         self.attend = {"triton": decode_attention, "torch": reference_decode_attention}[attention]
         self.prefill_tokens = prefill_tokens or default_prefill_tokens(self.device)
-        shape = (slots + 1, k.kv_heads, capacity, k.head_dim)
+        shape = (slots + 2, w.kv_heads, capacity, w.head_dim)
         # Zeroed: positions a row does not own still enter the reference path's matmuls (masked),
         # and NaN in uninitialised memory survives a mask (NaN * 0 = NaN).
-        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(k.layers_n)]
-        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(k.layers_n)]
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
+        # Root positions each slot reads (0: none); its own positions start there.
+        self.slot_root = torch.zeros(slots + 2, dtype=torch.long, device=self.device)
         # Token history per slot: the id at position p and its sampling log-prob (sampled ones only).
-        self.history = torch.full((slots + 1, capacity + 1), pad_id, dtype=torch.long, device=self.device)
-        self.history_logp = torch.zeros((slots + 1, capacity + 1), dtype=torch.float32, device=self.device)
-        self.seed = torch.zeros(slots + 1, dtype=torch.long, device=self.device)
-        self.temperature = torch.ones(slots + 1, dtype=torch.float32, device=self.device)
-        self.top_p = torch.ones(slots + 1, dtype=torch.float32, device=self.device)
+        self.history = torch.full((slots + 2, capacity + 1), pad_id, dtype=torch.long, device=self.device)
+        self.history_logp = torch.zeros((slots + 2, capacity + 1), dtype=torch.float32, device=self.device)
+        self.seed = torch.zeros(slots + 2, dtype=torch.long, device=self.device)
+        self.temperature = torch.ones(slots + 2, dtype=torch.float32, device=self.device)
+        self.top_p = torch.ones(slots + 2, dtype=torch.float32, device=self.device)
         positions = torch.arange(capacity + 1, device=self.device).unsqueeze(0)
-        cos, sin = k.rotary(k.embed[:1].unsqueeze(0), positions)
-        self.cos, self.sin = cos[0], sin[0]  # [capacity + 1, head_dim]
+        cos, sin = w.rotary(w.embed[:1].unsqueeze(0), positions)
+        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [capacity + 1, head_dim]
         self.buckets = sorted({min(1 << i, slots) for i in range(slots.bit_length() + 1)})
         self.inputs = {b: _StepInputs(torch.full((b,), self.scratch, dtype=torch.long, device=self.device),
                                       torch.zeros(b, dtype=torch.long, device=self.device)) for b in self.buckets}
@@ -90,45 +103,67 @@ class SlotModel:
         self._pool = None
         # Counters for benchmarks and logs (seconds are wall time).
         self.stats = {"decode_steps": 0, "decoded_rows": 0, "prefill_tokens": 0, "chunks": 0,
-                      "decode_s": 0.0, "prefill_s": 0.0, "capture_s": 0.0}
+                      "decode_s": 0.0, "prefill_s": 0.0, "capture_s": 0.0, "capture_failed": 0}
 
     @staticmethod
-    def bytes_per_position(kernel: Qwen2Kernel) -> int:
+    def bytes_per_position(weights: SamplingWeights) -> int:
         """Bytes a slot holds per position: keys and values of every layer, the token id and its log-prob."""
-        return 2 * kernel.layers_n * kernel.kv_heads * kernel.head_dim * kernel.dtype.itemsize + 8 + 4
+        w = weights
+        return 2 * w.layers_n * w.kv_heads * w.head_dim * w.dtype.itemsize + 8 + 4
 
     @staticmethod
-    def working_set_bytes(kernel: Qwen2Kernel, *, rows: int, capacity: int, prefill_tokens: int) -> int:
+    def working_set_bytes(weights: SamplingWeights, *, rows: int, capacity: int, prefill_tokens: int) -> int:
         """An estimate of the largest transient memory of a forward beside the cache: a prefill
-        chunk's activations (residual stream, fused projections, MLP), its attention mask, the
-        keys/values of one layer gathered for up to `rows` rows, and the logits of `rows` rows."""
-        k, item = kernel, kernel.dtype.itemsize
-        hidden, inner = k.embed.shape[1], k.layers[0].down_w.shape[1]
-        activations = prefill_tokens * item * (6 * hidden + (k.heads + 2 * k.kv_heads) * k.head_dim + 3 * inner)
-        mask = prefill_tokens * (k.heads // k.kv_heads) * capacity
-        gathered = min(rows, prefill_tokens) * capacity * 2 * k.kv_heads * k.head_dim * item
-        logits = rows * k.lm_head.shape[0] * 4 * 2
-        return activations + mask + gathered + logits
+        chunk's activations (residual stream, fused projections, MLP), its attention scores (float32)
+        and masks, the keys/values of one layer gathered for up to `rows` rows, and the logits of
+        `rows` rows."""
+        w, item = weights, weights.dtype.itemsize
+        heads, kv = w.heads * w.head_dim, w.kv_heads * w.head_dim
+        activations = prefill_tokens * item * (6 * w.hidden_size + heads + 2 * kv + 3 * w.intermediate_size)
+        scores = prefill_tokens * w.heads * capacity * (4 + 1)
+        gathered = min(rows, prefill_tokens) * capacity * 2 * kv * item
+        logits = rows * w.lm_head.shape[0] * 4 * 2
+        return activations + scores + gathered + logits
 
     def close(self) -> None:
         """Free the cache and the captured graphs."""
         self.keys = self.values = []
         self.graphs.clear()
 
-    def set_sampling(self, slots: Sequence[int], seeds: Sequence[int], temperatures: Sequence[float],
-                     top_ps: Sequence[float]) -> None:
-        """How each of `slots` samples from now on."""
+    def set_slots(self, slots: Sequence[int], seeds: Sequence[int], temperatures: Sequence[float],
+                  top_ps: Sequence[float], roots: Sequence[int]) -> None:
+        """How each of `slots` samples from now on, and how many root positions it reads."""
         index = torch.tensor(list(slots), device=self.device)
         self.seed[index] = torch.tensor(list(seeds), device=self.device)
         self.temperature[index] = torch.tensor(list(temperatures), dtype=torch.float32, device=self.device)
         self.top_p[index] = torch.tensor(list(top_ps), dtype=torch.float32, device=self.device)
+        self.slot_root[index] = torch.tensor(list(roots), device=self.device)
 
-    def copy_prefix(self, source: int, targets: Sequence[int], length: int) -> None:
-        """Positions 0..length-1 of slot `source`'s keys and values into each of `targets`."""
+    def copy_positions(self, source: int, targets: Sequence[int], start: int, stop: int) -> None:
+        """Positions start..stop-1 of slot `source`'s keys and values into each of `targets`."""
         others = torch.tensor(list(targets), device=self.device)
         for cache in (*self.keys, *self.values):
-            cache[others, :, :length] = cache[source:source + 1, :, :length]
+            cache[others, :, start:stop] = cache[source:source + 1, :, start:stop]
 
+    # ------------------------------------------------------------------ the one Qwen2 layer stack
+    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
+        """Every decoder layer over hidden states x [..., hidden] (rotary cos/sin broadcast to the
+        heads' axis); `attend` writes the new keys/values and attends."""
+        w = self.weights
+        q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
+        for i, layer in enumerate(w.layers):
+            q, k, v = F.linear(w.norm(x, layer.norm1), layer.qkv_w, layer.qkv_b).split([q_size, kv_size, kv_size], -1)
+            q = rotate(q.unflatten(-1, (w.heads, w.head_dim)), cos, sin)
+            k = rotate(k.unflatten(-1, (w.kv_heads, w.head_dim)), cos, sin)
+            x = x + F.linear(attend(i, q, k, v.unflatten(-1, (w.kv_heads, w.head_dim))).flatten(-2), layer.o_w)
+            gate, up = F.linear(w.norm(x, layer.norm2), layer.gate_up_w).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_w)
+        return x
+
+    def _logits(self, x: Tensor) -> Tensor:
+        return F.linear(self.weights.norm(x, self.weights.final_norm), self.weights.lm_head)
+
+    # ------------------------------------------------------------------ prefill
     @torch.no_grad()
     def prefill(self, work: list[PrefillRow], *, sample: bool, nucleus: bool = False) -> None:
         """Run `ids` at positions start.. of each (slot, start, ids), writing their keys/values;
@@ -144,7 +179,7 @@ class SlotModel:
             self._prefill_chunk(chunk, sample, nucleus)
 
     def _prefill_chunk(self, work: list[PrefillRow], sample: bool, nucleus: bool) -> None:
-        k, dev = self.kernel, self.device
+        w, dev = self.weights, self.device
         rows, width = len(work), max(len(ids) for _, _, ids in work)
         self.stats["prefill_tokens"] += sum(len(ids) for _, _, ids in work)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
@@ -158,36 +193,35 @@ class SlotModel:
         valid = torch.arange(width, device=dev) < counts.unsqueeze(1)
         write_rows, write_cols = valid.nonzero(as_tuple=True)
         write_slots, write_pos = slots[write_rows], positions[write_rows, write_cols]
-        used = int((starts + counts).max())
-        groups = k.heads // k.kv_heads
-        # Query (g, s) of a row sees the row's positions up to its own; stacked as in Qwen2Kernel.
-        visible = torch.arange(used, device=dev) <= positions.unsqueeze(-1)  # [R, S, T]
-        visible = visible.unsqueeze(1).expand(rows, groups, width, used).reshape(rows, 1, groups * width, used)
+        roots = self.slot_root[slots]  # [R]
+        low, used, prefix = int(roots.min()), int((starts + counts).max()), int(roots.max())
+        groups = w.heads // w.kv_heads
+        # Query (g, s) of a row sees its own positions from its root's end up to its own position,
+        # and the root's positions below its root length; queries stacked (g, s) per KV head.
+        own = torch.arange(low, used, device=dev)
+        own_visible = (own >= roots.view(rows, 1, 1)) & (own <= positions.unsqueeze(-1))  # [R, S, T]
+        own_visible = own_visible.unsqueeze(1).expand(rows, groups, width, used - low).reshape(rows, 1, groups * width, -1)
+        root_visible = (torch.arange(prefix, device=dev) < roots.view(rows, 1, 1, 1))
         clamped = positions.clamp(max=self.capacity)
         cos, sin = self.cos[clamped].unsqueeze(2), self.sin[clamped].unsqueeze(2)  # [R, S, 1, D]
-        x = F.embedding(ids, k.embed)
-        q_size, kv_size = k.heads * k.head_dim, k.kv_heads * k.head_dim
-        for layer, k_cache, v_cache in zip(k.layers, self.keys, self.values):
-            qkv = F.linear(k._norm(x, layer.norm1), layer.qkv_w, layer.qkv_b)
-            q, key, value = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = _rotate(q.view(rows, width, k.heads, k.head_dim), cos, sin)
-            key = _rotate(key.view(rows, width, k.kv_heads, k.head_dim), cos, sin)
-            k_cache[write_slots, :, write_pos] = key[write_rows, write_cols]
-            v_cache[write_slots, :, write_pos] = value.view(rows, width, k.kv_heads, k.head_dim)[write_rows, write_cols]
-            q = q.view(rows, width, k.kv_heads, groups, k.head_dim).permute(0, 2, 3, 1, 4)
-            q = q.reshape(rows, k.kv_heads, groups * width, k.head_dim)
-            attn = F.scaled_dot_product_attention(q, k_cache[:, :, :used].index_select(0, slots),
-                                                  v_cache[:, :, :used].index_select(0, slots), attn_mask=visible,
-                                                  scale=k.head_dim ** -0.5)
-            attn = attn.view(rows, k.kv_heads, groups, width, k.head_dim).permute(0, 3, 1, 2, 4).reshape(rows, width, q_size)
-            x = x + F.linear(attn, layer.o_w)
-            gate, up = F.linear(k._norm(x, layer.norm2), layer.gate_up_w).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_w)
-        if not sample:
-            return
-        last = x[torch.arange(rows, device=dev), counts - 1]
-        logits = F.linear(k._norm(last, k.final_norm), k.lm_head)
-        self._draw(logits, slots, starts + counts, nucleus=nucleus)
+        scale = w.head_dim ** -0.5
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            k_cache, v_cache = self.keys[layer], self.values[layer]
+            k_cache[write_slots, :, write_pos] = k[write_rows, write_cols]
+            v_cache[write_slots, :, write_pos] = v[write_rows, write_cols]
+            q = q.view(rows, width, w.kv_heads, groups, w.head_dim).permute(0, 2, 3, 1, 4)
+            q = q.reshape(rows, w.kv_heads, groups * width, w.head_dim) * scale
+            out = cascade_attention(q, k_cache[:, :, low:used].index_select(0, slots),
+                                    v_cache[:, :, low:used].index_select(0, slots), own_visible,
+                                    k_cache[self.root, :, :prefix], v_cache[self.root, :, :prefix], root_visible)
+            return out.view(rows, w.kv_heads, groups, width, w.head_dim).permute(0, 3, 1, 2, 4).reshape(
+                rows, width, w.heads, w.head_dim)
+
+        x = self._layers(F.embedding(ids, w.embed), cos, sin, attend)
+        if sample:
+            last = x[torch.arange(rows, device=dev), counts - 1]
+            self._draw(self._logits(last), slots, starts + counts, nucleus=nucleus)
 
     def _draw(self, logits: Tensor, slots: Tensor, positions: Tensor, *, nucleus: bool) -> None:
         """Sample the token at `positions` of each row's slot and record it with its log-prob."""
@@ -200,31 +234,25 @@ class SlotModel:
     @torch.no_grad()
     def _decode_step(self, inputs: _StepInputs, nucleus: bool) -> None:
         """Feed each row's pending token at its position, sample the next one, advance `lengths`."""
-        k = self.kernel
+        w = self.weights
         slots, lengths = inputs.slots, inputs.lengths
-        batch = slots.shape[0]
-        x = F.embedding(self.history[slots, lengths], k.embed)  # [B, hidden]
+        roots, valid, scale = self.slot_root[slots], lengths + 1, w.head_dim ** -0.5
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            k_cache, v_cache = self.keys[layer], self.values[layer]
+            k_cache[slots, :, lengths] = k
+            v_cache[slots, :, lengths] = v
+            return self.attend(q.contiguous(), k_cache, v_cache, slots, valid, roots, self.root_index, scale)
+
         cos, sin = self.cos[lengths].unsqueeze(1), self.sin[lengths].unsqueeze(1)  # [B, 1, D]
-        valid = lengths + 1
-        q_size, kv_size = k.heads * k.head_dim, k.kv_heads * k.head_dim
-        for layer, k_cache, v_cache in zip(k.layers, self.keys, self.values):
-            qkv = F.linear(k._norm(x, layer.norm1), layer.qkv_w, layer.qkv_b)
-            q, key, value = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = _rotate(q.view(batch, k.heads, k.head_dim), cos, sin)
-            k_cache[slots, :, lengths] = _rotate(key.view(batch, k.kv_heads, k.head_dim), cos, sin)
-            v_cache[slots, :, lengths] = value.view(batch, k.kv_heads, k.head_dim)
-            attn = self.attend(q.contiguous(), k_cache, v_cache, slots, valid, k.head_dim ** -0.5)
-            x = x + F.linear(attn.reshape(batch, q_size), layer.o_w)
-            gate, up = F.linear(k._norm(x, layer.norm2), layer.gate_up_w).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_w)
-        logits = F.linear(k._norm(x, k.final_norm), k.lm_head)
-        self._draw(logits, slots, valid, nucleus=nucleus)
+        x = self._layers(F.embedding(self.history[slots, lengths], w.embed), cos, sin, attend)
+        self._draw(self._logits(x), slots, valid, nucleus=nucleus)
         lengths.add_(1)
 
     def _graph(self, bucket: int, nucleus: bool) -> torch.cuda.CUDAGraph | None:
         """The decode step of `bucket` rows, captured on first use (on the scratch slot). None
         when the warm-up or the capture fails: the engine then decodes eagerly with the torch
-        attention (slower, same tokens), and says so once in the log."""
+        attention (slower, same tokens), says so in the log and counts it in `stats`."""
         key = (bucket, nucleus)
         if key not in self.graphs:
             start = time.perf_counter()

@@ -9,10 +9,11 @@ in JAX): the same episode samples the same tokens whether it runs alone or besid
 one turn or several, whatever the stop-check interval. Everything here is tensor ops of static
 shape, so it runs inside a CUDA graph.
 
-Semantics are `prefix.pick_tokens`'s: temperature <= 0 is greedy; top-p keeps the smallest prefix
-of the sorted distribution whose mass before the token is below top_p; the log-prob returned is
-the token's under softmax(logits / temperature) before truncation (what the trainer's ratio
-compares against; temperature 1 for greedy rows).
+This module is the one place that says what sampling means: temperature <= 0 is greedy
+(`is_greedy`); top-p keeps the smallest prefix of the sorted distribution whose mass before the
+token is below top_p; the log-prob recorded is the token's under softmax(logits / temperature)
+before truncation (what the trainer's ratio compares against), at temperature 1 for greedy rows
+(`logprob_temperature`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ import torch
 from torch import Tensor
 
 _MASK32 = 0xFFFFFFFF
+
+
+def is_greedy(temperature: float) -> bool:
+    """Temperature 0 (or below) means greedy decoding: the argmax token, no random draw."""
+    return temperature <= 0
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature a sampled token's log-prob is taken at: its sampling temperature, 1 for greedy."""
+    return 1.0 if is_greedy(temperature) else temperature
 
 
 def counter_uniform(seed: Tensor, counter: Tensor) -> Tensor:
@@ -39,7 +50,7 @@ def sample_tokens(logits: Tensor, temperature: Tensor, top_p: Tensor, uniform: T
     """(token [B], its log-prob [B]) for logits [B, V] with per-row temperature, top_p and uniform
     draw [B]. `nucleus`: apply top-p (sorts the vocabulary; rows with top_p >= 1 are unchanged by it)."""
     logits = logits.float()
-    greedy = temperature <= 0
+    greedy = temperature <= 0  # `is_greedy`, per row on the device
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
     logp_all = torch.log_softmax(logits / scale, dim=-1)
     probs = logp_all.exp()

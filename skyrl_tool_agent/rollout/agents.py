@@ -30,17 +30,11 @@ class SamplingPolicy(Protocol):
 
     tokenizer: Any
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: Any, **episodes: Any) -> list[Any]:
-        """One sampled continuation per prompt (`episode_keys`, `episode_kv`, `seeds` with an episode store)."""
-
-    def new_episode_kv(self) -> Any:
-        """A store for the KV caches of one collection's episodes between turns, or None (no store)."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: Any, *, seeds: Sequence[int] | None = None) -> list[Any]:
+        """One sampled continuation per prompt, each drawn from its seed."""
 
     def rollout_engine(self, *, slots: int, capacity: int) -> Any:
         """The continuous-batching engine for `slots` episodes of `capacity` tokens, or None (none)."""
-
-    def release_rollout_engine(self) -> None:
-        """Free the engine's cache."""
 
 
 class PolicyAgent(Agent):
@@ -48,21 +42,18 @@ class PolicyAgent(Agent):
 
     With the policy's `RolloutEngine` (`start_collection` opens it), every turn is submitted to the
     engine as it arrives and resolves as soon as its own tokens are done (continuous batching:
-    `continuous` tells the collector not to wait for a batch). Otherwise a batch of turns is
-    generated in a worker thread (so tool calls overlap) and returns when its slowest row is done.
-    Either way each episode is seeded from one draw of the torch RNG per collection and its
-    number, and its tokens are drawn from (seed, position) (the engine, and `Qwen2Kernel` with
-    its episode caches): they do not depend on what the episode was batched with, and two
-    collections from one torch seed share their draws episode by episode.
+    `continuous` tells the collector not to wait for a batch, unless the collection is lockstep).
+    The engine keeps each episode's slot between its turns and frees it when the episode ends
+    (`end_episode`). A policy without an engine (a model it cannot run) generates a batch of turns
+    in a worker thread. Each episode is seeded from one draw of the torch RNG per collection and its
+    number, and its tokens are drawn from (seed, position): they do not depend on what the episode
+    was batched with, and two collections from one torch seed share their draws episode by episode.
     """
 
     def __init__(self, policy: SamplingPolicy, params: Any) -> None:
         self.policy = policy
         self.params = params
         self.tokenizer = policy.tokenizer  # the collector records tokens with it
-        # A policy that can keep an episode's KV cache between its turns gets a store for this
-        # agent's episodes (one collection) and, with each prompt, the episode it continues.
-        self.episode_kv = policy.new_episode_kv()
         self.engine: Any = None
         self._base_seed = 0
 
@@ -78,43 +69,33 @@ class PolicyAgent(Agent):
         self._base_seed = int(torch.randint(0, 2**31 - 1, ()).item())
 
     def finish_collection(self) -> None:
-        """The collection is over: the engine's cache is freed (the update needs the memory)."""
-        if self.engine is not None:
-            self.policy.release_rollout_engine()
-            self.engine = None
+        """The collection is over (the engine stays with the policy for the next one)."""
+        self.engine = None
 
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
         from dataclasses import replace
 
+        seeds = [self._episode_seed(r.seq) for r in requests]
         if self.engine is not None:
-            return await self._act_on_engine(requests)
-        prompts = [r.token_ids or [] for r in requests]
-        params = replace(self.params, max_new_tokens=max(r.max_new_tokens for r in requests))
-        generate: Callable[..., Any] = self.policy.generate
-        if self.episode_kv is not None:
-            # `seq` names the episode within the collection (a retried episode's new first prompt is
-            # no continuation of its old cache: the store checks the tokens, not only the key).
-            generate = functools.partial(generate, episode_keys=[r.seq for r in requests], episode_kv=self.episode_kv,
-                                         seeds=[self._episode_seed(r.seq) for r in requests])
-        generations = await asyncio.to_thread(generate, prompts, params)
-        return [self._turn(request, gen.token_ids, gen.logprobs, gen.finish_reason)
-                for request, gen in zip(requests, generations)]
+            futures = [
+                asyncio.wrap_future(self.engine.submit(
+                    r.token_ids or [], max_new_tokens=r.max_new_tokens, temperature=self.params.temperature,
+                    top_p=self.params.top_p, key=r.seq, seed=seed))
+                for r, seed in zip(requests, seeds)
+            ]
+            results = [(ids, logps, "stop" if stopped else "length") for ids, logps, stopped in await asyncio.gather(*futures)]
+        else:
+            params = replace(self.params, max_new_tokens=max(r.max_new_tokens for r in requests))
+            generations = await asyncio.to_thread(self.policy.generate, [r.token_ids or [] for r in requests], params,
+                                                  seeds=seeds)
+            results = [(g.token_ids, g.logprobs, g.finish_reason) for g in generations]
+        return [self._turn(request, *result) for request, result in zip(requests, results)]
 
     def _episode_seed(self, seq: int) -> int:
         """Episode `seq`'s sampling seed: the collection's one torch draw and the episode number."""
         from skyrl_tool_agent.policy.token_sampling import episode_seed
 
         return episode_seed(self._base_seed, seq)
-
-    async def _act_on_engine(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
-        futures = [
-            asyncio.wrap_future(self.engine.submit(
-                r.token_ids or [], max_new_tokens=r.max_new_tokens, temperature=self.params.temperature,
-                top_p=self.params.top_p, key=r.seq, seed=self._episode_seed(r.seq)))
-            for r in requests
-        ]
-        results = await asyncio.gather(*futures)
-        return [self._turn(r, ids, logps, "stop" if stopped else "length") for r, (ids, logps, stopped) in zip(requests, results)]
 
     def _turn(self, request: TurnRequest, token_ids: list[int], logprobs: list[float], finish_reason: str) -> AgentTurn:
         ids, logps = token_ids[: request.max_new_tokens], logprobs[: request.max_new_tokens]
@@ -123,12 +104,10 @@ class PolicyAgent(Agent):
         return AgentTurn(text=text, token_ids=ids, logprobs=logps, finish_reason=finish)
 
     def end_episode(self, seq: int) -> None:
-        """The collector's episode `seq` has ended: its kept KV cache (or engine slot) is released
-        now, so memory follows the episodes in flight, not every episode of the collection."""
+        """The collector's episode `seq` has ended: its engine slot is released now, so memory
+        follows the episodes in flight, not every episode of the collection."""
         if self.engine is not None:
             self.engine.release(seq)
-        if self.episode_kv is not None:
-            self.episode_kv.drop(seq)
 
 
 @functools.lru_cache(maxsize=8192)  # the oracle asks for every turn of every episode

@@ -58,12 +58,12 @@ class CollectorSettings:
 
     @classmethod
     def from_config(cls, config: Config, *, max_turns: int | None = None, min_turns: int = 0,
-                    concurrency: int | None = None, deterministic: bool = True,
+                    concurrency: int | None = None, deterministic: bool | None = None,
                     evaluation: bool = False) -> CollectorSettings:
         """The one translation from config: episode limits from `grpo.*` (`max_turns` overrides,
-        at least `min_turns`), concurrency and retries from `env.collector`. deterministic =
-        lockstep generation batches ordered by episode, so sampling and greedy results do not
-        depend on tool latency (reproducible runs and resumes; costs little at these batch sizes).
+        at least `min_turns`), concurrency and retries from `env.collector`. deterministic (default
+        `env.collector.lockstep`) = lockstep generation batches ordered by episode, so sampling and
+        greedy results do not depend on tool latency (reproducible runs and resumes).
         `evaluation`: episodes of an evaluation report, scored with env.reward.eval_keep_distinct."""
         g = config.grpo
         width = max(1, concurrency or config.env.collector.concurrency)
@@ -74,7 +74,7 @@ class CollectorSettings:
             concurrency=width,
             max_batch=width,
             max_episode_retries=config.env.collector.max_episode_retries,
-            deterministic=deterministic,
+            deterministic=config.env.collector.lockstep if deterministic is None else deterministic,
             keep_distinct=config.env.reward.eval_keep_distinct if evaluation else None,
         )
 
@@ -103,7 +103,9 @@ class _GenerationBatcher:
         # A continuous agent (the rollout engine) batches on its own, turn by turn, and draws each
         # episode's tokens from the episode's own seed: every request goes to it at once, and its
         # turns resolve one by one, so no batch waits for its slowest row or for other episodes.
-        continuous = self.agent.continuous
+        # Lockstep (deterministic) collections still hand it whole batches: which rows share a
+        # decode step then never depends on tool latency, so neither does any float rounding.
+        continuous = self.agent.continuous and not self.deterministic
         in_flight: set[asyncio.Task] = set()
         try:
             await self._serve(continuous, in_flight)

@@ -80,7 +80,6 @@ def build_from_scratch(
     rule: PlateauRule = PlateauRule(min_steps=0),
     min_fraction: float = 0.5,
     device: str = "cpu",
-    sampler: str = "auto",
     progress: Callable[[int, float], None] | None = None,
     provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -98,7 +97,7 @@ def build_from_scratch(
     seconds = max(1.0, deadline - t0)
     sft = replace(sft, time_budget_minutes=seconds / 60, eval_every=10**9)
     model = new_tiny_qwen2(tokenizer, **asdict(shape), seed=sft.seed).to(device)
-    policy = QwenPolicy(model, tokenizer, mode="full", sampler=sampler)
+    policy = QwenPolicy(model, tokenizer, mode="full")
     parameters = sum(p.numel() for p in model.parameters())
     logger.info("model from nothing: %s, %.1fM parameters, %d oracle episodes, %.0f s to train",
                 asdict(shape), parameters / 1e6, len(examples), seconds)

@@ -1,0 +1,238 @@
+"""`SamplingWeights`: the rollout engine's copy of a Qwen2's weights, as sampling needs them.
+
+A sampler does not need what training needs: peft's LoRA path runs two extra small matmuls per
+projection, q/k/v and gate/up are separate matmuls, a 4-bit weight is dequantized at every use and
+a ZeRO-3 weight is all-gathered at every forward. So once per optimizer step the engine takes a
+snapshot: LoRA deltas folded in, q/k/v and gate/up concatenated, 4-bit weights dequantized, ZeRO-3
+shards gathered layer by layer (what TRL, OpenRLHF and verl do when they feed vLLM). Its arithmetic
+is `Qwen2ForCausalLM`'s in eval mode: RMSNorm in float32, the model's own rotary embedding, GQA
+attention (scale head_dim^-0.5), a SiLU-gated MLP, a tied or untied LM head.
+
+The snapshot is refreshed *in place* (`refresh_`): a CUDA graph captured over its tensors stays
+valid. Where a weight needs no change for sampling (no adapter, not sharded, not quantized, already
+in the sampling dtype) the snapshot holds a view of the parameter itself, which is current by
+construction. A sharded model's refresh is collective (every rank gathers each layer together), so
+it runs only when the policy asks (`DeepSpeedPolicy.prepare_sampling`), never lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# Modules peft may wrap that the snapshot folds into its fused weights.
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LayerWeights:
+    qkv_w: Tensor
+    qkv_b: Tensor | None
+    o_w: Tensor
+    gate_up_w: Tensor
+    down_w: Tensor
+    norm1: Tensor
+    norm2: Tensor
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The `Qwen2ForCausalLM` under a peft wrapper or a DeepSpeed engine (or the model itself)."""
+    model = getattr(model, "module", model)  # a DeepSpeed engine wraps the model as .module
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """True when the weights are ZeRO-3 partitioned (gathered only inside a forward)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def _is_4bit(weight: Tensor) -> bool:
+    return getattr(weight, "quant_state", None) is not None
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why the engine cannot sample for `model` (None: it can); the policy then samples through
+    `model.generate` and logs this reason."""
+    base = base_model(model)
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) != "qwen2":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not qwen2"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    for name, module in base.named_modules():
+        if hasattr(module, "lora_A") and name.rsplit(".", 1)[-1] not in _LINEARS:
+            return f"adapter on {name} (only the attention and MLP projections are folded)"
+        if any(getattr(module, "use_dora", {}).values()):
+            return f"DoRA adapter on {name}"
+        if any(getattr(module, "lora_bias", {}).values()):
+            return f"LoRA bias on {name}"
+    return None
+
+
+def weights_version(model: torch.nn.Module) -> tuple[int, ...]:
+    """Changes whenever any parameter is written in place (optimizer steps, checkpoint loads)."""
+    return tuple(p._version for p in model.parameters())
+
+
+@contextlib.contextmanager
+def gathered(*modules: torch.nn.Module) -> Iterator[None]:
+    """The ZeRO-3 shards of `modules`' parameters gathered on every rank for reading (collective);
+    nothing to do for a model that is not sharded."""
+    params = list({id(p): p for m in modules for p in m.parameters() if hasattr(p, "ds_id")}.values())
+    if not params:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield
+
+
+def effective_weight(module: torch.nn.Module, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """(weight, bias) of a linear layer as its forward applies them, in `dtype`: a 4-bit weight
+    dequantized, and the active LoRA adapters' deltas added when `module` is a peft LoRA layer whose
+    adapters are enabled and not merged. A view of the parameter where nothing changes."""
+    base = getattr(module, "base_layer", module)
+    weight = base.weight.detach()
+    if _is_4bit(weight):
+        import bitsandbytes.functional as bnbf
+
+        weight = bnbf.dequantize_4bit(weight.data, weight.quant_state)
+    weight = weight.to(dtype)
+    bias = None if base.bias is None else base.bias.detach().to(dtype)
+    if hasattr(module, "lora_A") and not getattr(module, "merged", False) and not getattr(module, "disable_adapters", False):
+        for adapter in module.active_adapters:
+            if adapter in module.lora_A:
+                weight = weight + module.get_delta_weight(adapter).detach().to(dtype)
+    return weight, bias
+
+
+def sampling_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the engine samples in: a 4-bit model's compute dtype, else its weights' dtype."""
+    base = base_model(model)
+    for module in base.modules():
+        if _is_4bit(getattr(module, "weight", torch.empty(0))):
+            return getattr(module, "compute_dtype", None) or torch.bfloat16
+    return base.model.embed_tokens.weight.dtype
+
+
+class SamplingWeights:
+    """The weights of a Qwen2 `model` as of the last `refresh_` (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the rollout engine cannot run this model: {reason}")
+        self.model = model
+        base = base_model(model)
+        cfg = base.config
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.layers_n = cfg.num_hidden_layers
+        self.rotary = base.model.rotary_emb
+        self.eps = base.model.norm.variance_epsilon
+        self.dtype = sampling_dtype(model)
+        self.sharded = is_sharded(model)
+        # A sharded parameter's storage is freed after its gather: the snapshot owns copies.
+        self.tensors = {name: t.clone() if self.sharded else t for name, t in self._components()}
+        self.device = self.tensors["embed"].device
+        self.version = weights_version(model)
+        self.refreshes = 0  # how many times the weights were copied in (tests, logs)
+
+    # -------------------------------------------------------------- views
+    @property
+    def embed(self) -> Tensor:
+        return self.tensors["embed"]
+
+    @property
+    def lm_head(self) -> Tensor:
+        return self.tensors["lm_head"]
+
+    @property
+    def final_norm(self) -> Tensor:
+        return self.tensors["final_norm"]
+
+    @property
+    def layers(self) -> list[LayerWeights]:
+        if getattr(self, "_layers", None) is None:
+            t = self.tensors
+            self._layers = [LayerWeights(**{f: t.get(f"layers.{i}.{f}") for f in LayerWeights.__dataclass_fields__})
+                            for i in range(self.layers_n)]
+        return self._layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.embed.shape[1]
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.layers[0].down_w.shape[1]
+
+    def nbytes(self) -> int:
+        """Bytes the snapshot holds beyond the model's own parameters (its copies)."""
+        params = {p.data_ptr() for p in self.model.parameters()}
+        return sum(t.numel() * t.element_size() for t in self.tensors.values() if t.data_ptr() not in params)
+
+    # -------------------------------------------------------------- build and refresh
+    def _components(self) -> Iterator[tuple[str, Tensor]]:
+        """Every tensor of the snapshot by name, each layer's computed while its shards are gathered."""
+        base, dtype = base_model(self.model), self.dtype
+        inner = base.model
+        with torch.no_grad(), gathered(inner.embed_tokens, inner.norm, base.lm_head):
+            yield "embed", inner.embed_tokens.weight.detach().to(dtype)
+            yield "final_norm", inner.norm.weight.detach().to(dtype)
+            yield "lm_head", effective_weight(base.lm_head, dtype)[0]
+        for i, layer in enumerate(inner.layers):
+            with torch.no_grad(), gathered(layer):
+                for name, tensor in _fuse(layer, dtype).items():
+                    if tensor is not None:
+                        yield f"layers.{i}.{name}", tensor
+
+    def is_current(self) -> bool:
+        """False when the model's weights changed since the snapshot (never for a sharded model,
+        whose refresh is collective and explicit)."""
+        return self.sharded or weights_version(self.model) == self.version
+
+    @torch.no_grad()
+    def refresh_(self) -> None:
+        """Copy the model's current weights into the snapshot's own tensors (collective for a
+        sharded model: call it on every rank at once)."""
+        for name, tensor in self._components():
+            mine = self.tensors[name]
+            if mine.data_ptr() != tensor.data_ptr():
+                mine.copy_(tensor)
+        self.version = weights_version(self.model)
+        self.refreshes += 1
+
+    def norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        """RMSNorm as Qwen2's: in float32, scaled by `weight` in the input's dtype."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+
+def _fuse(layer: torch.nn.Module, dtype: torch.dtype) -> dict[str, Tensor | None]:
+    attn, mlp = layer.self_attn, layer.mlp
+    q, k, v = (effective_weight(m, dtype) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+    biases = [b for _, b in (q, k, v)]
+    qkv_b = None if all(b is None for b in biases) else torch.cat(
+        [b if b is not None else w.new_zeros(w.shape[0]) for (w, _), b in zip((q, k, v), biases)])
+    return {
+        "qkv_w": torch.cat([q[0], k[0], v[0]]), "qkv_b": qkv_b, "o_w": effective_weight(attn.o_proj, dtype)[0],
+        "gate_up_w": torch.cat([effective_weight(mlp.gate_proj, dtype)[0], effective_weight(mlp.up_proj, dtype)[0]]),
+        "down_w": effective_weight(mlp.down_proj, dtype)[0],
+        "norm1": layer.input_layernorm.weight.detach().to(dtype),
+        "norm2": layer.post_attention_layernorm.weight.detach().to(dtype),
+    }
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding as `transformers`' `apply_rotary_pos_emb` (rotate_half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
