@@ -1,5 +1,6 @@
-"""Generated tokens/s and ms per decode step: today's sampler, `model.generate` and `RolloutEngine`,
-on the same prompts, at several row counts, beside the memory-bandwidth bound.
+"""Generated tokens/s and ms per decode step: `RolloutEngine` and `model.generate`, and with `--old DIR`
+an earlier commit's samplers (its own bench_rollout.py, run from DIR in a subprocess, interleaved
+rep by rep), on the same prompts, at several row counts, beside the memory-bandwidth bound.
 
 Every row decodes exactly `--new-tokens` tokens (no stop ids: the worst case of a rollout, and the
 same work for every sampler). Prompts are the rollout's shape: `rows / group` tasks of `group`
@@ -7,8 +8,9 @@ copies, each a shared system prefix plus a per-task question. Each variant runs 
 the timed shapes (compilation, graph capture, allocator warm-up) and then `--reps` times timed.
 
 Variants:
-- kernel: today's `Qwen2Kernel` batch sampler (`episode_sampler.sample_episodes`, what
-  `model.sampler: kernel` and, before the engine, CUDA ran), all rows in one batch;
+- old:NAME (with `--old DIR`, e.g. `git archive 5b5bf6b skyrl_tool_agent benchmarks | tar -x -C .old`):
+  DIR's variant NAME, e.g. old:kernel = the `Qwen2Kernel` batch sampler the CPU ran before the engine
+  was the only sampler;
 - generate: `model.generate` with the dynamic cache (sampling, top-p 1);
 - generate_static (`--static-generate`, CUDA): `model.generate` with a static cache and
   `CompileConfig(mode="reduce-overhead", fullgraph=True)`;
@@ -18,13 +20,20 @@ The bound: one decode step reads every weight once plus each row's keys and valu
 measured copy bandwidth that gives the fastest possible step (`bound_tokens_per_s`).
 
     python benchmarks/bench_rollout.py                       # CPU, the embedded model
+    python benchmarks/bench_rollout.py --old .old --variants old:kernel,engine --rows 64 --reps 3
     python benchmarks/bench_rollout.py --model /tmp/q15 --rows 64,256 --new-tokens 512   # GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from common import RESULTS_DIR, console, machine_info, print_table, write_json
@@ -32,10 +41,8 @@ from common import RESULTS_DIR, console, machine_info, print_table, write_json
 import torch  # noqa: E402
 
 from skyrl_tool_agent.policy.engine import RolloutEngine  # noqa: E402
-from skyrl_tool_agent.policy.episode_sampler import sample_episodes  # noqa: E402
-from skyrl_tool_agent.policy.qwen2_kernel import Qwen2Kernel  # noqa: E402
 
-VARIANTS = ("kernel", "generate", "generate_static", "engine")
+VARIANTS = ("generate", "generate_static", "engine")
 
 
 def load_model(path: str | None, device: str) -> torch.nn.Module:
@@ -98,12 +105,9 @@ def run_variant(name: str, model: torch.nn.Module, prompts: list[list[int]], new
     sync(device)
     start = time.perf_counter()
     extra: dict[str, float] = {}
-    if name == "kernel":
-        kernel = state.setdefault("kernel", Qwen2Kernel(model))
-        ids, _, _ = sample_episodes(kernel, prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
-                                    stop_ids=[], pad_id=0)
-        assert all(len(i) == new_tokens for i in ids)
-    elif name in ("generate", "generate_static"):
+    if name.startswith("old:"):
+        return run_old(name[4:], rows, new_tokens, state)
+    if name in ("generate", "generate_static"):
         width = max(map(len, prompts))
         input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
@@ -133,6 +137,22 @@ def run_variant(name: str, model: torch.nn.Module, prompts: list[list[int]], new
     return {"seconds": time.perf_counter() - start, **extra}
 
 
+def run_old(name: str, rows: int, new_tokens: int, state: dict[str, Any]) -> dict[str, float]:
+    """One timed run of variant `name` of the earlier commit in `state['old']` (its own bench_rollout.py in
+    a subprocess, with its own untimed warm-up), on the same prompt shape; its seconds as it measured them."""
+    old, args = Path(state["old"]).resolve(), state["args"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "old.json"
+        cmd = [sys.executable, str(old / "benchmarks" / "bench_rollout.py"), "--rows", str(rows), "--variants", name,
+               "--new-tokens", str(new_tokens), "--group", str(args.group), "--system-tokens", str(args.system_tokens),
+               "--question-tokens", str(args.question_tokens), "--device", args.device, "--json-out", str(out)]
+        if args.model:
+            cmd += ["--model", args.model]
+        subprocess.run(cmd, check=True, cwd=old, env={**os.environ, "PYTHONPATH": str(old)}, capture_output=True)
+        result = json.loads(out.read_text())["results"][f"{name}@{rows}"]
+    return {"seconds": result["seconds"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
@@ -146,7 +166,8 @@ def main() -> None:
     parser.add_argument("--baseline-new-tokens", type=int, default=None,
                         help="tokens per row for kernel/generate (default: --new-tokens; fewer keeps a GPU run short: "
                              "their per-step cost hardly depends on the context length)")
-    parser.add_argument("--variants", default="kernel,generate,engine", help=f"comma-separated, of {VARIANTS}")
+    parser.add_argument("--variants", default="generate,engine", help=f"comma-separated, of {VARIANTS} and old:NAME")
+    parser.add_argument("--old", default=None, help="an earlier commit's tree (skyrl_tool_agent, benchmarks) for old:NAME")
     parser.add_argument("--static-generate", action="store_true", help="add generate_static (CUDA)")
     parser.add_argument("--reps", type=int, default=1, help="timed runs per variant and row count")
     parser.add_argument("--json-out", default=str(RESULTS_DIR / "bench_rollout.json"))
@@ -159,17 +180,27 @@ def main() -> None:
     bandwidth = copy_bandwidth(device)
     console.print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
                   f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    state: dict[str, Any] = {"engine_capacity": args.system_tokens + args.question_tokens + args.new_tokens}
+    state: dict[str, Any] = {"engine_capacity": args.system_tokens + args.question_tokens + args.new_tokens,
+                             "old": args.old, "args": args}
     results: dict[str, Any] = {}
     table = []
     for rows in (int(r) for r in args.rows.split(",")):
         prompts = make_prompts(rows, args.group, args.system_tokens, args.question_tokens, vocab)
+        tokens_of = {name: args.new_tokens if name == "engine" else (args.baseline_new_tokens or args.new_tokens)
+                     for name in variants}
+        for name in variants:  # untimed: compile, capture, warm-up (an old:NAME run warms itself up)
+            if not name.startswith("old:"):
+                run_variant(name, model, prompts, min(tokens_of[name], 16), state)
+        # Reps interleaved across variants: a load that changes over the run hits every variant alike.
+        all_runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+        for _ in range(args.reps):
+            for name in variants:
+                all_runs[name].append(run_variant(name, model, prompts, tokens_of[name], state))
         for name in variants:
-            new_tokens = args.new_tokens if name == "engine" else (args.baseline_new_tokens or args.new_tokens)
+            new_tokens = tokens_of[name]
             context = args.system_tokens + args.question_tokens + new_tokens / 2
             bound_step_s = bytes_per_step(model, rows, context) / bandwidth
-            run_variant(name, model, prompts, min(new_tokens, 16), state)  # untimed: compile, capture, warm-up
-            runs = [run_variant(name, model, prompts, new_tokens, state) for _ in range(args.reps)]
+            runs = all_runs[name]
             best = min(runs, key=lambda r: r["seconds"])
             tokens = rows * new_tokens
             step_ms = 1e3 * (best["decode_s"] / best["decode_steps"] if best.get("decode_steps") else
@@ -186,7 +217,7 @@ def main() -> None:
             engine.close()
     print_table("Rollout throughput (every row decodes all its new tokens)", [
         "variant", "rows", "new tokens", "tokens/s", "ms/decode step", "bound ms/step", "bound tokens/s", "seconds"], table)
-    settings = {k: v for k, v in vars(args).items() if k != "json_out"}
+    settings = {k: v for k, v in vars(args).items() if k not in ("json_out", "old")}
     settings["copy_bandwidth_gb_s"] = bandwidth / 1e9
     if device.type == "cuda":
         settings["gpu"] = torch.cuda.get_device_name(device)

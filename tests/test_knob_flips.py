@@ -328,19 +328,35 @@ def flip_sampling(kit: Kit) -> None:
     assert (trainer.sampling.top_p, trainer.sampling.max_new_tokens) == (0.5, 7)
 
 
-def flip_sampler(kit: Kit) -> None:
-    """model.sampler picks what samples a collection: engine (the agent turns continuous, on the
-    policy's RolloutEngine), kernel (Qwen2Kernel batches), hf (the model's forward); auto = kernel on CPU."""
-    from skyrl_tool_agent.rollout.agents import make_agent
+def flip_lockstep(kit: Kit) -> None:
+    """env.collector.lockstep: a lockstep collection hands the engine whole batches (each waits for
+    every episode in flight); off, every turn goes to the engine as it arrives (continuous). Real
+    episodes of the shipped model through the real env."""
+    import asyncio
+    import dataclasses
 
-    for choice, resolved in (("engine", "engine"), ("kernel", "kernel"), ("hf", "hf"), ("auto", "kernel")):
-        policy = kit.trainer(kit.config(model__sampler=choice)).policy
-        agent = make_agent(policy, temperature=1.0)
-        agent.start_collection(concurrency=2, max_total_tokens=64)
-        assert policy.resolved_sampler() == resolved and agent.continuous is (resolved == "engine")
-        assert (policy._engine is not None) is (resolved == "engine")
-        agent.finish_collection()
-        assert policy._engine is None
+    from skyrl_tool_agent.config import EnvConfig
+    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.rollout.agents import make_agent
+    from skyrl_tool_agent.rollout.collector import TrajectoryCollector
+    from tests.fixtures.config_files import REPO
+    from tests.fixtures.samplers import shipped_greedy_check
+
+    tasks, settings, policy = shipped_greedy_check(2)
+    runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
+    try:
+        batches = {}
+        for lockstep in (True, False):
+            deterministic = CollectorSettings.from_config(kit.config(env__collector__lockstep=lockstep)).deterministic
+            assert deterministic is lockstep
+            collector = TrajectoryCollector(runtime, make_agent(policy, temperature=1.0), tokenizer=policy.tokenizer,
+                                            settings=dataclasses.replace(settings, deterministic=deterministic))
+            asyncio.run(collector.collect(tasks, group_size=2))
+            batches[lockstep] = collector.last_stats["mean_generation_batch"]
+    finally:
+        runtime.close()
+    assert batches[False] == 1 and batches[True] > 1, batches
+    assert policy._engine is not None  # the engine samples either way, and stays for the run
 
 
 def flip_engine_memory_fraction(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -349,7 +365,7 @@ def flip_engine_memory_fraction(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> No
     from skyrl_tool_agent.policy import memory_plan
 
     def engine_slots(fraction: float) -> memory_plan.SlotPlan:
-        policy = kit.trainer(kit.config(model__sampler="engine", model__engine_memory_fraction=fraction)).policy
+        policy = kit.trainer(kit.config(model__engine_memory_fraction=fraction)).policy
         try:
             return policy.rollout_engine(slots=64, capacity=96).plan
         finally:
@@ -357,10 +373,10 @@ def flip_engine_memory_fraction(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> No
 
     plan = engine_slots(0.9)  # the machine's RAM: every episode gets a slot
     assert plan.slots == 64
-    # A memory of twice the working set and 10.5 slots: half of it holds 9 (and the scratch slot).
+    # A memory of twice the working set and 10.5 slots: half of it holds 8 (and the scratch and root slots).
     memory = memory_plan.DeviceMemory(int(2 * (plan.reserved_bytes + 10.5 * plan.bytes_per_slot)), 0, "of a test")
     monkeypatch.setattr(memory_plan, "device_memory", lambda device: memory)
-    assert engine_slots(0.5).slots == 9 and engine_slots(1.0).slots > 9
+    assert engine_slots(0.5).slots == 8 and engine_slots(1.0).slots > 8
     with pytest.raises(UserInputError, match="engine_memory_fraction"):
         engine_slots(0.25)
 
@@ -462,7 +478,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "grpo.fixed_length_normalizer": flip_fixed_length_normalizer,
     "grpo.temperature": flip_temperature,
     **dict.fromkeys(("grpo.top_p", "grpo.max_new_tokens_per_turn"), flip_sampling),
-    "model.sampler": flip_sampler,
+    "env.collector.lockstep": flip_lockstep,
     "model.engine_memory_fraction": flip_engine_memory_fraction,
     **dict.fromkeys(("grpo.max_turns", "grpo.max_total_tokens", "env.collector.concurrency",
                      "env.collector.max_episode_retries", "env.reward.eval_keep_distinct"), flip_episode_limits),

@@ -43,8 +43,8 @@ def test_the_gpu_profile_on_an_80gb_gpu_gets_the_slots_that_fit():
     plan = plan_slots(demand=256, capacity=capacity, bytes_per_token=QWEN7B_BYTES_PER_TOKEN, memory_bytes=total,
                       fraction=0.9, reserved_bytes=in_use + working)
     assert plan.budget_bytes == int(0.9 * total) - in_use - working
-    # The most that fit beside the scratch slot, and no more.
-    assert (plan.slots + 1) * plan.bytes_per_slot <= plan.budget_bytes < (plan.slots + 2) * plan.bytes_per_slot
+    # The most that fit beside the scratch and root slots, and no more.
+    assert (plan.slots + 2) * plan.bytes_per_slot <= plan.budget_bytes < (plan.slots + 3) * plan.bytes_per_slot
     assert 50 < plan.slots < 256
     line = plan.describe()
     assert f"{plan.slots} of 256 slots" in line and "wait" in line and "per slot" in line
@@ -86,14 +86,14 @@ def test_a_budget_below_the_demand_makes_episodes_wait_with_the_same_tokens(monk
         alone = _two_turn_episodes(ample, prompts)
         one_turn = ample.generate(prompts, max_new_tokens=6, temperature=1.0, top_p=1.0, seeds=range(len(prompts)))
         assert ample.stats["waited"] == 0
-        working = SlotModel.working_set_bytes(ample.kernel, rows=len(prompts), capacity=ample.capacity,
-                                              prefill_tokens=default_prefill_tokens(ample.kernel.device))
+        working = SlotModel.working_set_bytes(ample.weights, rows=len(prompts), capacity=ample.capacity,
+                                              prefill_tokens=default_prefill_tokens(ample.weights.device))
         per_slot = ample.plan.bytes_per_slot
     finally:
         ample.close()
-    # Memory for 3.5 slots beyond the working set: 2 slots and the scratch one.
+    # Memory for 4.5 slots beyond the working set: 2 slots, the scratch one and the root.
     monkeypatch.setattr(memory_plan, "device_memory",
-                        lambda device: DeviceMemory(int((working + 3.5 * per_slot) / 0.5), 0, "of a test budget"))
+                        lambda device: DeviceMemory(int((working + 4.5 * per_slot) / 0.5), 0, "of a test budget"))
     with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.policy.engine"):
         tight = RolloutEngine(model, slots=len(prompts), capacity=120, stop_ids=[STOP], pad_id=0, memory_fraction=0.5)
     try:

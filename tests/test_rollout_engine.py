@@ -8,7 +8,8 @@
 - a weight update reaches the engine in place (the tensors a CUDA graph holds stay the same);
 - the Triton decode attention (run by Triton's CPU interpreter) equals the torch reference, alone
   and inside the engine;
-- the real env through the collector: greedy episodes equal the `Qwen2Kernel` sampler's.
+- a retried episode (same key, a prompt that does not continue its slot) starts afresh.
+(Through the env and the collector: tests/test_policy_sampling.py.)
 The CUDA-graph path and the speed are measured on a GPU by benchmarks/bench_rollout.py.
 """
 
@@ -22,13 +23,10 @@ import time
 import pytest
 import torch
 
-from skyrl_tool_agent.config import EnvConfig
-from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.policy.engine import RolloutEngine
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
 from tests.fixtures.config_files import REPO
-from tests.fixtures.samplers import STOP, lora_qwen, shipped_greedy_check, teacher_forced
+from tests.fixtures.samplers import STOP, lora_qwen, teacher_forced
 
 def _prompts(n_tasks: int = 3, per_task: int = 3, seed: int = 1) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
@@ -217,20 +215,15 @@ def test_triton_decode_attention_equals_the_reference():
     assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-3000:]
 
 
-def test_greedy_episodes_through_the_env_equal_the_kernel_sampler():
-    """The collector drives the engine (turns submitted as they arrive, slots released as episodes
-    end); the shipped model's greedy multi-turn episodes are token for token the kernel's."""
-    tasks, settings, policy = shipped_greedy_check(8)
-    runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
+def test_a_retried_episode_that_does_not_continue_its_slot_starts_afresh():
+    """Same key, a prompt that is not its slot's tokens plus more (a retried episode): its slot is
+    dropped and the prompt runs from the start (the slot's old keys would be the wrong context)."""
+    model = lora_qwen()
+    engine = RolloutEngine(model, slots=4, capacity=160, stop_ids=[STOP], pad_id=0)
     try:
-        policy.sampler = "kernel"
-        kernel = greedy_evaluation(policy, runtime, tasks, settings).trajectories
-        policy.sampler = "engine"
-        engine = greedy_evaluation(policy, runtime, tasks, settings).trajectories
+        first, other = _prompts(2, 1, seed=7)
+        _turns(engine, [first], [0], [0], max_new_tokens=6, temperature=0.0, top_p=1.0)
+        again = _turns(engine, [other], [0], [0], max_new_tokens=8, temperature=0.0, top_p=1.0)[0][0]
+        assert again == _argmax_chain(model, other, 8)
     finally:
-        runtime.close()
-    assert policy._engine is None  # the collection freed it
-    assert max(t.result.turns for t in engine) >= 2
-    assert [t.token_ids for t in engine] == [t.token_ids for t in kernel]
-    for a, b in zip(engine, kernel):
-        assert torch.allclose(torch.tensor(a.sampling_logprobs), torch.tensor(b.sampling_logprobs), atol=1e-4)
+        engine.close()
