@@ -1,6 +1,7 @@
 """Full mode with DeepSpeed ZeRO-3 on 2 CPU processes (DS_ACCELERATOR=cpu, gloo): the update equals
-a single-process update on the same batch, and `deepspeed --num_gpus 2 train_grpo.py --mode full`
-trains, checkpoints, exports consolidated weights and resumes exactly.
+a single-process update on the same batch, each rank's rollout engine samples from a gathered
+snapshot exactly what one process samples before and after that update, and `deepspeed --num_gpus
+2 train_grpo.py --mode full` trains, checkpoints, exports consolidated weights and resumes exactly.
 
 The two launched tests take ~1-1.5 min each on 2 busy cores, 35 and 85 s of CPU (each launch
 imports torch, transformers and DeepSpeed in two processes); they are the only way to exercise ZeRO-3's collectives, so they
@@ -116,9 +117,34 @@ def test_inert_micro_batch_adds_no_loss_tokens(tiny):
 # ------------------------------------------------------------------ launched
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
+def _sampling_prompts(tokenizer) -> list[list[int]]:
+    """Two tasks of two episodes sharing a system prefix (the engine's root and sibling paths)."""
+    system = tokenizer("<|im_start|>system\nYou answer questions about the shop database.<|im_end|>\n")["input_ids"]
+    asks = [tokenizer(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+            for q in ("How many orders?", "List every product name.")]
+    return [list(system) + list(a) for a in asks for _ in range(2)]
+
+
+def _sample(policy) -> dict:
+    """The policy's engine: 4 episodes of 12 tokens at temperature 1, seeded 11..14."""
+    from skyrl_tool_agent.policy.qwen import SamplingParams
+
+    gens = policy.generate(_sampling_prompts(policy.tokenizer), SamplingParams(temperature=1.0, max_new_tokens=12),
+                           seeds=[11, 12, 13, 14])
+    return {"ids": [g.token_ids for g in gens], "logprobs": [g.logprobs for g in gens]}
+
+
+def _assert_same_samples(got: dict, expected: dict) -> None:
+    assert got["ids"] == expected["ids"]
+    for a, b in zip(got["logprobs"], expected["logprobs"]):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
 def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
     """Same batch, fp32: ZeRO-3 over 2 ranks (uneven shards, an inert micro-batch, KL reference
-    engine, grad clipping, 2 epochs) gives the single-process GRPOTrainer's weights and stats.
+    engine, grad clipping, 2 epochs) gives the single-process GRPOTrainer's weights and stats; and
+    each rank's rollout engine, fed a snapshot gathered from the shards before and after that
+    update, samples the single process's episodes token for token.
 
     The ranks start beside a stale build lock of DeepSpeed's shared-memory op, as a start killed
     while building it leaves one: torch's extension loader waits for such a lock forever, so the
@@ -137,7 +163,14 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     trainer = GRPOTrainer(config, policy, None, None, [], output_dir=tmp_path / "single")
+    before = _sample(policy)
     expected = trainer._update(batch)
+    after = _sample(policy)
+    assert after["logprobs"] != before["logprobs"]  # the update moved what is sampled
+    for rank in (0, 1):
+        samples = json.loads((tmp_path / f"samples-rank{rank}.json").read_text())
+        _assert_same_samples(samples["before"], before)
+        _assert_same_samples(samples["after"], after)  # a snapshot one step stale fails here
     got = json.loads((tmp_path / "stats.json").read_text())
     # 2 epochs x 2 micro-batches (3 rows at micro-batch 2), each forward recomputed in backward
     assert got.pop("layer0_calls") == 2 * 2 * 2
@@ -209,7 +242,12 @@ def _update_worker(model_dir: str, out: str) -> None:
     calls = []
     # a submodule: transformers checkpoints the layer's forward, so hooks on the layer itself run once
     trainer.engine.module.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
+    policy.prepare_sampling()  # what DataParallelTrainer.collect does on every rank before a collection
+    before = _sample(policy)
     stats = trainer._update(torch.load(Path(out) / "batch.pt", weights_only=False))
+    policy.prepare_sampling()
+    after = _sample(policy)
+    (Path(out) / f"samples-rank{ctx.rank}.json").write_text(json.dumps({"before": before, "after": after}))
     policy.save(Path(out) / "weights")
     if ctx.is_main:
         (Path(out) / "stats.json").write_text(json.dumps({**stats, "layer0_calls": len(calls)}))
