@@ -1,7 +1,8 @@
 """QLoRA (bitsandbytes NF4 base + LoRA adapters) on CPU: loading, sampling, then training.
 
 bitsandbytes repacks 4-bit weights for its AVX512-BF16 CPU inference kernel the first time a
-layer runs in eval mode without gradients (sampling), and that layout has no backward. The loader
+layer runs in eval mode without gradients (the reference and old log-prob passes), and that layout has
+no backward. The loader
 switches the repacking off (`pin_4bit_training_layout`); the policy refuses to train through a
 packed layer with a message naming the cause (`check_4bit_training_layout`). Both are tested.
 """
@@ -70,7 +71,7 @@ def _batch(policy):
 
 
 def _sample(policy) -> None:
-    """Both samplers: shared-prefix (common prefix >= 16 ids) and transformers' generate."""
+    """The rollout engine: prompts sharing a prefix (its root) and not."""
     from skyrl_tool_agent.policy.qwen import SamplingParams
 
     prefix = list(range(5, 25))
@@ -140,11 +141,65 @@ def test_repacked_4bit_layout_fails_training_with_a_clear_message(model_dir):
     policy = _policy(model_dir)
     for layer in _four_bit_layers(policy):
         layer.support_avx512bf16_for_cpu = True  # what bitsandbytes does without the loader's switch
-    _sample(policy)
-    assert any(getattr(layer.weight.quant_state, "packing_format_for_cpu", False) for layer in _four_bit_layers(policy))
     ids = torch.randint(5, policy.model.config.vocab_size, (2, 12))
+    with torch.no_grad():  # a forward without gradients (the reference's, the old log-probs') repacks
+        policy.token_logprobs(ids, torch.ones_like(ids))
+    assert any(getattr(layer.weight.quant_state, "packing_format_for_cpu", False) for layer in _four_bit_layers(policy))
     with pytest.raises(RuntimeError, match="repacked by bitsandbytes for CPU inference"):
         policy.token_logprobs(ids, torch.ones_like(ids))
     with torch.no_grad():  # inference through the packed layout is still fine
         logp, _ = policy.token_logprobs(ids, torch.ones_like(ids))
     assert torch.isfinite(logp).all()
+
+
+def _argmax_chain(model, prompt: list[int], steps: int, stop: list[int]) -> list[int]:
+    seq, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(token)
+            seq.append(token)
+            if token in stop:
+                break
+    return out
+
+
+def test_qlora_samples_through_the_engine_what_the_4bit_model_says(model_dir):
+    """The rollout engine samples a QLoRA policy from its 4-bit weights dequantized once, with the
+    adapters folded in (compute in float32 here): greedy tokens are the
+    4-bit model's own argmax chain and sampled log-probs its teacher-forced ones, and an update of
+    the adapters reaches the engine in place. (An engine that leaves the adapters out fails both.)"""
+    from skyrl_tool_agent.config import Config
+    from skyrl_tool_agent.policy.logprobs import token_logprobs
+    from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+
+    raw = _config(model_dir).model_dump()
+    raw["model"]["quantization"]["compute_dtype"] = "float32"
+    policy = QwenPolicy.from_config(Config.model_validate(raw).model, mode="lora")
+    assert policy.is_4bit and policy.sampler() == "engine"
+
+    def perturb() -> None:
+        with torch.no_grad():
+            for name, p in policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(0.3 * torch.randn_like(p))
+
+    torch.manual_seed(0)
+    perturb()
+    prefix = list(range(5, 25))
+    prompts = [prefix + [30, 31], prefix + [40], prefix + [30, 31], [7, 8, 9]]
+    stop = policy.stop_token_ids
+    for round_ in range(2):
+        greedy = policy.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
+        for prompt, gen in zip(prompts, greedy):
+            assert gen.token_ids == _argmax_chain(policy.model, prompt, 8, stop), round_
+        sampled = policy.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8), seeds=[1, 2, 3, 4])
+        for prompt, gen in zip(prompts, sampled):
+            full = torch.tensor([prompt + gen.token_ids])
+            with torch.no_grad():
+                logits = policy.model(input_ids=full).logits[:, len(prompt) - 1:-1]
+            expect = token_logprobs(logits, full[:, len(prompt):], 1.0)[0]
+            # bitsandbytes' own 4-bit matmul rounds differently from a dequantized float32 one (~3e-3)
+            assert torch.allclose(torch.tensor(gen.logprobs), expect, atol=2e-2), round_
+        perturb()  # as an optimizer step would: in place
+    assert policy._weights.refreshes == 1

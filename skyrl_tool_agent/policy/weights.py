@@ -98,11 +98,12 @@ def effective_weight(module: torch.nn.Module, dtype: torch.dtype) -> tuple[Tenso
     dequantized, and the active LoRA adapters' deltas added when `module` is a peft LoRA layer whose
     adapters are enabled and not merged. A view of the parameter where nothing changes."""
     base = getattr(module, "base_layer", module)
-    weight = base.weight.detach()
-    if _is_4bit(weight):
+    if _is_4bit(base.weight):  # (a detached Params4bit loses its quant_state)
         import bitsandbytes.functional as bnbf
 
-        weight = bnbf.dequantize_4bit(weight.data, weight.quant_state)
+        weight = bnbf.dequantize_4bit(base.weight.data, base.weight.quant_state)
+    else:
+        weight = base.weight.detach()
     weight = weight.to(dtype)
     bias = None if base.bias is None else base.bias.detach().to(dtype)
     if hasattr(module, "lora_A") and not getattr(module, "merged", False) and not getattr(module, "disable_adapters", False):
