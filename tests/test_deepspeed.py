@@ -76,7 +76,8 @@ def test_deepspeed_config_autos_are_filled_from_the_training_config():
 
 
 def test_memory_estimates_use_exact_qwen_sizes_and_shard_full_mode():
-    from skyrl_tool_agent.distributed.memory import GB, estimate, shapes
+    from skyrl_tool_agent.distributed.memory import GB, shapes
+    from skyrl_tool_agent.policy.memory_plan import update_bytes as estimate
 
     s = shapes("Qwen2.5-7B")
     assert s.params == 7_615_616_512  # the hub checkpoint's parameter count
@@ -85,7 +86,7 @@ def test_memory_estimates_use_exact_qwen_sizes_and_shard_full_mode():
     one = estimate(s, mode="full", tokens=4096, gpus=1)
     eight = estimate(s, mode="full", tokens=4096, gpus=8)
     assert one["trainable_state"] == 14 * s.params and eight["trainable_state"] == pytest.approx(one["trainable_state"] / 8)
-    assert eight["activations"] == one["activations"] and eight["logits"] == one["logits"]  # per-GPU micro-batch
+    assert eight["activations"] == one["activations"] and eight["head_chunk"] == one["head_chunk"]  # per-GPU micro-batch
     qlora = estimate(s, mode="lora", tokens=4096, four_bit=True)
     assert qlora["total"] < 24 * GB < estimate(s, mode="lora", tokens=4096, four_bit=True, checkpointing=False)["total"]
     assert estimate(s, mode="lora", tokens=4096, kl=True)["reference"] == 0  # adapters off, same weights

@@ -20,7 +20,7 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.policy import memory_plan
 from skyrl_tool_agent.policy.engine import RolloutEngine
 from skyrl_tool_agent.policy.memory_plan import GIB, DeviceMemory, plan_slots
-from skyrl_tool_agent.policy.slot_model import SlotModel, default_prefill_tokens
+from skyrl_tool_agent.policy.slot_model import default_prefill_tokens
 from tests.fixtures.samplers import STOP, lora_qwen
 from tests.test_rollout_engine import _prompts
 
@@ -86,8 +86,9 @@ def test_a_budget_below_the_demand_makes_episodes_wait_with_the_same_tokens(monk
         alone = _two_turn_episodes(ample, prompts)
         one_turn = ample.generate(prompts, max_new_tokens=6, temperature=1.0, top_p=1.0, seeds=range(len(prompts)))
         assert ample.stats["waited"] == 0
-        working = SlotModel.working_set_bytes(ample.weights, rows=len(prompts), capacity=ample.capacity,
-                                              prefill_tokens=default_prefill_tokens(ample.weights.device))
+        working = ample.weights.dims.working_set_bytes(rows=len(prompts), capacity=ample.capacity,
+                                                       prefill_tokens=default_prefill_tokens(ample.weights.device),
+                                                       dtype_bytes=ample.weights.dtype.itemsize)
         per_slot = ample.plan.bytes_per_slot
     finally:
         ample.close()
@@ -110,3 +111,33 @@ def test_a_budget_below_the_demand_makes_episodes_wait_with_the_same_tokens(monk
         assert a1[0] == b1[0] and a2[0] == b2[0]
         assert torch.allclose(torch.tensor(a1[1] + a2[1]), torch.tensor(b1[1] + b2[1]), atol=1e-5)
     assert len({tuple(first[0]) for first, _ in alone}) > len(prompts) // 2  # sampled, not one answer
+
+
+def test_the_docs_slot_table_is_the_plan_of_every_mode():
+    """docs/distributed.md's table of engine slots (1.5B and 7B shapes; LoRA, QLoRA, full mode; 24,
+    80 and 8 x 80 GB) is what the planning functions compute today, and it says what a reader needs:
+    the 7B QLoRA on one 80 GB GPU samples through the 4-bit matmul, full mode fits 8 x 80 GB."""
+    from skyrl_tool_agent.distributed.memory import slot_table_markdown
+    from tests.fixtures.config_files import REPO
+
+    table = slot_table_markdown()
+    doc = (REPO / "docs" / "distributed.md").read_text()
+    assert f"<!-- slot-table -->\n{table}\n<!-- /slot-table -->" in doc
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line for line in table.splitlines()[2:]}
+    assert len(rows) == 6 and "256 of 256" in rows[("Qwen2.5-1.5B", "LoRA")]
+    assert "(4-bit matmul)" in rows[("Qwen2.5-7B", "QLoRA")] and "of 32" in rows[("Qwen2.5-7B", "full ZeRO-3")]
+
+
+def test_model_dims_count_the_parameters_of_real_models():
+    """`ModelDims.from_config` (what the engine and the trainer plan with) counts a model's parameters
+    and its LoRA adapters exactly (the tiny test model: untied head, adapters of rank 4 everywhere;
+    the embedded model: tied head). Qwen2.5-7B's count is checked in tests/test_deepspeed.py."""
+    from skyrl_tool_agent.config import ModelConfig
+    from skyrl_tool_agent.policy.memory_plan import ModelDims
+    from skyrl_tool_agent.policy.qwen import QwenPolicy
+
+    for model, r in ((lora_qwen(), 4), (QwenPolicy.from_config(ModelConfig(), mode="lora").model, 16)):
+        dims = ModelDims.from_config(model.get_base_model().config, lora_r=r)
+        named = dict(model.named_parameters())
+        assert dims.params == sum(p.numel() for n, p in named.items() if "lora_" not in n)
+        assert dims.lora_params == sum(p.numel() for n, p in named.items() if "lora_" in n)

@@ -82,6 +82,12 @@ class GRPOTrainer:
         self.output_dir = output_dir
         self.checkpoint_dir = output_dir / "checkpoints"
         self.optimizer, self.scheduler = build_optimizer(policy, config)
+        # The rollout engine is built once and keeps its cache through every update: its plan leaves room for one.
+        t = config.training
+        policy.reserve_for_update(
+            tokens=t.micro_batch_tokens or t.micro_batch_size * config.grpo.max_total_tokens,
+            gpus=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
+            kl=config.grpo.kl_coef > 0, checkpointing=config.model.gradient_checkpointing, lora_r=config.model.lora.r)
         self.step = 0
         self.last_eval: dict[str, Any] | None = None  # the latest `evaluate()` made by `train`
         self.last_eval_trajectories: list[Trajectory] = []  # the latest `evaluate()`'s episodes (for report.html)

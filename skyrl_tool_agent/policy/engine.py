@@ -143,14 +143,15 @@ class RolloutEngine:
 
     def _plan_slots(self, demand: int, fraction: float, prefill_tokens: int, update_bytes: int) -> memory_plan.SlotPlan:
         memory = memory_plan.device_memory(self.weights.device)
-        working = SlotModel.working_set_bytes(self.weights, rows=demand, capacity=self.capacity,
-                                              prefill_tokens=prefill_tokens)
+        dims, item = self.weights.dims, self.weights.dtype.itemsize
+        working = dims.working_set_bytes(rows=demand, capacity=self.capacity, prefill_tokens=prefill_tokens,
+                                         dtype_bytes=item)
         size = memory_plan.format_bytes
         explanation = (f"{fraction:g} x {size(memory.total)} {memory.where} - {size(memory.in_use)} in use "
                        f"- {size(working)} forward working set"
                        + (f" - {size(update_bytes)} reserved for the update" if update_bytes else ""))
         return memory_plan.plan_slots(demand=demand, capacity=self.capacity,
-                                      bytes_per_token=SlotModel.bytes_per_position(self.weights),
+                                      bytes_per_token=dims.kv_bytes_per_token(item),
                                       memory_bytes=memory.total, fraction=fraction,
                                       reserved_bytes=memory.in_use + working + update_bytes, explanation=explanation)
 

@@ -40,7 +40,9 @@ from skyrl_tool_agent.policy.loading import (
 from skyrl_tool_agent.policy.logprobs import token_logprobs
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.token_sampling import is_greedy, logprob_temperature
-from skyrl_tool_agent.policy.weights import SamplingWeights, unsupported_reason
+from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.policy.memory_plan import ModelDims, device_memory, format_bytes, snapshot_bytes, update_bytes
+from skyrl_tool_agent.policy.weights import SamplingWeights, base_model, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ class QwenPolicy:
         self._weights: SamplingWeights | None = None
         self._engine: RolloutEngine | None = None
         self.engine_memory_fraction = engine_memory_fraction  # `model.engine_memory_fraction` (None: its default)
-        #: Memory the engine's plan leaves free for the update (the trainer sets it from `memory_plan`).
+        #: Memory the engine's plan leaves free for the update (`reserve_for_update`; the trainer calls it).
         self.update_reserve_bytes = 0
         #: Why the engine cannot sample this model (None: it does).
         self.engine_blocker: str | None = unsupported_reason(model)
@@ -113,10 +115,27 @@ class QwenPolicy:
         return "engine" if self.engine_blocker is None else f"model.generate ({self.engine_blocker})"
 
     def sampling_weights(self) -> SamplingWeights:
-        """The engine's weight snapshot (taken on first use; the engine refreshes it after each step)."""
+        """The engine's weight snapshot (taken on first use; the engine refreshes it after each step).
+        A 4-bit model's projections are dequantized once per step into a bf16 copy where that copy
+        takes at most half of the engine's memory budget, else sampled through bitsandbytes' 4-bit
+        matmul; the log says which and why."""
         if self._weights is None:
-            self._weights = SamplingWeights(self.model)
+            self._weights = SamplingWeights(self.model, four_bit_matmul=self._sample_4bit_directly())
         return self._weights
+
+    def _sample_4bit_directly(self) -> bool:
+        if not self.is_4bit:
+            return False
+        dims = ModelDims.from_config(base_model(self.model).config)
+        copy = snapshot_bytes(dims, mode="lora", four_bit=True)
+        memory = device_memory(self.device)
+        fraction = self.engine_memory_fraction or default_of(ModelConfig, "engine_memory_fraction")
+        budget = memory.total * fraction - memory.in_use - self.update_reserve_bytes
+        direct = copy > budget / 2
+        logger.info("QLoRA: the rollout engine samples %s: a dequantized copy takes %s of its %s budget",
+                    "through bitsandbytes' 4-bit matmul" if direct else "from a bf16 copy dequantized once per step",
+                    format_bytes(copy), format_bytes(int(max(budget, 0))))
+        return direct
 
     def prepare_sampling(self) -> None:
         """Called by every rank before a collection: nothing to do here (the engine refreshes the
@@ -141,6 +160,16 @@ class QwenPolicy:
                                          memory_fraction=self.engine_memory_fraction,
                                          reserved_bytes=self.update_reserve_bytes)
         return self._engine
+
+    def reserve_for_update(self, *, tokens: int, gpus: int, kl: bool, checkpointing: bool, lora_r: int) -> int:
+        """Leave room beside the engine for an update of `tokens`-token micro-batches: the parts of
+        `memory_plan.update_bytes` not yet allocated when the engine is built (all but the weights
+        and the reference: optimizer state, gradients, activations, the head's chunk). Returns it."""
+        parts = update_bytes(ModelDims.from_config(base_model(self.model).config, lora_r), mode=self.mode,
+                             tokens=tokens, gpus=gpus, kl=kl, four_bit=self.is_4bit, checkpointing=checkpointing,
+                             dtype_bytes=next(self.model.parameters()).element_size())
+        self.update_reserve_bytes = int(parts["total"] - parts["weights"] - parts["reference"])
+        return self.update_reserve_bytes
 
     def release_rollout_engine(self) -> None:
         """Free the engine's KV cache and graphs (the snapshot stays)."""

@@ -105,26 +105,6 @@ class SlotModel:
         self.stats = {"decode_steps": 0, "decoded_rows": 0, "prefill_tokens": 0, "chunks": 0,
                       "decode_s": 0.0, "prefill_s": 0.0, "capture_s": 0.0, "capture_failed": 0}
 
-    @staticmethod
-    def bytes_per_position(weights: SamplingWeights) -> int:
-        """Bytes a slot holds per position: keys and values of every layer, the token id and its log-prob."""
-        w = weights
-        return 2 * w.layers_n * w.kv_heads * w.head_dim * w.dtype.itemsize + 8 + 4
-
-    @staticmethod
-    def working_set_bytes(weights: SamplingWeights, *, rows: int, capacity: int, prefill_tokens: int) -> int:
-        """An estimate of the largest transient memory of a forward beside the cache: a prefill
-        chunk's activations (residual stream, fused projections, MLP), its attention scores (float32)
-        and masks, the keys/values of one layer gathered for up to `rows` rows, and the logits of
-        `rows` rows."""
-        w, item = weights, weights.dtype.itemsize
-        heads, kv = w.heads * w.head_dim, w.kv_heads * w.head_dim
-        activations = prefill_tokens * item * (6 * w.hidden_size + heads + 2 * kv + 3 * w.intermediate_size)
-        scores = prefill_tokens * w.heads * capacity * (4 + 1)
-        gathered = min(rows, prefill_tokens) * capacity * 2 * kv * item
-        logits = rows * w.lm_head.shape[0] * 4 * 2
-        return activations + scores + gathered + logits
-
     def close(self) -> None:
         """Free the cache and the captured graphs."""
         self.keys = self.values = []
@@ -152,12 +132,12 @@ class SlotModel:
         w = self.weights
         q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
         for i, layer in enumerate(w.layers):
-            q, k, v = F.linear(w.norm(x, layer.norm1), layer.qkv_w, layer.qkv_b).split([q_size, kv_size, kv_size], -1)
+            q, k, v = layer.qkv(w.norm(x, layer.norm1)).split([q_size, kv_size, kv_size], -1)
             q = rotate(q.unflatten(-1, (w.heads, w.head_dim)), cos, sin)
             k = rotate(k.unflatten(-1, (w.kv_heads, w.head_dim)), cos, sin)
-            x = x + F.linear(attend(i, q, k, v.unflatten(-1, (w.kv_heads, w.head_dim))).flatten(-2), layer.o_w)
-            gate, up = F.linear(w.norm(x, layer.norm2), layer.gate_up_w).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_w)
+            x = x + layer.o(attend(i, q, k, v.unflatten(-1, (w.kv_heads, w.head_dim))).flatten(-2))
+            gate, up = layer.gate_up(w.norm(x, layer.norm2)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         return x
 
     def _logits(self, x: Tensor) -> Tensor:

@@ -22,7 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from skyrl_tool_agent.policy.memory_plan import ModelDims
 
 # Modules peft may wrap that the snapshot folds into its fused weights.
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -30,13 +33,33 @@ _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "dow
 
 @dataclass
 class LayerWeights:
-    qkv_w: Tensor
-    qkv_b: Tensor | None
-    o_w: Tensor
-    gate_up_w: Tensor
-    down_w: Tensor
+    """One decoder layer's projections: fused weights, or (sampling from 4-bit weights) the model's
+    own q, k, v, o, gate, up and down modules (bitsandbytes' matmul and peft's adapters)."""
+
     norm1: Tensor
     norm2: Tensor
+    qkv_w: Tensor | None = None
+    qkv_b: Tensor | None = None
+    o_w: Tensor | None = None
+    gate_up_w: Tensor | None = None
+    down_w: Tensor | None = None
+    modules: tuple[torch.nn.Module, ...] | None = None
+
+    def qkv(self, x: Tensor) -> Tensor:
+        if self.modules is not None:
+            return torch.cat([m(x) for m in self.modules[:3]], dim=-1)
+        return F.linear(x, self.qkv_w, self.qkv_b)
+
+    def o(self, x: Tensor) -> Tensor:
+        return self.modules[3](x) if self.modules is not None else F.linear(x, self.o_w)
+
+    def gate_up(self, x: Tensor) -> Tensor:
+        if self.modules is not None:
+            return torch.cat([self.modules[4](x), self.modules[5](x)], dim=-1)
+        return F.linear(x, self.gate_up_w)
+
+    def down(self, x: Tensor) -> Tensor:
+        return self.modules[6](x) if self.modules is not None else F.linear(x, self.down_w)
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -123,9 +146,12 @@ def sampling_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 class SamplingWeights:
-    """The weights of a Qwen2 `model` as of the last `refresh_` (module docstring)."""
+    """The weights of a Qwen2 `model` as of the last `refresh_` (module docstring). With
+    `four_bit_matmul` a 4-bit model's projections are not dequantized: the engine calls the
+    model's own modules (bitsandbytes' 4-bit matmul plus the adapters), for a device where a
+    dequantized copy does not fit (`QwenPolicy.sampling_weights` decides)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, *, four_bit_matmul: bool = False) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the rollout engine cannot run this model: {reason}")
@@ -135,10 +161,12 @@ class SamplingWeights:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.layers_n = cfg.num_hidden_layers
+        self.dims = ModelDims.from_config(cfg)
         self.rotary = base.model.rotary_emb
         self.eps = base.model.norm.variance_epsilon
         self.dtype = sampling_dtype(model)
         self.sharded = is_sharded(model)
+        self.four_bit_matmul = four_bit_matmul
         # A sharded parameter's storage is freed after its gather: the snapshot owns copies.
         self.tensors = {name: t.clone() if self.sharded else t for name, t in self._components()}
         self.device = self.tensors["embed"].device
@@ -161,18 +189,11 @@ class SamplingWeights:
     @property
     def layers(self) -> list[LayerWeights]:
         if getattr(self, "_layers", None) is None:
-            t = self.tensors
-            self._layers = [LayerWeights(**{f: t.get(f"layers.{i}.{f}") for f in LayerWeights.__dataclass_fields__})
-                            for i in range(self.layers_n)]
+            t, fields = self.tensors, [f for f in LayerWeights.__dataclass_fields__ if f != "modules"]
+            self._layers = [LayerWeights(**{f: t.get(f"layers.{i}.{f}") for f in fields}, modules=_modules(layer)
+                                         if self.four_bit_matmul else None)
+                            for i, layer in enumerate(base_model(self.model).model.layers)]
         return self._layers
-
-    @property
-    def hidden_size(self) -> int:
-        return self.embed.shape[1]
-
-    @property
-    def intermediate_size(self) -> int:
-        return self.layers[0].down_w.shape[1]
 
     def nbytes(self) -> int:
         """Bytes the snapshot holds beyond the model's own parameters (its copies)."""
@@ -190,9 +211,8 @@ class SamplingWeights:
             yield "lm_head", effective_weight(base.lm_head, dtype)[0]
         for i, layer in enumerate(inner.layers):
             with torch.no_grad(), gathered(layer):
-                for name, tensor in _fuse(layer, dtype).items():
-                    if tensor is not None:
-                        yield f"layers.{i}.{name}", tensor
+                fused = _fuse(layer, dtype, norms_only=self.four_bit_matmul)
+                yield from ((f"layers.{i}.{name}", tensor) for name, tensor in fused.items() if tensor is not None)
 
     def is_current(self) -> bool:
         """False when the model's weights changed since the snapshot (never for a sharded model,
@@ -217,7 +237,16 @@ class SamplingWeights:
         return weight * h.to(x.dtype)
 
 
-def _fuse(layer: torch.nn.Module, dtype: torch.dtype) -> dict[str, Tensor | None]:
+def _modules(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
+def _fuse(layer: torch.nn.Module, dtype: torch.dtype, *, norms_only: bool = False) -> dict[str, Tensor | None]:
+    norms = {"norm1": layer.input_layernorm.weight.detach().to(dtype),
+             "norm2": layer.post_attention_layernorm.weight.detach().to(dtype)}
+    if norms_only:
+        return norms
     attn, mlp = layer.self_attn, layer.mlp
     q, k, v = (effective_weight(m, dtype) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
     biases = [b for _, b in (q, k, v)]
@@ -226,9 +255,7 @@ def _fuse(layer: torch.nn.Module, dtype: torch.dtype) -> dict[str, Tensor | None
     return {
         "qkv_w": torch.cat([q[0], k[0], v[0]]), "qkv_b": qkv_b, "o_w": effective_weight(attn.o_proj, dtype)[0],
         "gate_up_w": torch.cat([effective_weight(mlp.gate_proj, dtype)[0], effective_weight(mlp.up_proj, dtype)[0]]),
-        "down_w": effective_weight(mlp.down_proj, dtype)[0],
-        "norm1": layer.input_layernorm.weight.detach().to(dtype),
-        "norm2": layer.post_attention_layernorm.weight.detach().to(dtype),
+        "down_w": effective_weight(mlp.down_proj, dtype)[0], **norms,
     }
 
 
