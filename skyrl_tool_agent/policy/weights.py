@@ -137,11 +137,13 @@ def effective_weight(module: torch.nn.Module, dtype: torch.dtype) -> tuple[Tenso
 
 
 def sampling_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the engine samples in: a 4-bit model's compute dtype, else its weights' dtype."""
+    """The dtype the engine samples in: the dtype the model was loaded in (a 4-bit weight's
+    quantization state remembers it; peft's k-bit preparation upcasts the rest to float32)."""
     base = base_model(model)
     for module in base.modules():
-        if _is_4bit(getattr(module, "weight", torch.empty(0))):
-            return getattr(module, "compute_dtype", None) or torch.bfloat16
+        weight = getattr(module, "weight", None)
+        if weight is not None and _is_4bit(weight):
+            return weight.quant_state.dtype
     return base.model.embed_tokens.weight.dtype
 
 
