@@ -77,7 +77,7 @@ def test_deepspeed_config_autos_are_filled_from_the_training_config():
 
 def test_memory_estimates_use_exact_qwen_sizes_and_shard_full_mode():
     from skyrl_tool_agent.distributed.memory import GB, shapes
-    from skyrl_tool_agent.policy.memory_plan import update_bytes as estimate
+    from skyrl_tool_agent.grpo.memory import update_bytes as estimate
 
     s = shapes("Qwen2.5-7B")
     assert s.params == 7_615_616_512  # the hub checkpoint's parameter count

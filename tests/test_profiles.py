@@ -64,10 +64,10 @@ def test_cli_profile_flag_and_auto_choice_without_cuda():
 def test_gpu_profile_micro_batch_fits_an_h100_by_the_memory_estimate():
     """The gpu profile's micro-batch at its longest episodes (rows padded to max_total_tokens) fits
     80 GB with 15% to spare for the CUDA context and fragmentation, for the profile's model in LoRA
-    and in full ZeRO-3 on 8 GPUs (the estimate of policy/memory_plan.py; the profile's old 16
+    and in full ZeRO-3 on 8 GPUs (the estimate of grpo/memory.py; the profile's old 16
     episodes needed 75-76 GiB)."""
     from skyrl_tool_agent.distributed.memory import GB, shapes
-    from skyrl_tool_agent.policy.memory_plan import update_bytes as estimate
+    from skyrl_tool_agent.grpo.memory import update_bytes as estimate
 
     gpu = load_config(profile="gpu")
     assert gpu.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct" and gpu.model.gradient_checkpointing

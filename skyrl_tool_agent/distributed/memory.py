@@ -1,5 +1,5 @@
 """Per-GPU memory for Qwen2.5-1.5B/7B in every mode: one update's parts and the rollout engine's
-slots beside it (formulas of `policy.memory_plan`, not measurements), as tables; and random-weight
+slots beside it (formulas of `grpo.memory` and `policy.memory_plan`, not measurements), as tables; and random-weight
 models of those exact shapes for GPU timing (`write_random_model`).
 """
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from skyrl_tool_agent.policy.memory_plan import GIB, ModelDims, plan_slots, snapshot_bytes, update_bytes
+from skyrl_tool_agent.grpo.memory import update_bytes
+from skyrl_tool_agent.policy.memory_plan import GIB, ModelDims, snapshot_bytes
 
 #: Public Qwen2.5 architectures (config.json of the hub repos).
 QWEN25 = {
@@ -59,13 +60,13 @@ DEVICES = (("24 GB", 24, 1, 8192), ("80 GB", 80, 1, 49152), ("8 x 80 GB", 80, 8,
 
 
 def slot_table_markdown(episodes: int = 256, max_total_tokens: int = 6144, fraction: float = 0.9) -> str:
-    """The rollout engine's slots per device for each QWEN25 shape and mode (`memory_plan.MODES`)
+    """The rollout engine's slots per device for each QWEN25 shape and mode (`grpo.memory.MODES`)
     on `DEVICES`: the gpu profile's `episodes` in flight (split over the devices) of
     `max_total_tokens`, beside an update (checkpointed, KL on) and the engine's snapshot, as the
     engine plans them at `fraction` (`slots_beside_update`). A markdown table (docs/distributed.md;
     tests/test_memory_plan.py checks the doc holds this very table)."""
     from skyrl_tool_agent.config import UserInputError
-    from skyrl_tool_agent.policy.memory_plan import MODES, slots_beside_update
+    from skyrl_tool_agent.grpo.memory import MODES, slots_beside_update
 
     capacity = max_total_tokens + 8 + 2  # the engine's cache positions on CUDA (stop-check interval 8)
     head = ["model", "mode", *(f"{label} (update of {tokens:,} tokens)" for label, _, _, tokens in DEVICES)]

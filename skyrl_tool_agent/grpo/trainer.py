@@ -34,10 +34,13 @@ from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
 from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
+from skyrl_tool_agent.grpo.memory import update_reserve_bytes
 from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
+from skyrl_tool_agent.policy.memory_plan import ModelDims
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+from skyrl_tool_agent.policy.weights import base_model
 from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
@@ -84,10 +87,12 @@ class GRPOTrainer:
         self.optimizer, self.scheduler = build_optimizer(policy, config)
         # The rollout engine is built once and keeps its cache through every update: its plan leaves room for one.
         t = config.training
-        policy.reserve_for_update(
+        policy.update_reserve_bytes = update_reserve_bytes(
+            ModelDims.from_config(base_model(policy.model).config, config.model.lora.r), mode=t.mode,
             tokens=t.micro_batch_tokens or t.micro_batch_size * config.grpo.max_total_tokens,
             gpus=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
-            kl=config.grpo.kl_coef > 0, checkpointing=config.model.gradient_checkpointing, lora_r=config.model.lora.r)
+            kl=config.grpo.kl_coef > 0, four_bit=policy.is_4bit, checkpointing=config.model.gradient_checkpointing,
+            dtype_bytes=next(policy.model.parameters()).element_size())
         self.step = 0
         self.last_eval: dict[str, Any] | None = None  # the latest `evaluate()` made by `train`
         self.last_eval_trajectories: list[Trajectory] = []  # the latest `evaluate()`'s episodes (for report.html)

@@ -12,24 +12,14 @@ serving engines size their cache (vLLM's `gpu_memory_utilization`):
 - CUDA: memory = the device's total; reserved = what is in use when the engine is built (this
   process's tensors: the weights, the reference, the engine's weight snapshot; and other processes
   on the device), the engine's own working set (a prefill chunk's activations, the logits), and the
-  update's peak beside them (`update_bytes`: the engine is built once per run and its cache stays
-  through every update, so the two must fit together).
+  update's peak beside them (the engine is built once per run and its cache stays through every
+  update, so the two must fit together).
 - CPU: memory = the RAM available now (psutil; what this process holds is already outside it);
   reserved = the working set and the update.
 
-`update_bytes` is the accounting of one update, by part (a formula, not a measurement, for any
-Qwen2 shape: `ModelDims`): weights (bf16 = 2 bytes a parameter; NF4 with double quantisation ~0.52
-for the decoder's linear layers, the rest fp32 after peft's k-bit preparation; ZeRO-3 shards them
-over N ranks); trainable state with AdamW (LoRA adapters in fp32: 4 weight + 4 grad + 8 moments;
-full ZeRO-3: 2 bf16 grad + 12 fp32 master and moments, over N); the KL reference (LoRA: the same
-weights, adapters off; full: a sharded bf16 copy); activations of a micro-batch of T tokens kept
-for backward (~(7h + 3 kv + 4 I) values a token a layer; with checkpointing one h a token a layer
-plus one layer's worth); the output head's chunk (log-probs are taken ~1,700 tokens at a time,
-never the [T, V] logits); ZeRO-3's gathered layers. `snapshot_bytes` is the engine's weight copy.
-
-Episodes beyond the slots wait in the engine for a slot an ended episode frees. `fraction` is
-`model.engine_memory_fraction`. `plan_slots` is the arithmetic (pure); `device_memory` reads the
-device.
+The update's peak is estimated by the trainer (`grpo.memory.update_bytes`) and handed to the
+engine as `reserved`; `ModelDims` (a Qwen2's sizes from its config), `snapshot_bytes` (the engine's
+weight copy) and the slot arithmetic are here.
 """
 
 from __future__ import annotations
@@ -42,8 +32,6 @@ from skyrl_tool_agent.config import UserInputError
 
 GIB = 2**30
 MIB = 2**20
-#: Tokens the output head scores at once in the update (`logprobs.fused_chunk_tokens`' scale).
-HEAD_CHUNK_TOKENS = 1700
 
 
 @dataclass(frozen=True)
@@ -87,33 +75,6 @@ class ModelDims:
         scores = prefill_tokens * self.heads * capacity * (4 + 1)
         gathered = min(rows, prefill_tokens) * capacity * 2 * self.kv_dim * dtype_bytes
         return activations + scores + gathered + rows * self.vocab * 4 * 2
-
-
-def update_bytes(s: ModelDims, *, mode: str, tokens: int, gpus: int = 1, kl: bool = True, four_bit: bool = False,
-                 checkpointing: bool = True, dtype_bytes: int = 2) -> dict[str, float]:
-    """Bytes per device for one update on a micro-batch of `tokens` tokens, by part (module doc).
-    `dtype_bytes`: 2 = bf16 weights and activations, 4 = fp32. QLoRA: peft's k-bit preparation
-    upcasts every parameter that is not 4-bit to fp32, so embeddings, norms and activations are fp32."""
-    n = gpus if mode == "full" else 1
-    act_bytes = 4 if four_bit else dtype_bytes
-    if four_bit:
-        weights = 0.516 * s.linear_params + 4 * (s.params - s.linear_params)
-    else:
-        weights = dtype_bytes * s.params / n
-    if mode == "full":
-        trainable = (dtype_bytes + (4 if dtype_bytes < 4 else 0) + 8) * s.params / n
-        reference = dtype_bytes * s.params / n if kl else 0.0
-        layer_params = (s.params - s.embedding_params) / s.layers
-        working = dtype_bytes * (2 * layer_params + s.vocab * s.hidden) if n > 1 else 0.0
-    else:
-        trainable, reference, working = 16 * s.lora_params, 0.0, 0.0
-    per_token_layer = 7 * s.hidden + 3 * s.kv_dim + 4 * s.intermediate
-    layers_kept = s.layers * s.hidden + per_token_layer if checkpointing else s.layers * per_token_layer
-    parts = {"weights": weights, "trainable_state": trainable, "reference": reference, "zero3_working": working,
-             "activations": act_bytes * tokens * layers_kept,
-             "head_chunk": 2 * 4 * min(tokens, HEAD_CHUNK_TOKENS) * s.vocab}
-    parts["total"] = sum(parts.values())
-    return parts
 
 
 def snapshot_bytes(s: ModelDims, *, mode: str, four_bit: bool = False, dtype_bytes: int = 2) -> int:
@@ -172,29 +133,6 @@ def plan_slots(*, demand: int, capacity: int, bytes_per_token: int, memory_bytes
             f"(3 slots with the scratch and root ones), the budget is {format_bytes(max(budget, 0))} = {why}; raise "
             f"model.engine_memory_fraction, lower grpo.max_total_tokens or free memory")
     return SlotPlan(min(demand, fits), demand, bytes_per_slot, budget, reserved_bytes, why)
-
-
-#: The memory table's modes: (label, mode, four-bit weights).
-MODES = (("LoRA", "lora", False), ("QLoRA", "lora", True), ("full ZeRO-3", "full", False))
-
-
-def slots_beside_update(s: ModelDims, *, mode: str, four_bit: bool, device_bytes: int, gpus: int, episodes: int,
-                        capacity: int, micro_batch_tokens: int, fraction: float, prefill_tokens: int = 16384,
-                        kl: bool = True) -> SlotPlan:
-    """The engine's slots on one of `gpus` devices of `device_bytes` each, for its share of
-    `episodes`, beside one update of `micro_batch_tokens` tokens (checkpointed) and the engine's
-    snapshot: what `RolloutEngine` plans at run time, with the update's parts estimated
-    (`update_bytes`) instead of read from the device."""
-    update = update_bytes(s, mode=mode, tokens=micro_batch_tokens, gpus=gpus, kl=kl, four_bit=four_bit)["total"]
-    snapshot = snapshot_bytes(s, mode=mode, four_bit=four_bit)
-    if four_bit and snapshot > (device_bytes * fraction - update) / 2:
-        snapshot = 0  # as `QwenPolicy.sampling_weights` decides: sampled through the 4-bit matmul, no copy
-    demand = max(1, episodes // gpus)
-    working = s.working_set_bytes(rows=demand, capacity=capacity, prefill_tokens=prefill_tokens)
-    return plan_slots(demand=demand, capacity=capacity, bytes_per_token=s.kv_bytes_per_token(), memory_bytes=device_bytes,
-                      fraction=fraction, reserved_bytes=int(update + snapshot + working),
-                      explanation=f"update {format_bytes(int(update))} + snapshot {format_bytes(snapshot) if snapshot else 'none (4-bit matmul)'} "
-                                  f"+ working set {format_bytes(working)}")
 
 
 def device_memory(device: torch.device) -> DeviceMemory:

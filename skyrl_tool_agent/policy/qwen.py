@@ -41,7 +41,7 @@ from skyrl_tool_agent.policy.logprobs import token_logprobs
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.token_sampling import is_greedy, logprob_temperature
 from skyrl_tool_agent.config.base import default_of
-from skyrl_tool_agent.policy.memory_plan import ModelDims, device_memory, format_bytes, snapshot_bytes, update_bytes
+from skyrl_tool_agent.policy.memory_plan import ModelDims, device_memory, format_bytes, snapshot_bytes
 from skyrl_tool_agent.policy.weights import SamplingWeights, base_model, unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class QwenPolicy:
         self._weights: SamplingWeights | None = None
         self._engine: RolloutEngine | None = None
         self.engine_memory_fraction = engine_memory_fraction  # `model.engine_memory_fraction` (None: its default)
-        #: Memory the engine's plan leaves free for the update (`reserve_for_update`; the trainer calls it).
+        #: Memory the engine's plan leaves free for the update (the trainer sets it: `grpo.memory`).
         self.update_reserve_bytes = 0
         #: Why the engine cannot sample this model (None: it does).
         self.engine_blocker: str | None = unsupported_reason(model)
@@ -160,16 +160,6 @@ class QwenPolicy:
                                          memory_fraction=self.engine_memory_fraction,
                                          reserved_bytes=self.update_reserve_bytes)
         return self._engine
-
-    def reserve_for_update(self, *, tokens: int, gpus: int, kl: bool, checkpointing: bool, lora_r: int) -> int:
-        """Leave room beside the engine for an update of `tokens`-token micro-batches: the parts of
-        `memory_plan.update_bytes` not yet allocated when the engine is built (all but the weights
-        and the reference: optimizer state, gradients, activations, the head's chunk). Returns it."""
-        parts = update_bytes(ModelDims.from_config(base_model(self.model).config, lora_r), mode=self.mode,
-                             tokens=tokens, gpus=gpus, kl=kl, four_bit=self.is_4bit, checkpointing=checkpointing,
-                             dtype_bytes=next(self.model.parameters()).element_size())
-        self.update_reserve_bytes = int(parts["total"] - parts["weights"] - parts["reference"])
-        return self.update_reserve_bytes
 
     def release_rollout_engine(self) -> None:
         """Free the engine's KV cache and graphs (the snapshot stays)."""
