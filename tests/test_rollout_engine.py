@@ -56,6 +56,8 @@ def _turns(engine: RolloutEngine, prompts: list[list[int]], keys: list[int], see
 def test_greedy_tokens_are_the_hf_argmax_chain_over_two_turns():
     model = lora_qwen()
     engine = RolloutEngine(model, slots=16, capacity=160, stop_ids=[STOP], pad_id=0)
+    for cache in (*engine.step.keys, *engine.step.values):  # the cache is allocated uninitialised:
+        cache.fill_(float("nan"))  # whatever it holds where no row wrote must not reach a token
     try:
         prompts = _prompts()
         keys = list(range(len(prompts)))

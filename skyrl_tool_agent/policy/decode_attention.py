@@ -27,14 +27,20 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     triton = None
 
 
-def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tensor,
+def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tensor, own_written: Tensor,
                       root_k: Tensor | None = None, root_v: Tensor | None = None,
                       root_visible: Tensor | None = None) -> Tensor:
     """Softmax attention of q [R, KVH, Q, D] (the Q query heads and positions of each row's KV
     head, already scaled) over each row's own keys/values [R, KVH, T, D] where `own_visible`
     [R, 1, Q, T] (bool), and over the root's [KVH, P, D] where `root_visible` [R, 1, Q, P]. One
-    softmax in float32 over both. Returns [R, KVH, Q, D] in q's dtype."""
+    softmax in float32 over both. Returns [R, KVH, Q, D] in q's dtype.
+
+    The cache is allocated uninitialised (pages are only touched as episodes grow), so positions a
+    row never wrote may hold NaN, which a zero weight does not cancel (0 x NaN = NaN): own values
+    outside `own_written` [R, T] are zeroed (`own_v` is the caller's gathered copy); own keys there
+    only reach masked scores."""
     rows, kv_heads, queries, dim = q.shape
+    own_v.masked_fill_(~own_written[:, None, :, None], 0)
     own = torch.matmul(q, own_k.transpose(-1, -2)).float().masked_fill_(~own_visible, float("-inf"))
     if root_k is None or root_k.shape[1] == 0:
         return torch.matmul(torch.softmax(own, dim=-1).to(q.dtype), own_v)
@@ -57,7 +63,8 @@ def reference_decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: T
     kv_heads = keys.shape[1]
     low, used = int(root_lens.min()), int(lengths.max())
     positions = torch.arange(low, used, device=q.device)
-    own_visible = (positions >= root_lens.view(batch, 1, 1, 1)) & (positions < lengths.view(batch, 1, 1, 1))
+    own_written = (positions >= root_lens.view(batch, 1)) & (positions < lengths.view(batch, 1))
+    own_visible = own_written.view(batch, 1, 1, -1)
     grouped = q.view(batch, kv_heads, heads // kv_heads, dim) * scale
     # Only each row's own used positions are copied out of the cache.
     own_k = keys[:, :, low:used].index_select(0, slots)
@@ -65,8 +72,8 @@ def reference_decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: T
     prefix = int(root_lens.max())
     root_visible = torch.arange(prefix, device=q.device) < root_lens.view(batch, 1, 1, 1)
     root = int(root_slot)
-    out = cascade_attention(grouped, own_k, own_v, own_visible, keys[root, :, :prefix], values[root, :, :prefix],
-                            root_visible)
+    out = cascade_attention(grouped, own_k, own_v, own_visible, own_written, keys[root, :, :prefix],
+                            values[root, :, :prefix], root_visible)
     return out.reshape(batch, heads, dim)
 
 

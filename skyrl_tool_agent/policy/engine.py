@@ -1,40 +1,27 @@
 """`RolloutEngine`: continuous-batching sampling over a slot KV cache, with CUDA-graph decode steps.
 
-The rollout of a GRPO step is hundreds of multi-turn episodes whose turns end at different times
-and whose tool calls take different times. The engine keeps every episode of a collection in a
-*slot* of one preallocated KV cache (`[slots + 1, kv_heads, capacity, head_dim]` per layer; the
-extra slot is scratch for padding rows) from its first turn to its end, so a later turn prefills
-only the tokens appended since (sampled token, observation, next header). A worker thread runs the
-loop vLLM and transformers' continuous batching run:
+A GRPO step's rollout is hundreds of multi-turn episodes whose turns and tool calls take different
+times. The engine keeps each episode in a *slot* of one preallocated KV cache from its first turn
+to its end, so a later turn prefills only the tokens appended since. A worker thread runs the loop
+of vLLM and transformers' continuous batching:
 
-    admit the turns that arrived (prefill, sharing the fresh prompts' common prefix once)
-    -> decode `stop_check_interval` steps for every row in flight
-    -> read the new tokens back once, finish the rows that hit a stop id or their token cap
+    admit the turns that arrived (prefill) -> decode `stop_check_interval` steps for every row in
+    flight -> read the new tokens back once, finish the rows that hit a stop id or their token cap
 
-so a row whose turn ends leaves the batch at the next check and a turn that arrives joins there,
-without waiting for the slowest row. The decode step has static shapes (the batch is padded to a
-bucket: 1, 2, 4, ... slots rows; row b is slot `slots[b]` at position `lengths[b]`), so on CUDA it
-is captured once per bucket in a CUDA graph and replayed: one launch per token instead of a few
-hundred kernel launches from Python. Attention reads only each row's valid positions
-(`decode_attention`), tokens are drawn on the device from a per-episode counter-based seed
-(`token_sampling`): no host synchronisation inside a check interval, and an episode samples the
-same tokens whatever else shares its batch.
-
-The weights are a `weights.SamplingWeights` snapshot (LoRA folded in, fused projections, 4-bit
-weights dequantized, ZeRO-3 shards gathered), refreshed in place when the model's weights changed
-and no row is in flight, i.e. once per optimizer step, so the captured graphs stay valid; the
-engine is built once per run and only its weights change. Arithmetic per token is
-`Qwen2ForCausalLM`'s in eval mode. The forward over the slot cache (prefill, decode step, graphs,
-read-back) is `slot_model.SlotModel`; this module decides which episode holds which slot and when
-its turn runs, and what is computed once for many episodes: the prefix every fresh prompt shares
-(the system prompt) becomes the cache's *root*, stored once and read by every slot that starts
-with it, and a prompt asked for by several fresh episodes (a GRPO group) is run once and its keys
-copied to the others' slots; each episode then draws its own first token.
+so a turn that ends leaves the batch at the next check and one that arrives joins there. What many
+episodes share is computed once: the prefix every fresh prompt shares (the system prompt) becomes
+the cache's *root*, stored once and read by every slot that starts with it; a prompt several fresh
+episodes ask for (a GRPO group) is run once and its keys copied to the others' slots, each then
+drawing its own first token. The forward over the cache (the one Qwen2 layer stack, prefill and
+decode, CUDA graphs, read-back) is `slot_model.SlotModel`; tokens are drawn on the device from a
+per-episode counter-based seed (`token_sampling`), so an episode samples the same tokens whatever
+shares its batch. The weights are a `weights.SamplingWeights` snapshot, refreshed in place when the
+model's weights changed and no row is in flight (once per optimizer step), so captured graphs stay
+valid: the engine is built once per run.
 
 The engine is asked for a slot per episode in flight and gets what fits its memory budget
-(`memory_plan`: a fraction of the device's memory, less what is in use and the forward's working
-set); the log says how many and why. A fresh episode that finds every slot taken waits, in arrival
-order, for the slot of an episode that ends, and its tokens are those it would have drawn at once.
+(`memory_plan`); the log says how many and why. A fresh episode that finds every slot taken waits,
+in arrival order, for the slot of an episode that ends, and draws the tokens it would have drawn.
 """
 
 from __future__ import annotations

@@ -81,10 +81,10 @@ class SlotModel:
         self.attend = {"triton": decode_attention, "torch": reference_decode_attention}[attention]
         self.prefill_tokens = prefill_tokens or default_prefill_tokens(self.device)
         shape = (slots + 2, w.kv_heads, capacity, w.head_dim)
-        # Zeroed: positions a row does not own still enter the reference path's matmuls (masked),
-        # and NaN in uninitialised memory survives a mask (NaN * 0 = NaN).
-        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
-        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
+        # Uninitialised: on the CPU only the pages episodes reach are ever resident (attention never
+        # reads a position its row did not write: `cascade_attention`).
+        self.keys = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
+        self.values = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
         # Root positions each slot reads (0: none); its own positions start there.
         self.slot_root = torch.zeros(slots + 2, dtype=torch.long, device=self.device)
         # Token history per slot: the id at position p and its sampling log-prob (sampled ones only).
@@ -179,6 +179,7 @@ class SlotModel:
         # Query (g, s) of a row sees its own positions from its root's end up to its own position,
         # and the root's positions below its root length; queries stacked (g, s) per KV head.
         own = torch.arange(low, used, device=dev)
+        own_written = (own >= roots.view(rows, 1)) & (own < (starts + counts).view(rows, 1))  # [R, T]
         own_visible = (own >= roots.view(rows, 1, 1)) & (own <= positions.unsqueeze(-1))  # [R, S, T]
         own_visible = own_visible.unsqueeze(1).expand(rows, groups, width, used - low).reshape(rows, 1, groups * width, -1)
         root_visible = (torch.arange(prefix, device=dev) < roots.view(rows, 1, 1, 1))
@@ -193,7 +194,7 @@ class SlotModel:
             q = q.view(rows, width, w.kv_heads, groups, w.head_dim).permute(0, 2, 3, 1, 4)
             q = q.reshape(rows, w.kv_heads, groups * width, w.head_dim) * scale
             out = cascade_attention(q, k_cache[:, :, low:used].index_select(0, slots),
-                                    v_cache[:, :, low:used].index_select(0, slots), own_visible,
+                                    v_cache[:, :, low:used].index_select(0, slots), own_visible, own_written,
                                     k_cache[self.root, :, :prefix], v_cache[self.root, :, :prefix], root_visible)
             return out.view(rows, w.kv_heads, groups, width, w.head_dim).permute(0, 3, 1, 2, 4).reshape(
                 rows, width, w.heads, w.head_dim)
