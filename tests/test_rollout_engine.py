@@ -162,19 +162,24 @@ def test_draws_follow_the_distribution_and_top_p_keeps_the_nucleus():
 
 
 def test_a_weight_update_reaches_the_engine_in_place():
+    """The engine lives for the run: after an optimizer step its snapshot is refreshed in place (the
+    tensors a CUDA graph holds stay the same) and nothing computed with the old weights is read again,
+    the shared root included."""
     model = lora_qwen()
     engine = RolloutEngine(model, slots=4, capacity=120, stop_ids=[STOP], pad_id=0)
     try:
-        prompt = _prompts(1, 1)[0]
+        prompts = _prompts(2, 1)  # two tasks sharing a system prefix: the root holds it
         pointers = [t.data_ptr() for t in engine.weights.tensors.values()]
-        _turns(engine, [prompt], [0], [0], max_new_tokens=8, temperature=0.0, top_p=1.0)
+        _turns(engine, prompts, [0, 1], [0, 1], max_new_tokens=8, temperature=0.0, top_p=1.0)
+        assert engine.root_tokens
         engine.release(0)
+        engine.release(1)
         with torch.no_grad():  # an optimizer step writes the adapters in place
             for name, p in model.named_parameters():
                 if "lora_B" in name:
                     p.add_(0.3 * torch.randn_like(p))
-        ids = _turns(engine, [prompt], [1], [0], max_new_tokens=8, temperature=0.0, top_p=1.0)[0][0]
-        assert ids == _argmax_chain(model, prompt, 8)
+        again = _turns(engine, prompts, [2, 3], [0, 1], max_new_tokens=8, temperature=0.0, top_p=1.0)
+        assert [ids for ids, _, _ in again] == [_argmax_chain(model, p, 8) for p in prompts]
         assert [t.data_ptr() for t in engine.weights.tensors.values()] == pointers
         assert engine.weights.refreshes == 1
     finally:

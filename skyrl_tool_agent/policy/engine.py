@@ -121,6 +121,7 @@ class RolloutEngine:
         self.stats["waited"] = 0  # fresh episodes that found every slot taken and waited for one
         self._free = [_Slot(i) for i in reversed(range(slots))]
         self.root_tokens: list[int] = []  # what the root slot holds
+        self._root_refresh = self.weights.refreshes  # the weights the root was computed with
         self._by_key: dict[Hashable, _Slot] = {}
         self._rows: list[_Row] = []
         self._waiting: list[_Request] = []
@@ -245,6 +246,8 @@ class RolloutEngine:
     def _admit(self, requests: list[_Request]) -> None:
         if not self._rows and not self._by_key and not self.weights.is_current():
             self.weights.refresh_()  # once per optimizer step: no episode holds old keys/values
+        if self.weights.refreshes != self._root_refresh:  # (a sharded model's refresh comes from its policy)
+            self.root_tokens, self._root_refresh = [], self.weights.refreshes  # the root's keys are of old weights
         continuing: list[tuple[_Request, _Slot]] = []
         fresh: list[tuple[_Request, _Slot]] = []
         for request in requests:
