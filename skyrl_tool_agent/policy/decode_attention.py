@@ -46,8 +46,9 @@ def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tens
         return torch.matmul(torch.softmax(own, dim=-1).to(q.dtype), own_v)
     # The root's scores for every row at once: one [R*Q, D] x [D, P] matmul per KV head.
     flat = q.transpose(0, 1).reshape(kv_heads, rows * queries, dim)
-    shared = torch.matmul(flat, root_k.transpose(-1, -2)).view(kv_heads, rows, queries, -1).transpose(0, 1)
-    shared = shared.float().masked_fill_(~root_visible, float("-inf"))
+    shared = torch.matmul(flat, root_k.transpose(-1, -2)).view(kv_heads, rows, queries, -1).transpose(0, 1).float()
+    if not bool(root_visible.all()):  # (every row reading the whole root is the common case)
+        shared = shared.masked_fill(~root_visible, float("-inf"))
     weights = torch.softmax(torch.cat([shared, own], dim=-1), dim=-1).to(q.dtype)
     prefix = root_k.shape[1]
     to_root = weights[..., :prefix].transpose(0, 1).reshape(kv_heads, rows * queries, prefix)
@@ -66,9 +67,14 @@ def reference_decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: T
     own_written = (positions >= root_lens.view(batch, 1)) & (positions < lengths.view(batch, 1))
     own_visible = own_written.view(batch, 1, 1, -1)
     grouped = q.view(batch, kv_heads, heads // kv_heads, dim) * scale
-    # Only each row's own used positions are copied out of the cache.
-    own_k = keys[:, :, low:used].index_select(0, slots)
-    own_v = values[:, :, low:used].index_select(0, slots)
+    first = int(slots[0])
+    if bool((slots == torch.arange(first, first + batch, device=slots.device)).all()):
+        # Consecutive slots (the engine orders its rows by slot): a view, nothing copied. Zeroing
+        # the values a row never wrote then writes zeros where no row has written yet: harmless.
+        own_k, own_v = keys[first:first + batch, :, low:used], values[first:first + batch, :, low:used]
+    else:  # only each row's own used positions are copied out of the cache
+        own_k = keys[:, :, low:used].index_select(0, slots)
+        own_v = values[:, :, low:used].index_select(0, slots)
     prefix = int(root_lens.max())
     root_visible = torch.arange(prefix, device=q.device) < root_lens.view(batch, 1, 1, 1)
     root = int(root_slot)

@@ -272,9 +272,8 @@ class RolloutEngine:
             return
         if fresh:
             self._set_root([r.prompt for r, _ in fresh])
-        root = len(self.root_tokens)
         for request, slot in fresh:
-            slot.root = root if len(request.prompt) > root and request.prompt[:root] == self.root_tokens else 0
+            slot.root = self._reads_root(request.prompt)
         admitted = continuing + fresh
         self.step.set_slots([s.index for _, s in admitted], [r.seed for r, _ in admitted],
                             [r.temperature for r, _ in admitted], [r.top_p for r, _ in admitted],
@@ -302,29 +301,28 @@ class RolloutEngine:
             self._rows.append(_Row(slot, request, len(request.prompt), len(request.prompt)))
 
     def _set_root(self, prompts: list[list[int]]) -> None:
-        """Make the fresh `prompts`' common prefix the root, unless a held slot still reads the
-        root, the root already starts them all, or they are copies of one prompt. Computed once,
-        in the root slot."""
+        """Make the fresh `prompts`' common prefix the root (all but the last token when they are
+        copies of one prompt), unless a held slot still reads the root or it is the root already.
+        Computed once, in the root slot."""
         if any(slot.root for slot in self._by_key.values() if slot.tokens):
             return  # episodes in flight read the current root
-        if self.root_tokens and all(len(p) > len(self.root_tokens) and p[:len(self.root_tokens)] == self.root_tokens
-                                    for p in prompts):
-            return
         distinct = [list(p) for p in dict.fromkeys(tuple(p) for p in prompts)]
-        if len(distinct) < 2:
-            return  # one prompt says nothing about what the next ones share (its copies share its stem)
-        shared = common_prefix_length(distinct)
-        if shared < MIN_SHARED_PREFIX:
-            if not self.root_tokens:
-                return
-            shared, distinct = 0, distinct[:1]
+        shared = common_prefix_length(distinct) if len(distinct) > 1 else len(distinct[0]) - 1
+        if shared < MIN_SHARED_PREFIX or distinct[0][:shared] == self.root_tokens:
+            return  # (a root that does not fit a prompt is not read by it: `_reads_root`)
         self.root_tokens = list(distinct[0][:shared])
         self.step.slot_root[self.step.root] = 0
-        if shared:
-            self.step.prefill([(self.step.root, 0, self.root_tokens)], sample=False)
+        self.step.prefill([(self.step.root, 0, self.root_tokens)], sample=False)
+
+    def _reads_root(self, prompt: list[int]) -> int:
+        """How many of the root's positions `prompt` can read: their common prefix (each prompt
+        keeps one own token), when it is long enough to be worth it."""
+        limit = min(len(self.root_tokens), len(prompt) - 1)
+        shared = next((i for i in range(limit) if prompt[i] != self.root_tokens[i]), limit)
+        return shared if shared >= MIN_SHARED_PREFIX else 0
 
     def _decode_chunk(self) -> None:
-        rows = self._rows
+        rows = self._rows = sorted(self._rows, key=lambda r: r.slot.index)  # consecutive slots: no gather
         starts = [r.length for r in rows]
         nucleus = any(not is_greedy(r.request.temperature) and r.request.top_p < 1 for r in rows)
         ids, logps = self.step.decode([r.slot.index for r in rows], starts, self.interval, nucleus)
