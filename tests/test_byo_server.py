@@ -96,6 +96,11 @@ def test_a_bad_mcp_server_flag_is_one_line(shop):
     line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks),
                                 "--mcp-server", "s=/nonexistent/server --db x", timeout=60))
     assert "env.mcp_servers" in line and "failed to start" in line and "/nonexistent/server" in line
+    # a server that dies at once: its exit code and the end of its stderr, not an ExceptionGroup
+    crash = REPO / "tests" / "fixtures" / "misbehaving_server.py"
+    line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks),
+                                "--mcp-server", f"s=python {crash} exit", timeout=60))
+    assert "exited before answering initialize; exit code 3" in line and "No module named 'missing_dep'" in line
 
 
 # ----------------------------------------------------------------------------- a third-party server

@@ -245,18 +245,17 @@ class ServerSlot:
                     except Exception as exc:  # noqa: BLE001 - exited, or refused the handshake: one line below
                         leaf = _leaf(exc)
                         failure = f"the handshake failed ({type(leaf).__name__}: {leaf})"
-                    if failure is not None or self._broken.is_set():
-                        return
-                    output.started()
-                    self.session = session
-                    self.starts += 1
-                    self.last_error = None
-                    self.group.changed()
-                    self.first_attempt_done.set()
-                    try:
-                        await self._broken.wait()
-                    finally:
-                        self.session = None  # before the contexts close (their EOF is no news)
+                    if failure is None and not self._broken.is_set():
+                        output.started()
+                        self.session = session
+                        self.starts += 1
+                        self.last_error = None
+                        self.group.changed()
+                        self.first_attempt_done.set()
+                        try:
+                            await self._broken.wait()
+                        finally:
+                            self.session = None  # before the contexts close (their EOF is no news)
         except OSError as exc:  # the command itself cannot run
             raise _StartFailed(f"cannot run {self.spec.command!r}: {exc.strerror or exc}") from None
         finally:
@@ -264,6 +263,8 @@ class ServerSlot:
         if failure is not None:
             if failure.startswith("no answer"):
                 output.returncode = None  # killed by us: its code says nothing
+            elif output.returncode is not None and "Connection closed" in failure:
+                failure = "exited before answering initialize"
             raise _StartFailed(f"{failure}; {output.describe()}")
 
 

@@ -36,8 +36,9 @@ from skyrl_tool_agent.mcp.reaper import run_reaper
 
 logger = logging.getLogger(__name__)
 
-#: Lines of a server's stderr kept to explain a failed start.
-STDERR_TAIL_LINES = 6
+#: Lines of a server's stderr kept to explain a failed start (a Python traceback's last frame and
+#: its error).
+STDERR_TAIL_LINES = 3
 #: Characters of one line shown in a message (a line can be megabytes).
 SHOWN_CHARS = 200
 #: stderr lines held while a server starts; passed on once it answers (older ones are counted).
@@ -98,7 +99,7 @@ class ServerOutput:
         """How the process ended and what it printed: the detail of a one-line start failure."""
         parts = []
         if self.returncode is not None:
-            parts.append(f"exited with code {self.returncode}")
+            parts.append(f"exit code {self.returncode}")
         if self.stderr_tail:
             parts.append("its stderr ends: " + " | ".join(_shown(line) for line in self.stderr_tail))
         else:
