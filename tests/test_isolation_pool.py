@@ -130,45 +130,47 @@ def test_dot_slash_on_the_command_line_runs_on_the_copy(tmp_path, server_exe):
 
 TRAINER = textwrap.dedent("""
     import json, sys, threading, time
+    import psutil
     from skyrl_tool_agent.config import load_config
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.mcp.reaper import run_reaper
-    exe, db_root, database = sys.argv[1:4]
+    exe, db_root, database, misbehaving = sys.argv[1:5]
     server = {"name": "shop", "command": exe, "args": ["--db-path", database], "writable_paths": [database]}
-    config = load_config(overrides=[f"env.mcp_servers={json.dumps([server])}", "env.offered_tools=null",
+    linger = {"name": "linger", "command": "python", "args": [misbehaving, "linger"]}
+    config = load_config(overrides=[f"env.mcp_servers={json.dumps([server, linger])}", "env.offered_tools=null",
                                     "env.schema_in_prompt=false", "env.isolation_pool_size=2",
                                     "env.call_timeout_s=600"]).env
     runtime = EnvRuntime(config, db_root)
     forever = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-    for _ in range(2):  # two episodes, each busy in a query that never ends: two server processes
+    for _ in range(2):  # two episodes, each busy in a query that never ends
         tools = runtime.episode_tools()
+        assert tools.call_sync([("ping", {})]) == [("pong", False)]
         threading.Thread(target=tools.call_sync, args=([("read_query", {"query": forever})],), daemon=True).start()
-    while runtime.warm["shop"].processes() < 2:
+    while sum(exe in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)) < 2:
         time.sleep(0.05)
-    time.sleep(0.5)
-    print(json.dumps({"run_dir": str(run_reaper().run_dir)}), flush=True)
+    time.sleep(1.0)
+    print("ready", flush=True)
     time.sleep(600)
 """)
 
 
 def _servers_of(pid: int) -> list[psutil.Process]:
-    exe = str(mcp_server_sqlite())
-    return [p for p in psutil.Process(pid).children(recursive=True) if exe in " ".join(p.cmdline())]
+    names = (str(mcp_server_sqlite()), str(MISBEHAVING))
+    return [p for p in psutil.Process(pid).children(recursive=True) if any(n in " ".join(p.cmdline()) for n in names)]
 
 
-def _start_trainer(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, list[psutil.Process], Path]:
+def _start_trainer(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, list[psutil.Process]]:
     db_root = tmp_path / "dbs"
     database = make_shop_db(db_root)
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(REPO)}
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(mcp_server_sqlite()), str(db_root), str(database)],
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(mcp_server_sqlite()), str(db_root), str(database),
+                                str(MISBEHAVING)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path)
-    line = trainer.stdout.readline()
-    assert line, "the trainer did not start its servers"
+    assert trainer.stdout.readline() == "ready\n", "the trainer did not start its servers"
     servers = _servers_of(trainer.pid)
-    assert len(servers) == 2
-    return trainer, temp, servers, Path(json.loads(line)["run_dir"])
+    assert len(servers) >= 3  # two of mcp-server-sqlite, one that lingers
+    return trainer, temp, servers
 
 
 def _copies(temp: Path) -> list[Path]:
@@ -176,9 +178,9 @@ def _copies(temp: Path) -> list[Path]:
 
 
 def test_kill_9_of_the_trainer_leaves_no_server_and_no_copy(tmp_path, server_exe):
-    """Both servers are busy in a query that never ends (they would not notice their stdin close):
-    5 s after `kill -9` of the trainer neither runs and no copy of the database is left."""
-    trainer, temp, servers, run_dir = _start_trainer(tmp_path)
+    """Two writable servers busy in a query that never ends, and a server that ignores its stdin's end
+    and SIGTERM: 5 s after `kill -9` of the trainer none runs and no copy of the database is left."""
+    trainer, temp, servers = _start_trainer(tmp_path)
     assert _copies(temp)
     trainer.send_signal(signal.SIGKILL)
     trainer.wait()
@@ -189,7 +191,7 @@ def test_kill_9_of_the_trainer_leaves_no_server_and_no_copy(tmp_path, server_exe
     deadline = time.monotonic() + 5
     while _copies(temp) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _copies(temp) and not run_dir.exists()
+    assert not _copies(temp), f"copies left: {_copies(temp)}"
 
 
 def test_the_next_start_sweeps_what_a_dead_run_left(tmp_path):
