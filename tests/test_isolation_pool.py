@@ -255,3 +255,47 @@ def test_non_protocol_stdout_is_counted_not_logged_line_by_line(tmp_path, caplog
     assert caplog.text.count("progress 0: loading") == 2  # the warning, the summary
     assert "printed 20000 non-protocol line(s) on stdout" in caplog.text and 'File "' not in log
     assert not any(record.exc_info for record in caplog.records)
+
+
+# ----------------------------------------------------------------------------- the skyrl-gym route
+
+GYM_EPISODE = textwrap.dedent("""
+    import json, sys
+    import skyrl_gym
+    import skyrl_tool_agent  # registers mcp_tool_env
+    from skyrl_tool_agent.env.chat_format import format_tool_call
+    exe, db_root, database, declared = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    server = {"name": "shop", "command": exe, "args": ["--db-path", database]}
+    if declared:
+        server["writable_paths"] = [database]
+    config = {"db_root": db_root, "mcp_servers": [server], "offered_tools": None, "schema_in_prompt": False}
+    extras = {"db_id": "shop", "reward_spec": {"ground_truth": "SELECT 1"}, "max_turns": 3}
+    with skyrl_gym.make("mcp_tool_env", env_config=config, extras=extras) as env:
+        env.init([{"role": "user", "content": "Move Bob to Paris."}])
+        out = env.step(format_tool_call("write_query", {"query": "UPDATE customer SET city = 'Paris' WHERE customer_id = 2"}))
+        assert "Error" not in out["observations"][0]["content"], out
+    # no close of the runtime: SkyRL-train never closes it; the exit must
+""")
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["writable-declared", "undeclared"])
+def test_the_gym_route_checks_the_originals_and_removes_its_copies_at_exit(tmp_path, server_exe, declared):
+    db_root = tmp_path / "dbs"
+    database = make_shop_db(db_root)
+    before = database.read_bytes()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    done = subprocess.run([sys.executable, "-c", GYM_EPISODE, str(server_exe), str(db_root), str(database),
+                           "1" if declared else "0"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    deadline = time.monotonic() + 5  # the watchdog removes the run's directory once the process is gone
+    while _copies(temp) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _copies(temp)
+    if declared:
+        assert database.read_bytes() == before
+        assert "original data changed" not in done.stderr
+    else:  # the end-of-run hash check ran at exit and named the file
+        assert database.read_bytes() != before
+        assert "original data changed during the run" in done.stderr and str(database) in done.stderr

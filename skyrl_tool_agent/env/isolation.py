@@ -104,6 +104,30 @@ def copy_state(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
+def state_digest(paths: Sequence[Path]) -> str:
+    """A digest of what `paths` hold (a file with its SQLite journal and WAL, a directory's files by
+    name): equal digests, equal state. Cheaper than a copy, so a slot whose files no call changed is
+    neither saved nor restored."""
+    digest = hashlib.blake2b(digest_size=20)
+
+    def add(path: Path, name: str) -> None:
+        digest.update(name.encode("utf-8", "surrogateescape") + b"\x00")
+        with contextlib.suppress(FileNotFoundError), path.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        digest.update(b"\x01")
+
+    for index, path in enumerate(paths):
+        if path.is_dir():
+            for child in sorted(p for p in path.rglob("*") if p.is_file() or p.is_symlink()):
+                add(child, f"{index}/{child.relative_to(path)}")
+            continue
+        add(path, str(index))
+        for suffix in _SQLITE_SIDECARS:
+            add(path.with_name(path.name + suffix), f"{index}{suffix}")
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class IsolatedServer:
     """A server whose writes are isolated per episode: its spec and writable paths."""
@@ -258,8 +282,9 @@ class _Slot:
         self.pool = pool
         self.paths = paths  # the copies its server was pointed at
         self.busy = False
-        self.holder: _EpisodeState | None = None  # whose latest state the files hold; None: see pristine
-        self.pristine = True  # the files hold the original's bytes and no episode's
+        self.holder: _EpisodeState | None = None  # the episode whose state the files hold, if any
+        self.from_original = True  # the files were the original's when `digest` was taken
+        self.digest: str | None = None  # of the files when installed: unchanged since = no call wrote
 
 
 class _EpisodeState:
@@ -307,7 +332,9 @@ class WarmServers:
             shutil.rmtree(directory, ignore_errors=True)
             raise
         self.counts["slots_started"] += 1
-        return _Slot(directory, pool, self.server.paths_in(directory))
+        slot = _Slot(directory, pool, self.server.paths_in(directory))
+        slot.digest = await asyncio.to_thread(state_digest, slot.paths)
+        return slot
 
     async def start(self) -> list[ToolSpec]:
         """Start the first slot (its tools are the server's listing); the others start on demand."""
@@ -334,10 +361,9 @@ class WarmServers:
                         continue
                 else:
                     idle = [s for s in self.slots if not s.busy]
-                    # the cheapest first: the original's bytes, then an ended episode's files, then a live
-                    # episode's (which must be saved first)
-                    idle.sort(key=lambda s: (not s.pristine, s.holder is not None and not s.holder.ended))
-                    if idle and (idle[0].pristine or idle[0].holder is None or idle[0].holder.ended
+                    # a free slot first (no episode's state to keep), then a live episode's (kept first)
+                    idle.sort(key=lambda s: s.holder is not None and not s.holder.ended)
+                    if idle and (idle[0].holder is None or idle[0].holder.ended
                                  or len(self.slots) + self._starting >= self.size):
                         slot = idle[0]
                         slot.busy = True
@@ -358,22 +384,28 @@ class WarmServers:
         return slot
 
     async def _install(self, slot: _Slot, state: _EpisodeState) -> None:
-        """Make the slot's files hold `state` (saving the live episode whose state they held)."""
+        """Make the slot's files hold `state`: its saved copy, else the original's bytes. The live
+        episode whose state they held is saved first, unless no call changed them (digest)."""
         if slot.holder is state:
             return
+        changed = slot.digest is None or await asyncio.to_thread(state_digest, slot.paths) != slot.digest
         holder = slot.holder
         if holder is not None and not holder.ended and holder.lost is None:
-            saved = holder.saved or run_reaper().new_dir(f"state-{self.name}-")
-            await asyncio.to_thread(self._copy_all, slot.paths, self.server.paths_in(saved))
-            holder.saved, holder.resident = saved, None
-            self.counts["saved"] += 1
+            if changed:  # else its state is still what was installed: its saved copy, or the original
+                saved = holder.saved or run_reaper().new_dir(f"state-{self.name}-")
+                await asyncio.to_thread(self._copy_all, slot.paths, self.server.paths_in(saved))
+                holder.saved = saved
+                self.counts["saved"] += 1
+            holder.resident = None
         if state.saved is not None:
             await asyncio.to_thread(self._copy_all, self.server.paths_in(state.saved), slot.paths)
             self.counts["restored_saved"] += 1
-        elif not slot.pristine:
+            slot.digest = await asyncio.to_thread(state_digest, slot.paths)
+        elif changed or not slot.from_original:
             await asyncio.to_thread(self._copy_all, [o for _, o in self.server.writable], slot.paths)
             self.counts["restored_original"] += 1
-        slot.holder, slot.pristine = state, False
+            slot.digest = await asyncio.to_thread(state_digest, slot.paths)
+        slot.holder, slot.from_original = state, state.saved is None
         state.resident = slot
 
     @staticmethod
