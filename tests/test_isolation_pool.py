@@ -4,6 +4,7 @@ server as one line. Real server processes, real SQLite files, real signals."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -65,8 +66,9 @@ def server_exe() -> Path:
 @pytest.mark.parametrize("pool_size", [1, 2])
 def test_interleaved_episodes_never_see_each_others_writes_on_shared_processes(tmp_path, server_exe, pool_size):
     """Three episodes interleave writes and reads on `pool_size` warm processes (the knob): each sees
-    the original, then only its own writes; the original never changes; processes stay <= the pool
-    size (1: every switch of episode saves one's copy and restores the other's)."""
+    the original, then only its own writes; the original never changes. Calls one at a time need
+    one process; two at once start a second where the pool size allows (1: every switch of episode
+    saves one's copy and restores the other's)."""
     db_root = tmp_path / "dbs"
     database = make_shop_db(db_root)
     before = database.read_bytes()
@@ -82,6 +84,13 @@ def test_interleaved_episodes_never_see_each_others_writes_on_shared_processes(t
         a.close()
         assert "'n': 2" in _paris(c)  # a new episode on a process a used: the original again
         assert "'n': 4" in _paris(b)
+        assert _server_processes(runtime) == 1  # calls one at a time: one process serves them all
+
+        async def together() -> list[tuple[str, bool]]:  # two calls at once: a second process, if allowed
+            return await asyncio.gather(b.call("read_query", {"query": PARIS}), c.call("read_query", {"query": PARIS}))
+
+        (b_text, _), (c_text, _) = asyncio.run(together())
+        assert "'n': 4" in b_text and "'n': 2" in c_text
         assert _server_processes(runtime) == pool_size
         warm = runtime.warm["shop"]
         assert warm.processes() == pool_size

@@ -361,10 +361,10 @@ class WarmServers:
                         continue
                 else:
                     idle = [s for s in self.slots if not s.busy]
-                    # a free slot first (no episode's state to keep), then a live episode's (kept first)
+                    # a free slot first (no episode's state to keep), then a live episode's (saved first
+                    # if its calls changed the files); a new process only when every slot is busy
                     idle.sort(key=lambda s: s.holder is not None and not s.holder.ended)
-                    if idle and (idle[0].holder is None or idle[0].holder.ended
-                                 or len(self.slots) + self._starting >= self.size):
+                    if idle:
                         slot = idle[0]
                         slot.busy = True
                         return slot
