@@ -308,3 +308,26 @@ def test_the_gym_route_checks_the_originals_and_removes_its_copies_at_exit(tmp_p
     else:  # the end-of-run hash check ran at exit and named the file
         assert database.read_bytes() != before
         assert "original data changed during the run" in done.stderr and str(database) in done.stderr
+
+
+def test_a_stateful_server_starts_per_episode_only_when_the_episode_calls_it(tmp_path):
+    """Two servers declared stateful: an episode that calls one starts a process of that one only,
+    and its end stops it."""
+    calc = {"command": "python", "args": ["-m", "tests.fixtures.calc_server"], "stateful": True}
+    servers = [{"name": "a", **calc}, {"name": "b", "tool_prefix": "b_", **calc}]
+    config = load_config(overrides=[f"env.mcp_servers={json.dumps(servers)}", "env.offered_tools=null",
+                                    "env.schema_in_prompt=false"]).env
+    runtime = EnvRuntime(config, tmp_path)
+
+    def calc_processes() -> int:
+        return sum("tests.fixtures.calc_server" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))
+
+    try:
+        listing = calc_processes()  # one per server, listing its tools
+        tools = runtime.episode_tools()
+        assert tools.call_sync([("add", {"a": 2, "b": 3})]) == [("5", False)]
+        assert calc_processes() == listing + 1
+        tools.close()
+        assert calc_processes() == listing
+    finally:
+        runtime.close()

@@ -468,8 +468,9 @@ class WarmServers:
 class EpisodeTools:
     """One episode's tool calls: a shared server's through the runtime's pool, a server with writable
     paths through its `WarmServers` (on a slot holding this episode's state), a stateful server's
-    through the episode's own process of it, started at its first call on a fresh copy of its
-    writable paths. `close`/`aclose` end the episode: its state and own processes go."""
+    through the episode's own process of it, started at its first call to that server (not to any
+    other) on a fresh copy of its writable paths. `close`/`aclose` end the episode: its state and
+    own processes go."""
 
     def __init__(self, shared: BackgroundMCPPool, isolated: Sequence[IsolatedServer], *,
                  call_timeout_s: float, warm: Mapping[str, WarmServers] | None = None,
@@ -481,11 +482,11 @@ class EpisodeTools:
         #: Tool name -> the warm servers that serve it.
         self.warm_tools: dict[str, WarmServers] = {t.name: self.warm[t.server] for t in listed if t.server in self.warm}
         #: Tools routed to the episode's own servers (the names the runtime lists for them).
-        self.isolated_tools = frozenset(
-            t.name for t in listed if t.server in {s.spec.name for s in self.isolated})
+        self.isolated_tools: dict[str, IsolatedServer] = {
+            t.name: s for t in listed for s in self.isolated if t.server == s.spec.name}
         self.call_timeout_s = call_timeout_s
         self._states: dict[str, _EpisodeState] = {}
-        self._pool: MCPClientPool | None = None
+        self._pools: dict[str, MCPClientPool] = {}  # the stateful servers it called, by name
         self._dir: Path | None = None
         self._opening: asyncio.Lock | None = None  # created on the pool's loop, where it is used
         self._closed = False
@@ -496,27 +497,29 @@ class EpisodeTools:
     __hash__ = None  # type: ignore[assignment]
 
     def _key(self) -> tuple[Any, ...]:
-        return (self.shared, self.isolated, tuple(self.warm.items()), self.call_timeout_s, self._pool, self._dir,
+        return (self.shared, self.isolated, tuple(self.warm.items()), self.call_timeout_s, tuple(self._pools), self._dir,
                 self._closed, tuple(self._states))
 
-    async def _open(self) -> MCPClientPool:
+    async def _open(self, server: IsolatedServer) -> MCPClientPool:
+        """The episode's own process of a stateful server, started at its first call to it."""
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._closed:
                 raise MCPPoolClosed("the episode has ended")
-            if self._pool is None:
-                directory = run_reaper().new_dir("episode-")
+            pool = self._pools.get(server.spec.name)
+            if pool is None:
+                self._dir = self._dir or run_reaper().new_dir("episode-")
+                directory = self._dir / server.spec.name
                 try:
-                    specs = [server.copy_into(directory / server.spec.name) for server in self.isolated]
-                    pool = MCPClientPool(specs, call_timeout_s=self.call_timeout_s,
-                                         sessions_per_server=1)
+                    spec = await asyncio.to_thread(server.copy_into, directory)
+                    pool = MCPClientPool([spec], call_timeout_s=self.call_timeout_s, sessions_per_server=1)
                     await pool.start()
                 except BaseException:
                     shutil.rmtree(directory, ignore_errors=True)
                     raise
-                self._pool, self._dir = pool, directory
-            return self._pool
+                self._pools[server.spec.name] = pool
+            return pool
 
     async def _call_on_loop(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         """One call, on the runtime pool's loop."""
@@ -526,8 +529,9 @@ class EpisodeTools:
                 raise MCPPoolClosed("the episode has ended")
             state = self._states.setdefault(warm.name, _EpisodeState())
             return await warm.call(state, name, dict(arguments))
-        if name in self.isolated_tools:
-            pool = await self._open()
+        stateful = self.isolated_tools.get(name)
+        if stateful is not None:
+            pool = await self._open(stateful)
             return await pool.call_tool(name, dict(arguments))
         return await self.shared.pool.call_tool(name, dict(arguments))
 
@@ -551,19 +555,18 @@ class EpisodeTools:
             self._opening = asyncio.Lock()
         async with self._opening:
             self._closed = True
-            pool, directory, self._pool, self._dir = self._pool, self._dir, None, None
+            pools, directory, self._pools, self._dir = self._pools, self._dir, {}, None
             states, self._states = self._states, {}
         for server_name, state in states.items():
             await self.warm[server_name].end(state)
-        if pool is not None:
-            await pool.close()
+        await asyncio.gather(*(pool.close() for pool in pools.values()), return_exceptions=True)
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 
     @property
     def opened(self) -> bool:
         """Whether the episode called a server that isolates it (it has state to drop)."""
-        return self._pool is not None or bool(self._states)
+        return bool(self._pools) or bool(self._states)
 
     async def aclose(self) -> None:
         """End the episode's state and own servers (idempotent)."""

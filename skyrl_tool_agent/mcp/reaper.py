@@ -133,7 +133,7 @@ class RunReaper:
         if os.getpid() != self.pid:
             return
         with self._lock:
-            pipe, watchdog, self._pipe = self._pipe, self._watchdog, None
+            pipe, self._pipe = self._pipe, None
         if pipe is not None:
             try:
                 pipe.close()
