@@ -69,6 +69,8 @@ class OriginalDataChanged(DatabaseUnavailableError):
 
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
+#: Files below this size are digested on the event loop (tens of microseconds), not in a thread.
+_INLINE_BYTES = 1 << 20
 
 
 def _is_sqlite(path: Path) -> bool:
@@ -307,6 +309,8 @@ class WarmServers:
         self.call_timeout_s = call_timeout_s
         self.slots: list[_Slot] = []
         self._starting = 0  # slots being started (counted against size)
+        self._growing: set[asyncio.Task[None]] = set()
+        self._grow_error: str | None = None
         self._changed: asyncio.Condition | None = None
         self._closed = False
         #: What the slots did, for the log and the benchmark: restores from the original, saves and
@@ -333,7 +337,7 @@ class WarmServers:
             raise
         self.counts["slots_started"] += 1
         slot = _Slot(directory, pool, self.server.paths_in(directory))
-        slot.digest = await asyncio.to_thread(state_digest, slot.paths)
+        slot.digest = await self._digest(slot.paths)
         return slot
 
     async def start(self) -> list[ToolSpec]:
@@ -362,33 +366,46 @@ class WarmServers:
                 else:
                     idle = [s for s in self.slots if not s.busy]
                     # a free slot first (no episode's state to keep), then a live episode's (saved first
-                    # if its calls changed the files); a new process only when every slot is busy
+                    # if its calls changed the files)
                     idle.sort(key=lambda s: s.holder is not None and not s.holder.ended)
                     if idle:
                         slot = idle[0]
                         slot.busy = True
                         return slot
                     if len(self.slots) + self._starting < self.size:
+                        # every slot busy: one more process, started aside; this call takes whichever
+                        # slot frees first (a busy one usually does, long before a process starts)
                         self._starting += 1
-                        break
+                        task = asyncio.get_running_loop().create_task(self._grow())
+                        self._growing.add(task)
+                        task.add_done_callback(self._growing.discard)
+                    elif not self.slots and not self._starting:
+                        raise MCPServerUnavailable(f"MCP server {self.name!r} cannot start: {self._grow_error}")
                 await condition.wait()
+
+    async def _grow(self) -> None:
         try:
             slot = await self._new_slot()
-        finally:
-            async with condition:
-                self._starting -= 1
-                condition.notify_all()
-        slot.busy = True
-        async with condition:
-            self.slots.append(slot)
-        return slot
+        except Exception as exc:  # noqa: BLE001 - the callers waiting hear of it (no slot left) or use the others
+            self._grow_error = f"{type(exc).__name__}: {exc}"
+            logger.warning("MCP server %r: another process did not start: %s", self.name, self._grow_error)
+            slot = None
+        async with self._condition():
+            self._starting -= 1
+            if slot is not None and not self._closed:
+                self.slots.append(slot)
+                slot = None
+            self._condition().notify_all()
+        if slot is not None:  # closed meanwhile
+            await slot.pool.close()
+            shutil.rmtree(slot.directory, ignore_errors=True)
 
     async def _install(self, slot: _Slot, state: _EpisodeState) -> None:
         """Make the slot's files hold `state`: its saved copy, else the original's bytes. The live
         episode whose state they held is saved first, unless no call changed them (digest)."""
         if slot.holder is state:
             return
-        changed = slot.digest is None or await asyncio.to_thread(state_digest, slot.paths) != slot.digest
+        changed = slot.digest is None or await self._digest(slot.paths) != slot.digest
         holder = slot.holder
         if holder is not None and not holder.ended and holder.lost is None:
             if changed:  # else its state is still what was installed: its saved copy, or the original
@@ -400,13 +417,18 @@ class WarmServers:
         if state.saved is not None:
             await asyncio.to_thread(self._copy_all, self.server.paths_in(state.saved), slot.paths)
             self.counts["restored_saved"] += 1
-            slot.digest = await asyncio.to_thread(state_digest, slot.paths)
+            slot.digest = await self._digest(slot.paths)
         elif changed or not slot.from_original:
             await asyncio.to_thread(self._copy_all, [o for _, o in self.server.writable], slot.paths)
             self.counts["restored_original"] += 1
-            slot.digest = await asyncio.to_thread(state_digest, slot.paths)
+            slot.digest = await self._digest(slot.paths)
         slot.holder, slot.from_original = state, state.saved is None
         state.resident = slot
+
+    async def _digest(self, paths: Sequence[Path]) -> str:
+        """`state_digest`, in a thread unless the files are small (a thread hop costs more)."""
+        small = all(p.is_file() and p.stat().st_size < _INLINE_BYTES for p in paths)
+        return state_digest(paths) if small else await asyncio.to_thread(state_digest, paths)
 
     @staticmethod
     def _copy_all(sources: Sequence[Path], targets: Sequence[Path]) -> None:
@@ -456,6 +478,7 @@ class WarmServers:
         self._closed = True
         async with self._condition():
             self._condition().notify_all()
+        await asyncio.gather(*self._growing, return_exceptions=True)
         slots, self.slots = self.slots, []
         await asyncio.gather(*(slot.pool.close() for slot in slots), return_exceptions=True)
         for slot in slots:
