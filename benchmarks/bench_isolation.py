@@ -76,11 +76,17 @@ class TreeSampler:
         except psutil.Error:
             return
         rss, servers = 0, 0
+        try:
+            root_cmdline = self.root.cmdline()
+        except psutil.Error:
+            return
         for proc in procs:
             try:
                 rss += proc.memory_info().rss
-                # the CLI's own command line names the server too (--mcp-server): children only
-                if proc is not self.root and any(marker in " ".join(proc.cmdline()) for marker in SERVER_MARKERS):
+                # the CLI's command line names the server too (--mcp-server), and so does a child it
+                # forks: a server is a process with a command line of its own
+                cmdline = proc.cmdline()
+                if cmdline != root_cmdline and any(marker in " ".join(cmdline) for marker in SERVER_MARKERS):
                     servers += 1
             except psutil.Error:
                 continue

@@ -342,3 +342,28 @@ def test_a_stateful_server_starts_per_episode_only_when_the_episode_calls_it(tmp
         assert calc_processes() == listing
     finally:
         runtime.close()
+
+
+def test_files_a_server_writes_beside_a_writable_file_are_the_episodes_own(tmp_path):
+    """One warm process, two episodes: a note one episode leaves beside the database is seen by
+    that episode only, never by the other, a later one, or the original's directory."""
+    db_root = tmp_path / "dbs"
+    database = make_shop_db(db_root)
+    server = {"name": "side", "command": "python", "args": ["-m", "tests.fixtures.sidecar_server", "--db-path",
+                                                             str(database)], "writable_paths": [str(database)]}
+    config = load_config(overrides=[f"env.mcp_servers={json.dumps([server])}", "env.offered_tools=null",
+                                    "env.schema_in_prompt=false", "env.isolation_pool_size=1"]).env
+    runtime = EnvRuntime(config, db_root)
+    try:
+        a, b = runtime.episode_tools(), runtime.episode_tools()
+        assert a.call_sync([("leave_note", {"text": "from a"})]) == [("ok", False)]
+        assert b.call_sync([("read_notes", {})]) == [("none", False)]
+        assert a.call_sync([("read_notes", {})]) == [("from a\n", False)]
+        a.close()
+        c = runtime.episode_tools()
+        assert c.call_sync([("read_notes", {})]) == [("none", False)]
+        b.close()
+        c.close()
+    finally:
+        runtime.close()
+    assert not (database.parent / "notes.txt").exists()

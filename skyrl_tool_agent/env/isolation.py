@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -127,7 +128,35 @@ def state_digest(paths: Sequence[Path]) -> str:
         add(path, str(index))
         for suffix in _SQLITE_SIDECARS:
             add(path.with_name(path.name + suffix), f"{index}{suffix}")
+        for sibling in _siblings(path):
+            add(sibling, f"{index}+{sibling.relative_to(path.parent)}")
     return digest.hexdigest()
+
+
+def _siblings(copy: Path) -> list[Path]:
+    """Files a server made beside a writable file's copy (its directory is the copy's alone): part
+    of the episode's state, like the file. SQLite's own journal, WAL and shared-memory files are not
+    (SQLite keeps them consistent with the file)."""
+    own = {copy.name, *(copy.name + suffix for suffix in (*_SQLITE_SIDECARS, "-shm"))}
+    if not copy.parent.is_dir():
+        return []
+    return sorted(p for p in copy.parent.rglob("*")
+                  if (p.is_file() or p.is_symlink()) and p.relative_to(copy.parent).parts[0] not in own)
+
+
+def sync_state(source: Path, target: Path, *, source_is_copy: bool) -> None:
+    """`copy_state`, and for a file, the files beside it: those beside `source` when it is a copy
+    (a slot's or a saved state's), none when it is the original (its directory is the user's)."""
+    copy_state(source, target)
+    if source.is_dir():
+        return
+    wanted = {p.relative_to(source.parent): p for p in _siblings(source)} if source_is_copy else {}
+    for stale in _siblings(target):
+        if stale.relative_to(target.parent) not in wanted:
+            stale.unlink()
+    for relative, path in wanted.items():
+        (target.parent / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target.parent / relative, follow_symlinks=False)
 
 
 @dataclass(frozen=True)
@@ -419,7 +448,8 @@ class WarmServers:
             self.counts["restored_saved"] += 1
             slot.digest = await self._digest(slot.paths)
         elif changed or not slot.from_original:
-            await asyncio.to_thread(self._copy_all, [o for _, o in self.server.writable], slot.paths)
+            await asyncio.to_thread(functools.partial(self._copy_all, [o for _, o in self.server.writable], slot.paths,
+                                                      from_original=True))
             self.counts["restored_original"] += 1
             slot.digest = await self._digest(slot.paths)
         slot.holder, slot.from_original = state, state.saved is None
@@ -431,9 +461,9 @@ class WarmServers:
         return state_digest(paths) if small else await asyncio.to_thread(state_digest, paths)
 
     @staticmethod
-    def _copy_all(sources: Sequence[Path], targets: Sequence[Path]) -> None:
+    def _copy_all(sources: Sequence[Path], targets: Sequence[Path], *, from_original: bool = False) -> None:
         for source, target in zip(sources, targets, strict=True):
-            copy_state(source, target)
+            sync_state(source, target, source_is_copy=not from_original)
 
     async def call(self, state: _EpisodeState, name: str, arguments: dict[str, Any]) -> ToolResult:
         """One call of an episode, on a slot holding its state."""
