@@ -96,6 +96,11 @@ def test_a_bad_mcp_server_flag_is_one_line(shop):
     line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks),
                                 "--mcp-server", "s=/nonexistent/server --db x", timeout=60))
     assert "env.mcp_servers" in line and "failed to start" in line and "/nonexistent/server" in line
+    # a server that dies at once: its exit code and the end of its stderr, not an ExceptionGroup
+    crash = REPO / "tests" / "fixtures" / "misbehaving_server.py"
+    line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks),
+                                "--mcp-server", f"s=python {crash} exit", timeout=60))
+    assert "exited before answering initialize; exit code 3" in line and "No module named 'missing_dep'" in line
 
 
 # ----------------------------------------------------------------------------- a third-party server
@@ -115,7 +120,8 @@ def test_the_oracle_scores_full_marks_on_a_third_party_server_mapped_onto_sql(sh
                 "--set", "grpo.max_turns=4", "--output-dir", str(out), timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     # its tools, listed at start in the log
-    assert "MCP server 'shop' (a process per episode, on its own copy): read_query, write_query" in done.stdout
+    assert "MCP server 'shop' (writes isolated: up to" in done.stdout
+    assert "warm processes, each call on its episode's own copy): read_query, write_query" in done.stdout
     results = json.loads((out / "results.json").read_text())
     assert (results["n"], results["execution_accuracy"], results["infra_errors"]) == (3, 1.0, 0), results
     samples = [json.loads(line)["samples"][0] for line in (out / "results_trajectories.jsonl").read_text().splitlines()]

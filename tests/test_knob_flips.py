@@ -72,6 +72,8 @@ NOT_FLIPPED: dict[str, str] = {
                     "tool_call_format", "offered_tools", "schema_in_prompt", "bind_db_id", "shaping_rewards",
                     "shaping_penalty", "reward.terms", "reward.keep_distinct")},
     "env.tool_map": "needs a server whose tools have other names (mcp-server-sqlite); tests/test_byo_server.py",
+    "env.isolation_pool_size": "needs a writable third-party server (mcp-server-sqlite); "
+                               "tests/test_isolation_pool.py flips it (1 and 2 processes)",
     "env.reward.gold_cache_size": "an LRU size: changes memory and speed, never a result (no test flips it)",
 }
 

@@ -76,17 +76,22 @@ class MCPServerConfig(Section):
     )
     writable_paths: list[str] = knob(
         default_factory=list,
-        description="Files or directories this server may write (its database, its state). Each "
-        "episode runs its own server process on its own copy of them: every argument, env value "
-        "or cwd that names one of these paths (as written here, or absolute) is pointed at the "
-        "copy. The originals are never handed to the server; a relative path is taken against the "
-        "server's cwd, else the working directory.",
+        description="Files or directories this server may write (its database, its state). No "
+        "episode sees another's writes, nor does the reward: the server runs as a warm pool of "
+        "env.isolation_pool_size processes, each on its own copy of these paths, and every call "
+        "runs on a copy holding its episode's state (the original's bytes at the episode's first "
+        "call; SQLite's backup API swaps databases in place). Every argument, env value or cwd that "
+        "names one of these paths (as written here, ./path or absolute: compared after "
+        "normalisation) is pointed at the copy; the originals are never handed to the server. A "
+        "relative path is taken against the server's cwd, else the working directory. A server that "
+        "also keeps state in memory needs stateful: true.",
     )
     stateful: bool = knob(
         False,
-        "The server keeps state between calls (in memory or in files): each episode gets a "
-        "server process of its own, started fresh, so nothing an episode does is seen by the next. "
-        "Implied by writable_paths.",
+        "The server keeps state in memory between calls: each episode gets a server process of its "
+        "own, started at its first call to it (on its own copy of writable_paths), so nothing an "
+        "episode does is seen by the next. Costs a process start per episode; without it a server "
+        "with writable_paths shares warm processes (its files swapped per episode).",
     )
 
     @field_validator("error_pattern")
@@ -280,6 +285,15 @@ class EnvConfig(Section):
         "${sql_timeout_s} in its args.", gt=0)
     sessions_per_server: int = knob(
         1, "MCP client sessions (server processes) per server spec.", h100=4, ge=1
+    )
+    isolation_pool_size: int | None = knob(
+        None,
+        "Most processes of one server with writable_paths (not stateful) at once: its warm pool. A "
+        "call holds a process only while it runs, so episodes in flight may outnumber them (an "
+        "episode whose copy another took is saved and restored: two copies of its files). Started "
+        "as calls need them, the first when the run starts (it lists the tools). null = the CPU "
+        "cores.",
+        ge=1,
     )
     tool_call_format: Literal["hermes", "skyrl_sql"] = knob(
         "hermes",

@@ -2,12 +2,15 @@
 
 SkyRL-train builds one env per trajectory from `(env_config, extras)`. Starting MCP servers per
 episode would cost a process spawn per trajectory, so runtimes are cached per process, keyed by
-the server specs and database root, and closed at exit.
+the server specs and database root, and closed at exit (`close_runtimes`, which also runs the
+end-of-run hash check of the original data; call it to close them earlier).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import shlex
 import threading
 from collections.abc import Mapping, Sequence
@@ -26,6 +29,7 @@ from skyrl_tool_agent.env.isolation import (
     EpisodeTools,
     IsolatedServer,
     OriginalData,
+    WarmServers,
     isolated_server,
     remove_dir,
     scratch_dir,
@@ -120,6 +124,16 @@ def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bin
     return out
 
 
+def _check_unique_tools(tools: Sequence[ToolSpec]) -> None:
+    """Two servers listing one tool name: the pool's `MCPConfigError` (across pools too)."""
+    seen: dict[str, str] = {}
+    for tool in tools:
+        other = seen.setdefault(tool.name, tool.server)
+        if other != tool.server:
+            raise MCPConfigError(f"tool {tool.name!r} is listed by servers {other!r} and {tool.server!r}; "
+                                 "set tool_prefix on one of them")
+
+
 def _duplicate_tool_message(exc: MCPConfigError, config: EnvConfig) -> str:
     """The pool's start failure as one line naming the config key and the fix."""
     text = str(exc)
@@ -170,6 +184,10 @@ class EnvRuntime:
         self._scratch: Path | None = None
         #: Servers that run once per episode, on their own copies (`env.isolation`).
         self.isolated: list[IsolatedServer] = []
+        #: The warm pools of the servers with writable paths (not stateful), by server name.
+        self.warm: dict[str, WarmServers] = {}
+        self._listed: list[ToolSpec] | None = None
+        self._closed = False
         self.originals: OriginalData | None = None
         #: Originals found changed when the run ended (`close`), one line each.
         self.data_faults: list[str] = []
@@ -189,11 +207,15 @@ class EnvRuntime:
     def _start_pool(self, config: EnvConfig) -> BackgroundMCPPool:
         servers = config.resolved_servers(self.db_root)
         specs = []
+        warm: list[IsolatedServer] = []
         for server in servers:
             spec = _spec(server)
             if server.isolated:
                 isolated = isolated_server(server, spec)
                 self.isolated.append(isolated)
+                if not isolated.stateful:
+                    warm.append(isolated)  # its own warm pool, below
+                    continue
                 self._scratch = self._scratch or scratch_dir()
                 spec = isolated.copy_into(self._scratch / server.name)  # the listing instance: its own copy too
             specs.append(spec)
@@ -202,17 +224,36 @@ class EnvRuntime:
             watched.extend(sorted(self.db_root.glob("*/*.sqlite")))
         self.originals = OriginalData(watched)
         pool = BackgroundMCPPool(specs, call_timeout_s=config.call_timeout_s,
-                                 sessions_per_server=config.sessions_per_server)
+                                 sessions_per_server=config.sessions_per_server, allow_empty=True)
+        size = config.isolation_pool_size or os.cpu_count() or 1
         try:
             pool.start()
+            listed = list(pool.list_tools())
+            for isolated in warm:
+                servers_of_it = WarmServers(isolated, size=size, call_timeout_s=config.call_timeout_s)
+                self.warm[isolated.spec.name] = servers_of_it
+                listed.extend(ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema,
+                                       server=isolated.spec.name) for t in pool.run(servers_of_it.start()))
+            _check_unique_tools(listed)
         except MCPConfigError as exc:
+            self._close_warm(pool)
+            pool.close()
             remove_dir(self._scratch)
             raise EnvDataError(_duplicate_tool_message(exc, config)) from None
+        self._listed = listed
         return pool
+
+    def _close_warm(self, pool: BackgroundMCPPool) -> None:
+        warm, self.warm = self.warm, {}
+        for servers in warm.values():
+            try:
+                pool.run(servers.close(), timeout_s=60)
+            except Exception as exc:  # noqa: BLE001 - closing must not raise
+                logger.warning("closing the warm servers of %r failed: %r", servers.name, exc)
 
     def _resolve_tools(self, config: EnvConfig, family_tools: Mapping[str, tuple[str, ...]]) -> None:
         #: Every tool the servers list (the env may read the schema with one not offered).
-        self.all_tools: list[ToolSpec] = list(self.pool.list_tools())
+        self.all_tools: list[ToolSpec] = list(self._listed if self._listed is not None else self.pool.list_tools())
         listed = {t.name: t for t in self.all_tools}
         for role, mapping in config.tool_map.items():
             if mapping.tool not in listed:
@@ -245,7 +286,9 @@ class EnvRuntime:
         offered = ", ".join(sorted(offered_names)) or "none"
         for server in config.mcp_servers:
             names = ", ".join(t.name for t in self.all_tools if t.server == server.name)
-            mode = " (a process per episode, on its own copy)" if server.isolated else ""
+            warm = self.warm.get(server.name)
+            mode = (f" (writes isolated: up to {warm.size} warm processes, each call on its episode's own copy)"
+                    if warm is not None else " (a process per episode, on its own copy)" if server.isolated else "")
             logger.info("MCP server %r%s: %s; offered to the policy: %s", server.name, mode, names or "no tools",
                         offered)
 
@@ -264,7 +307,8 @@ class EnvRuntime:
 
     def episode_tools(self) -> EpisodeTools:
         """The tools of one new episode (its own servers start at its first call to one)."""
-        return EpisodeTools(self.pool, self.isolated, call_timeout_s=self.settings.call_timeout_s)
+        return EpisodeTools(self.pool, self.isolated, call_timeout_s=self.settings.call_timeout_s, warm=self.warm,
+                            tools=self.all_tools)
 
     def check_originals(self) -> None:
         """Before scoring: `OriginalDataChanged` if data the reward reads changed during the run."""
@@ -279,13 +323,23 @@ class EnvRuntime:
                 raise EnvDataError("env.schema_in_prompt needs a server listing a get_schema tool (or "
                                    "env.tool_map.get_schema); none does")
             name, arguments = self.family_call("get_schema", {"db_id": db_id})
-            result = self.pool.run(self.pool.pool.call_tool(name, arguments))
-            if result.is_error:
-                raise EpisodeSetupError(f"cannot read the schema of database {db_id!r}: {result.text}")
-            text = self._schemas[db_id] = result.text
+            tools = self.episode_tools()  # the tool may be a server that writes: its own episode
+            try:
+                ((result_text, is_error),) = tools.call_sync([(name, arguments)])
+            finally:
+                tools.close()
+            if is_error:
+                raise EpisodeSetupError(f"cannot read the schema of database {db_id!r}: {result_text}")
+            text = self._schemas[db_id] = result_text
         return text
 
     def close(self) -> None:
+        """Stop the servers, remove the copies, and hash the originals again (`data_faults`); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.warm:
+            self._close_warm(self.pool)
         if self._owns_pool:
             self.pool.close()
         remove_dir(self._scratch)
@@ -299,6 +353,21 @@ class EnvRuntime:
 
 _RUNTIMES: dict[tuple[Any, ...], EnvRuntime] = {}
 _LOCK = threading.Lock()
+_CLOSE_AT_EXIT = False
+
+
+def close_runtimes() -> list[str]:
+    """Close every runtime `resolve_runtime` cached (the skyrl-gym route's): servers stopped, copies
+    removed, the originals hashed again. What changed, one line each (also logged). Runs at exit by
+    itself, before the pools' own exit handlers; call it to have the check now."""
+    with _LOCK:
+        runtimes = list(_RUNTIMES.values())
+        _RUNTIMES.clear()
+    faults: list[str] = []
+    for runtime in runtimes:
+        runtime.close()
+        faults.extend(runtime.data_faults)
+    return faults
 
 
 def _plain(value: Any) -> Any:
@@ -378,9 +447,13 @@ def resolve_runtime(env_config: Any, extras: Mapping[str, Any], defaults: Any = 
     db_root = resolve_db_root(gym_config, extras)
     config = gym_config.env_config()
     key = (config.model_dump_json(), str(db_root))
+    global _CLOSE_AT_EXIT
     with _LOCK:
         runtime = _RUNTIMES.get(key)
         if runtime is None:
             runtime = EnvRuntime(config, db_root)
             _RUNTIMES[key] = runtime
+            if not _CLOSE_AT_EXIT:  # registered after the pool's own handler, so it runs first (LIFO)
+                atexit.register(close_runtimes)
+                _CLOSE_AT_EXIT = True
         return runtime

@@ -105,11 +105,12 @@ class MCPClientPool:
         startup_timeout_s: float = 30.0,
         ping_timeout_s: float = 5.0,
         server_stderr: TextIO | None = None,
+        allow_empty: bool = False,
     ) -> None:
         names = [s.name for s in servers]
         if len(set(names)) != len(names):
             raise MCPConfigError(f"duplicate server names: {sorted({n for n in names if names.count(n) > 1})}")
-        if not servers:
+        if not servers and not allow_empty:  # allow_empty: a runtime whose every server is started elsewhere
             raise MCPConfigError("no MCP servers configured")
         if sessions_per_server < 1:
             raise MCPConfigError("sessions_per_server must be >= 1")

@@ -5,6 +5,11 @@ A slot's supervisor task owns the server's whole life: it enters `stdio_client` 
 slot ready, and waits until the session breaks (the server's stdout hits EOF), a health check
 fails, or the pool closes; then it tears the process down and starts a new one with backoff.
 Callers on the same event loop use the live session concurrently; they never own it.
+
+The process runs through `mcp.transport` (its group dies with this process; non-protocol stdout
+counted, not a traceback per line; stderr held while it starts). A server that does not start is
+one line (`ServerSlot.last_error`): why (exited, no answer, a refused handshake), its exit code,
+the last lines of its stderr and what it printed on stdout that was not protocol.
 """
 
 from __future__ import annotations
@@ -20,20 +25,31 @@ from typing import Any, TextIO
 
 import anyio
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import Tool
 
 from mcp_tools.call_lanes import CLIENT_DEADLINE_ENV_VAR
 from skyrl_tool_agent.mcp.specs import ServerSpec
+from skyrl_tool_agent.mcp.transport import ServerOutput, server_transport
 
 logger = logging.getLogger(__name__)
 
-#: Set in each server's environment so `ServerSlot.pid()` can find the process with psutil.
+#: Set in each server's environment: which slot started it (for diagnostics).
 SLOT_ENV_VAR = "SKYRL_MCP_SLOT"
 #: Parent environment variables passed on besides the SDK's safe default set (HOME, PATH, ...):
 #: without them a `python -m ...` server may not import what the parent can.
 PASSED_ENV_VARS = ("PYTHONPATH", "VIRTUAL_ENV")
 _slot_ids = itertools.count()
+
+
+class _StartFailed(Exception):
+    """A server did not start; the message is the whole one-line reason."""
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 class _EofWatchingStream:
@@ -103,6 +119,7 @@ class ServerSlot:
         self._task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._suspected: ClientSession | None = None  # out of rotation until its ping answers
+        self._pid: int | None = None  # the current process, from spawn until it is reaped
 
     @property
     def ready(self) -> bool:
@@ -139,9 +156,9 @@ class ServerSlot:
         self._broken.set()
 
     def _kill(self) -> None:
-        if (pid := self.pid()) is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if (pid := self._pid) is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # the server leads its own group (mcp.transport)
 
     @property
     def in_rotation(self) -> bool:
@@ -176,24 +193,16 @@ class ServerSlot:
             self.group.changed()  # wake calls waiting for a slot
 
     def pid(self) -> int | None:
-        """Process id of the current server (found via its environment tag), or None."""
-        import psutil
+        """Process id of the current server, or None while none runs."""
+        return self._pid
 
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                if proc.environ().get(SLOT_ENV_VAR) == self.tag:
-                    return proc.pid
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return None
-
-    def _params(self) -> StdioServerParameters:
+    def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV_VARS if k in os.environ}
         env.update(self.spec.env or {})
         env[SLOT_ENV_VAR] = self.tag
         if self.call_timeout_s is not None:
             env.setdefault(CLIENT_DEADLINE_ENV_VAR, f"{self.call_timeout_s:g}")  # a spec's own value wins
-        return StdioServerParameters(command=self.spec.command, args=list(self.spec.args), env=env, cwd=self.spec.cwd)
+        return env
 
     async def _supervise(self) -> None:
         backoff = 0.2
@@ -204,7 +213,8 @@ class ServerSlot:
                     await self._serve_once()
                     backoff = 0.2
                 except Exception as exc:  # noqa: BLE001 - a broken server must never kill the supervisor
-                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    leaf = _leaf(exc)
+                    self.last_error = str(leaf) if isinstance(leaf, _StartFailed) else f"{type(leaf).__name__}: {leaf}"
                     logger.warning("MCP server %s[%d] failed: %s", self.spec.name, self.index, self.last_error)
                 finally:
                     self.session = None
@@ -215,29 +225,47 @@ class ServerSlot:
 
     async def _serve_once(self) -> None:
         errlog = self.errlog if self.errlog is not None else (sys.__stderr__ or sys.stderr)
-        async with stdio_client(self._params(), errlog=errlog) as (read_stream, write_stream):
-            watched = _EofWatchingStream(read_stream, lambda: self.mark_broken("server output ended"))
-            async with ClientSession(watched, write_stream) as session:
-                try:
-                    with anyio.fail_after(self.startup_timeout_s):
-                        await session.initialize()
-                        # Listing once also fills the session's output-schema cache, so call_tool
-                        # never lists tools again on its own.
-                        self.tools = list((await session.list_tools()).tools)
-                except TimeoutError:
-                    self._kill()  # unresponsive: skip the SDK's shutdown grace periods
-                    raise TimeoutError(f"no answer to initialize within {self.startup_timeout_s:g} s") from None
-                if self._broken.is_set():
-                    return
-                self.session = session
-                self.starts += 1
-                self.last_error = None
-                self.group.changed()
-                self.first_attempt_done.set()
-                try:
-                    await self._broken.wait()
-                finally:
-                    self.session = None  # before the contexts close (their EOF is no news)
+        output = ServerOutput(f"{self.spec.name}[{self.index}]", errlog)
+        failure: str | None = None
+        try:
+            async with server_transport(self.spec.command, list(self.spec.args), env=self._env(), cwd=self.spec.cwd,
+                                        output=output) as (read_stream, write_stream):
+                self._pid = output.pid
+                watched = _EofWatchingStream(read_stream, lambda: self.mark_broken("server output ended"))
+                async with ClientSession(watched, write_stream) as session:
+                    try:
+                        with anyio.fail_after(self.startup_timeout_s):
+                            await session.initialize()
+                            # Listing once also fills the session's output-schema cache, so call_tool
+                            # never lists tools again on its own.
+                            self.tools = list((await session.list_tools()).tools)
+                    except TimeoutError:
+                        self._kill()  # unresponsive: skip the shutdown grace periods
+                        failure = f"no answer to initialize within {self.startup_timeout_s:g} s"
+                    except Exception as exc:  # noqa: BLE001 - exited, or refused the handshake: one line below
+                        leaf = _leaf(exc)
+                        failure = f"the handshake failed ({type(leaf).__name__}: {leaf})"
+                    if failure is None and not self._broken.is_set():
+                        output.started()
+                        self.session = session
+                        self.starts += 1
+                        self.last_error = None
+                        self.group.changed()
+                        self.first_attempt_done.set()
+                        try:
+                            await self._broken.wait()
+                        finally:
+                            self.session = None  # before the contexts close (their EOF is no news)
+        except OSError as exc:  # the command itself cannot run
+            raise _StartFailed(f"cannot run {self.spec.command!r}: {exc.strerror or exc}") from None
+        finally:
+            self._pid = None
+        if failure is not None:
+            if failure.startswith("no answer"):
+                output.returncode = None  # killed by us: its code says nothing
+            elif output.returncode is not None and "Connection closed" in failure:
+                failure = "exited before answering initialize"
+            raise _StartFailed(f"{failure}; {output.describe()}")
 
 
 class SlotGroup:

@@ -1,0 +1,155 @@
+"""Nothing a run starts outlives it: its server processes and its copies of writable files.
+
+`run_reaper()` is this process's `RunReaper`, made on first use:
+
+- `run_dir`: one directory per run, `<tmp>/skyrl-tool-agent/run-<pid>-<random>/`, holding every copy
+  the run makes (the isolated servers' slots, episodes' saved states). An `owner.json` names the
+  owning process (pid and start time); every new run sweeps the directories whose owner is dead, so
+  a run killed before its watchdog could act leaves nothing past the next start on this machine.
+- a watchdog process (`mcp/watchdog.py`) that kills the registered server process groups and
+  removes `run_dir` as soon as this process dies, by any signal (its stdin pipe reaches EOF). It
+  works alike on Linux and macOS (no prctl): a pipe's end is the one death notice both give.
+
+Server processes register themselves (`register`) when spawned and leave (`unregister`) when reaped.
+A forked child (multiprocessing) gets its own reaper: the parent's belongs to the parent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+#: Under the system's temporary directory: where every run's directory lives.
+ROOT_NAME = "skyrl-tool-agent"
+OWNER_FILE = "owner.json"
+
+
+def runs_root() -> Path:
+    return Path(tempfile.gettempdir()) / ROOT_NAME
+
+
+def _owner_alive(run: Path) -> bool:
+    """Whether the process that made `run` still runs (same pid and start time)."""
+    try:
+        owner = json.loads((run / OWNER_FILE).read_text())
+        return abs(psutil.Process(int(owner["pid"])).create_time() - float(owner["started"])) < 1e-3
+    except FileNotFoundError:
+        # made an instant ago (owner.json not written yet), or by a run killed at that instant
+        try:
+            return run.stat().st_mtime + 60 > time.time()
+        except OSError:
+            return False
+    except (psutil.Error, OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def sweep_dead_runs(root: Path | None = None) -> list[Path]:
+    """Remove the run directories under `root` whose owner is dead; the ones removed."""
+    root = root or runs_root()
+    removed = []
+    if not root.is_dir():
+        return removed
+    for run in root.glob("run-*"):
+        if run.is_dir() and not _owner_alive(run):
+            shutil.rmtree(run, ignore_errors=True)
+            removed.append(run)
+    if removed:
+        logger.info("removed %d temporary director%s left by dead runs under %s", len(removed),
+                    "y" if len(removed) == 1 else "ies", root)
+    return removed
+
+
+class RunReaper:
+    """This process's run directory and watchdog (module docstring)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        root = runs_root()
+        root.mkdir(parents=True, exist_ok=True)
+        sweep_dead_runs(root)
+        self.run_dir = root / f"run-{self.pid}-{secrets.token_hex(4)}"
+        self.run_dir.mkdir()
+        started = psutil.Process(self.pid).create_time()
+        (self.run_dir / OWNER_FILE).write_text(json.dumps({"pid": self.pid, "started": started}))
+        self._lock = threading.Lock()
+        self._pipe: IO[str] | None = None
+        self._watchdog: subprocess.Popen[str] | None = None
+
+    def _ensure_watchdog(self) -> IO[str] | None:
+        if self._pipe is None and self._watchdog is None:
+            script = Path(__file__).with_name("watchdog.py")
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-I", str(script), str(self.run_dir)], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+            self._pipe = self._watchdog.stdin
+            self._watchdog.wait()  # it forks and exits at once: the watchdog is its child, not ours
+        return self._pipe
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if os.getpid() != self.pid:
+                return
+            pipe = self._ensure_watchdog()
+            if pipe is None:
+                return
+            try:
+                pipe.write(line + "\n")
+                pipe.flush()
+            except (BrokenPipeError, ValueError, OSError) as exc:  # the watchdog died: nothing to tell
+                logger.warning("the run's watchdog is gone (%r): server processes may outlive a killed run", exc)
+                self._pipe = None
+
+    def register(self, pgid: int) -> None:
+        """A server process group to kill if this process dies."""
+        self._send(f"+{pgid}")
+
+    def unregister(self, pgid: int) -> None:
+        """That group is gone (reaped)."""
+        self._send(f"-{pgid}")
+
+    def new_dir(self, prefix: str) -> Path:
+        """A fresh directory under the run directory."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.run_dir))
+
+    def close(self) -> None:
+        """Stop the watchdog now (at its stdin's end it kills what is still registered and removes the run directory).
+        Not needed at exit: the watchdog sees this process's end by itself, after every atexit
+        handler has closed its pools."""
+        if os.getpid() != self.pid:
+            return
+        with self._lock:
+            pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+_REAPER: RunReaper | None = None
+_REAPER_LOCK = threading.Lock()
+
+
+def run_reaper() -> RunReaper:
+    """This process's reaper (made on first use; a forked child makes its own)."""
+    global _REAPER
+    with _REAPER_LOCK:
+        if _REAPER is None or _REAPER.pid != os.getpid():
+            _REAPER = RunReaper()
+        return _REAPER
