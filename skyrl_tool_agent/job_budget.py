@@ -20,6 +20,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from skyrl_tool_agent.config.training import TrainingConfig
 
 #: Seconds kept at the end for the final save, before_after.json, report.html and the plots.
 FINISH_RESERVE_S = 30.0
@@ -46,6 +50,14 @@ class JobBudget:
     def __post_init__(self) -> None:
         if self.started < 0:
             self.started = self.clock()
+
+    @classmethod
+    def for_run(cls, training: TrainingConfig) -> JobBudget | None:
+        """The plan of a run with `training.job_budget_minutes` (None: no whole-job limit), GRPO
+        capped at `training.time_budget_minutes`, starting now."""
+        if training.job_budget_minutes is None:
+            return None
+        return cls(60.0 * training.job_budget_minutes, training.time_budget_s)
 
     def left_s(self) -> float:
         """Seconds of the whole budget not yet spent."""

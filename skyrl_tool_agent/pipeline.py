@@ -311,7 +311,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     backend = backend or LocalBackend()
     ctx = backend.ctx
     t = config.training
-    job = JobBudget(60 * t.job_budget_minutes, t.time_budget_s) if t.job_budget_minutes is not None else None
+    job = JobBudget.for_run(t)  # the whole job's clock starts here
     build_rubric(config.env)  # the reward's own terms are imported here, first: a broken one is one error line
     if config.model.name_or_path != EMBEDDED:
         resolve_model_path(config.model)  # a missing model directory is an error before anything is written
