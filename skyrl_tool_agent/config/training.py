@@ -204,8 +204,9 @@ class TrainingConfig(Section):
     )
     micro_batch_size: int = knob(
         8, "Sequences per forward/backward pass (per GPU). H100: 8 episodes at grpo.max_total_tokens need "
-        "~40 GiB for Qwen2.5-1.5B and 61-64 GiB for 7B by the estimate of distributed/memory.py (a formula; "
-        "measured on random 1.5B weights, H200: 36.1 GiB); 16 would need 75 / 108 GiB (estimated).",
+        "~13 GiB for Qwen2.5-1.5B and ~35 GiB for 7B in LoRA by the estimate of distributed/memory.py (a "
+        "formula, the log-probs chunked; measured on random 1.5B weights, H200: 13.3 GiB); 16 would need "
+        "~22 / ~54 GiB (estimated).",
         h100=8, ge=1
     )
     micro_batch_tokens: int | None = knob(
