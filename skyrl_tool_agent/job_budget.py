@@ -52,12 +52,15 @@ class JobBudget:
             self.started = self.clock()
 
     @classmethod
-    def for_run(cls, training: TrainingConfig) -> JobBudget | None:
+    def for_run(cls, training: TrainingConfig, started: float | None = None) -> JobBudget | None:
         """The plan of a run with `training.job_budget_minutes` (None: no whole-job limit), GRPO
-        capped at `training.time_budget_minutes`, starting now."""
+        capped at `training.time_budget_minutes`, counted from `started` (a `time.monotonic()`
+        reading; default now; the train command passes its process's start, so its imports and the
+        data's loading are the job's too)."""
         if training.job_budget_minutes is None:
             return None
-        return cls(60.0 * training.job_budget_minutes, training.time_budget_s)
+        return cls(60.0 * training.job_budget_minutes, training.time_budget_s,
+                   started=time.monotonic() if started is None else started)
 
     def left_s(self) -> float:
         """Seconds of the whole budget not yet spent."""
@@ -84,6 +87,21 @@ class JobBudget:
         if self.grpo_cap_s is not None:
             left = min(left, self.grpo_cap_s - grpo_spent_s)
         return max(0.0, left)
+
+
+def process_start() -> float:
+    """This process's start on the `time.monotonic()` clock (now when the system does not say)."""
+    return time.monotonic() - process_age_s()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (0 when the system does not say)."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - no process table: the clock starts now
+        return 0.0
 
 
 def start_line(budget: JobBudget, *, eval_tasks: int, eval_split: str, episodes_per_task: int,

@@ -290,12 +290,15 @@ def sized_eval_tasks(eval_tasks: list[Task], count: int, seed: int) -> list[Task
 
 
 def run_training(config: Config, *, resume: str | None = None, rebuild: bool = False,
-                 progress: Any = None, backend: Any = None, skip_bad_records: bool = False) -> RunSummary | None:
+                 progress: Any = None, backend: Any = None, skip_bad_records: bool = False,
+                 job_started: float | None = None) -> RunSummary | None:
     """Train with GRPO as configured; evaluates the fixed eval tasks before and after. `rebuild`:
     build the embedded model anew first (see `ensure_embedded_model`). `backend`: `LocalBackend()`
     (default) or, on every rank of a launch, `ReplicatedBackend(config)` / `DeepSpeedBackend(config)`;
     rank 0 writes the files and returns the summary, the other ranks return None.
     `skip_bad_records`: leave out task records that fail the load-time checks (`eval.splits`).
+    `job_started`: where `training.job_budget_minutes` counts from (a `time.monotonic()` reading;
+    default: this call; the train command passes its process's start).
 
     Writes into `training.output_dir`: metrics.jsonl, rollouts.jsonl, checkpoints/, final/
     (save_pretrained), before.json, before_after.json, config.yaml (resolved) and training_curves.png.
@@ -311,7 +314,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     backend = backend or LocalBackend()
     ctx = backend.ctx
     t = config.training
-    job = JobBudget.for_run(t)  # the whole job's clock starts here
+    job = JobBudget.for_run(t, job_started)
     build_rubric(config.env)  # the reward's own terms are imported here, first: a broken one is one error line
     if config.model.name_or_path != EMBEDDED:
         resolve_model_path(config.model)  # a missing model directory is an error before anything is written

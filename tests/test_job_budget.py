@@ -113,3 +113,16 @@ def test_a_run_sizes_its_evaluations_and_evaluates_the_same_tasks_after(shop, tm
     assert summary.steps == 1 and "time budget" in summary.stop_reason
     record = json.loads((tmp_path / "out" / "before.json").read_text())
     assert record["eval_seconds"] > 0
+
+
+def test_the_train_command_counts_the_job_from_its_process_start():
+    """The imports and the data's loading are the job's too: the CLI passes the process's start
+    (psutil's create_time on the monotonic clock), which is before now by this process's age."""
+    import time
+
+    from skyrl_tool_agent.job_budget import process_age_s, process_start
+
+    age = process_age_s()
+    assert age > 0 and process_start() == pytest.approx(time.monotonic() - age, abs=0.5)
+    job = JobBudget.for_run(type("T", (), {"job_budget_minutes": 1.0, "time_budget_s": None})(), process_start())
+    assert job is not None and job.left_s() == pytest.approx(60.0 - age, abs=1.0)
