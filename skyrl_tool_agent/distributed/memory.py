@@ -11,10 +11,8 @@ the usual accounting, in bytes:
 * reference for KL: LoRA = the same weights with adapters off (0); full = a second bf16 copy, sharded.
 * activations per micro-batch of T tokens (bf16, sdpa): ~(7h + 3 kv + 4 I) values/token/layer kept
   for backward; with gradient checkpointing one h/token/layer plus one layer's worth.
-* logits: never whole. The update takes log-probs and entropy from the final hidden states in chunks
-  of `policy.logprobs.FUSED_CHUNK_BYTES` of fp32 logits (`head_token_stats`, recomputed in the
-  backward): one chunk and its gradient = 2 x min(T x V x 4, FUSED_CHUNK_BYTES) bytes. (The table
-  before counted the whole [T, V] logits and their gradient: 9.3 GB at 16k tokens of the 1.5B.)
+* logits: the [T, V] logits and their gradient = 2 x T x V x (2 bf16 | 4 fp32) bytes (the
+  log-probs themselves are chunked, so no further [T, V] fp32 copy).
 * ZeRO-3 working set: the parameters gathered for the layers in flight (~2 layers + the embedding).
 """
 
@@ -95,9 +93,7 @@ def estimate(s: Shapes, *, mode: str, tokens: int, gpus: int = 1, kl: bool = Tru
         activations = act_bytes * tokens * (s.layers * s.hidden + per_token_layer)
     else:
         activations = act_bytes * tokens * s.layers * per_token_layer
-    from skyrl_tool_agent.policy.logprobs import FUSED_CHUNK_BYTES
-
-    logits = 2 * min(4 * tokens * s.vocab, FUSED_CHUNK_BYTES)
+    logits = 2 * act_bytes * tokens * s.vocab
     parts = {"weights": weights, "trainable_state": trainable, "reference": reference, "zero3_working": working,
              "activations": activations, "logits": logits}
     parts["total"] = sum(parts.values())
