@@ -32,6 +32,11 @@ FINISH_RESERVE_S = 30.0
 AFTER_EVAL_MARGIN = 1.15
 #: The evaluations are sized so that GRPO keeps at least this share of the whole job.
 MIN_GRPO_SHARE = 0.35
+#: An evaluation episode costs about this many probe episodes: on the 2-core AMD EPYC of the README
+#: (2026-11-27) a probe of 64 episodes took ~5.3 s (0.083 s each, as a training step's rollout) and
+#: an evaluation of 320 dev tasks x 3 episodes ~144 s (0.15 s each: greedy and sampled episodes on
+#: dev tasks run longer than the frontier's).
+EVAL_VS_PROBE_EPISODE = 1.8
 #: Fewer eval tasks than this make a before/after difference noise: the evaluation keeps this
 #: many however slow the machine (the GRPO share then shrinks instead).
 MIN_EVAL_TASKS = 64
@@ -70,12 +75,14 @@ class JobBudget:
         """The wall-clock time (`time.time()`) by which the job ends."""
         return time.time() + self.left_s()
 
-    def eval_tasks_that_fit(self, wanted: int, episodes_per_task: int, episode_s: float) -> int:
+    def eval_tasks_that_fit(self, wanted: int, episodes_per_task: int, probe_episode_s: float) -> int:
         """How many of `wanted` eval tasks two evaluations can hold, each task `episodes_per_task`
-        episodes (greedy + training.eval_samples) at `episode_s` seconds per episode (measured),
-        leaving GRPO `MIN_GRPO_SHARE` of the job and the finish its reserve."""
+        episodes (greedy + training.eval_samples) at `EVAL_VS_PROBE_EPISODE` x `probe_episode_s`
+        (the probe's measured seconds per episode), leaving GRPO `MIN_GRPO_SHARE` of the job and the
+        finish its reserve. An estimate: the evaluation's measured time then decides GRPO's share."""
         room = self.left_s() - FINISH_RESERVE_S - MIN_GRPO_SHARE * self.total_s
-        per_task = max(episodes_per_task, 1) * max(episode_s, 1e-9) * (1 + AFTER_EVAL_MARGIN)
+        episode_s = EVAL_VS_PROBE_EPISODE * max(probe_episode_s, 1e-9)
+        per_task = max(episodes_per_task, 1) * episode_s * (1 + AFTER_EVAL_MARGIN)
         fits = int(room / per_task)
         return max(min(wanted, fits), min(wanted, MIN_EVAL_TASKS))
 
