@@ -166,10 +166,16 @@ def test_the_gpu_profile_applies_on_top_of_a_config_dir_and_keeps_what_the_user_
     text = (tmp_path / "configs" / "grpo_config.yaml").read_text()
     assert "\ngroup_size: 8 " in text
     (tmp_path / "configs" / "grpo_config.yaml").write_text(text.replace("\ngroup_size: 8 ", "\ngroup_size: 6 "))
+    # a file written before a knob existed: the knob's default is the profile's, not the CPU's
+    training = (tmp_path / "configs" / "training_config.yaml").read_text()
+    assert "\njob_budget_minutes: 14.5 " in training
+    (tmp_path / "configs" / "training_config.yaml").write_text(
+        "\n".join(line for line in training.splitlines() if not line.startswith("job_budget_minutes:")) + "\n")
     with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.config"):
         config = load_config(tmp_path / "configs", profile="gpu")
     packaged = load_config(profile="gpu")
     assert config.training.learning_rate == 2e-5 and config.training.time_budget_minutes is None
+    assert config.training.job_budget_minutes is None
     assert config.grpo.max_new_tokens_per_turn == packaged.grpo.max_new_tokens_per_turn == 512
     assert config.grpo.max_turns == packaged.grpo.max_turns and config.grpo.group_size == 6
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile gpu on ")]

@@ -227,7 +227,12 @@ def profile_on_top(name: str, data: dict[str, Any], profile: str, shown: str) ->
 
     def merge(mine: Any, cpu: Any, other: Any, dotted: str) -> Any:
         if isinstance(mine, dict) and isinstance(cpu, dict) and isinstance(other, dict):
-            return {k: merge(v, cpu.get(k), other.get(k), f"{dotted}.{k}") if k in cpu else v for k, v in mine.items()}
+            merged = {k: merge(v, cpu.get(k), other.get(k), f"{dotted}.{k}") if k in cpu else v for k, v in mine.items()}
+            for k in other.keys() - mine.keys():  # not in the file (e.g. a knob newer than it): the default is the profile's
+                if cpu.get(k) != other[k]:
+                    taken.append(f"{dotted}.{k} (not in the file) -> {other[k]!r}")
+                    merged[k] = other[k]
+            return merged
         if cpu == other:
             return mine
         if mine == cpu:
