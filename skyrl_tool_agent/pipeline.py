@@ -386,6 +386,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             if job is not None:
                 grpo_s = job.grpo_budget_s(float(before.get("eval_seconds", 0.0)), trainer.elapsed_s())
                 deadline = time.monotonic() + grpo_s
+                if progress is not None and ctx.is_main:  # the bar's minutes are GRPO's share
+                    progress("grpo_budget", trainer.elapsed_s() + grpo_s)
                 if ctx.is_main:
                     logger.info("main job: GRPO gets %.1f min (%.1f min of the job left; the evaluation after it is "
                                 "reserved %.1f min, the finish %.0f s)", grpo_s / 60, job.left_s() / 60,

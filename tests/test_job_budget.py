@@ -135,3 +135,15 @@ def test_the_train_command_counts_the_job_from_its_process_start():
     assert age > 0 and process_start() == pytest.approx(time.monotonic() - age, abs=0.5)
     job = JobBudget.for_run(type("T", (), {"job_budget_minutes": 1.0, "time_budget_s": None})(), process_start())
     assert job is not None and job.left_s() == pytest.approx(60.0 - age, abs=1.0)
+
+
+def test_the_progress_bar_counts_grpos_share_of_the_job(caplog):
+    """The bar (a log line off a terminal) reads GRPO's minutes as the job budget left them, not
+    time_budget_minutes (before: "7.2/8.0 min" for a GRPO given 0 minutes)."""
+    from skyrl_tool_agent.cli import training_progress
+
+    step = {"step": 1, "reward/mean": 0.5, "train/execution_accuracy": 0.5, "time/elapsed_s": 60.0}
+    with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.cli"), training_progress(200, 480.0) as progress:
+        progress("grpo_budget", 120.0)
+        progress("step", step)
+    assert any("step 1/200, 1.0/2.0 min" in r.getMessage() for r in caplog.records), caplog.text
