@@ -7,20 +7,57 @@
 # with one line); the project is installed with that exact torch pinned, so pip cannot replace it.
 # With no torch in .venv, the CPU build of torch $TORCH_VERSION (default 2.13.0, the CPU path's tested
 # version) comes from $TORCH_INDEX_URL (default PyTorch's CPU index; an unpinned torch would pull a
-# multi-GB CUDA build on Linux).
+# multi-GB CUDA build on Linux). That index is asked once, with a ${TORCH_INDEX_TIMEOUT:-5} s timeout: when it
+# does not answer (a firewall, a local mirror), torch comes from pip's configured index instead, in one
+# try per package (never pip's five retries of a dead index for every dependency).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The Python the project needs (pyproject.toml's requires-python), checked before anything is made.
+python_ok() {
+  "$1" - <<'PY'
+import re, sys
+spec = re.search(r'^requires-python\s*=\s*">=\s*([0-9.]+)"', open("pyproject.toml").read(), re.M)
+need = tuple(int(x) for x in spec.group(1).split(".")) if spec else (3,)
+if sys.version_info[:len(need)] < need:
+    sys.exit(f"error: {sys.executable} is Python {sys.version.split()[0]}; this project needs Python >={spec.group(1)} "
+             "(pyproject.toml): run again with PYTHON=/path/to/python3.11 (and remove .venv if it was made by the old one)")
+PY
+}
+check_python() {  # one `error:` line (exit 2) for a Python too old, or none at all
+  local said line
+  said=$(python_ok "$1" 2>&1) && return 0
+  line=$(printf '%s\n' "$said" | grep -m1 '^error:') || line="error: cannot run $1 as Python 3 (set PYTHON=/path/to/python3.11)"
+  echo "$line" >&2
+  exit 2
+}
 if [ ! -x .venv/bin/python ]; then
+  command -v "$PY" >/dev/null 2>&1 || { echo "error: no $PY on PATH; set PYTHON=/path/to/python3.11" >&2; exit 2; }
+  check_python "$PY"
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
+check_python "$VPY"
 torch_installed() { "$VPY" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null; }
 torch_version=$(torch_installed || true)
 if [ -z "$torch_version" ]; then
-  "$VPY" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+  torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+  if "$VPY" - "$torch_index" "${TORCH_INDEX_TIMEOUT:-5}" <<'PY'
+import sys, urllib.request
+try:  # one request, a short timeout: is the index there at all?
+    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=float(sys.argv[2])).close()
+except Exception:
+    sys.exit(1)
+PY
+  then
+    "$VPY" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}" --index-url "$torch_index"
+    torch_how="installed (CPU build, from $torch_index)"
+  else
+    echo "note: $torch_index did not answer in ${TORCH_INDEX_TIMEOUT:-5} s; torch ${TORCH_VERSION:-2.13.0} from pip's configured index instead (on Linux PyPI's build is the CUDA one)"
+    "$VPY" -m pip install -q --retries 0 "torch==${TORCH_VERSION:-2.13.0}"
+    torch_how="installed (from pip's configured index)"
+  fi
   torch_version=$(torch_installed)
-  torch_how="installed (CPU build)"
 else
   torch_how="kept (already installed)"
 fi

@@ -106,7 +106,9 @@ class ProgressLines:
 @contextlib.contextmanager
 def training_progress(total_steps: int, time_budget_s: float | None = None, *,
                       eval_split: str = "dev", accuracy_short: str = "EX") -> Iterator[Any]:
-    """A rich progress bar; the yielded callback takes ('step', metrics) or (phase text, fraction).
+    """A rich progress bar; the yielded callback takes ('step', metrics), ('grpo_budget', seconds on
+    the budget's clock: the main job's budget may leave GRPO less than `time_budget_s`) or (phase
+    text, fraction).
 
     With a time budget the bar fills by whichever ends training first, steps or minutes (the
     metrics' `time/elapsed_s` is the budget's clock), so the ETA is the real one.
@@ -126,11 +128,15 @@ def training_progress(total_steps: int, time_budget_s: float | None = None, *,
         started = time.monotonic()
         to_log = not bar.console.is_terminal
         log_due = log_every()
+        budget = [time_budget_s]
 
         def update(kind: str, value: Any) -> None:
             from skyrl_tool_agent.eval.metrics import format_rate
 
-            if kind == "eval":  # (episodes done, total) of an evaluation
+            time_budget_s = budget[0]
+            if kind == "grpo_budget":
+                budget[0] = value if time_budget_s is None else min(time_budget_s, value)
+            elif kind == "eval":  # (episodes done, total) of an evaluation
                 done_n, total_n = value
                 bar.update(evaluation, visible=done_n < total_n, completed=done_n / max(1, total_n),
                            done=f"{done_n}/{total_n}")

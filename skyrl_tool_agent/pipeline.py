@@ -18,6 +18,7 @@ from skyrl_tool_agent.data.curriculum import CurriculumSampler
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.eval.splits import TaskSplits
+from skyrl_tool_agent.job_budget import AFTER_EVAL_MARGIN, FINISH_RESERVE_S, JobBudget, start_line
 
 if TYPE_CHECKING:
     from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -279,13 +280,25 @@ class LocalBackend:
         return GRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out)
 
 
+def sized_eval_tasks(eval_tasks: list[Task], count: int, seed: int) -> list[Task]:
+    """The first evaluation's tasks when the job budget sized it to `count`: a stratified subset of
+    the run's eval tasks (`fixed_subset`: the same for the same count and seed, so the evaluation
+    after GRPO, and a resumed run, evaluate exactly these)."""
+    from skyrl_tool_agent.data.batching import fixed_subset
+
+    return eval_tasks if count >= len(eval_tasks) else fixed_subset(eval_tasks, count, seed=seed)
+
+
 def run_training(config: Config, *, resume: str | None = None, rebuild: bool = False,
-                 progress: Any = None, backend: Any = None, skip_bad_records: bool = False) -> RunSummary | None:
+                 progress: Any = None, backend: Any = None, skip_bad_records: bool = False,
+                 job_started: float | None = None) -> RunSummary | None:
     """Train with GRPO as configured; evaluates the fixed eval tasks before and after. `rebuild`:
     build the embedded model anew first (see `ensure_embedded_model`). `backend`: `LocalBackend()`
     (default) or, on every rank of a launch, `ReplicatedBackend(config)` / `DeepSpeedBackend(config)`;
     rank 0 writes the files and returns the summary, the other ranks return None.
     `skip_bad_records`: leave out task records that fail the load-time checks (`eval.splits`).
+    `job_started`: where `training.job_budget_minutes` counts from (a `time.monotonic()` reading;
+    default: this call; the train command passes its process's start).
 
     Writes into `training.output_dir`: metrics.jsonl, rollouts.jsonl, checkpoints/, final/
     (save_pretrained), before.json, before_after.json, config.yaml (resolved) and training_curves.png.
@@ -301,6 +314,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     backend = backend or LocalBackend()
     ctx = backend.ctx
     t = config.training
+    job = JobBudget.for_run(t, job_started)
     build_rubric(config.env)  # the reward's own terms are imported here, first: a broken one is one error line
     if config.model.name_or_path != EMBEDDED:
         resolve_model_path(config.model)  # a missing model directory is an error before anything is written
@@ -320,6 +334,9 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             raise UserInputError(f"no tasks to evaluate: the {t.eval_split} split is empty "
                                  f"(training.data.{'dev_file' if t.eval_split == 'dev' else 'validation_tasks'})")
         train_tasks = splits.rl_train()
+        if job is not None and ctx.is_main:
+            logger.info(start_line(job, eval_tasks=len(eval_tasks), eval_split=t.eval_split,
+                                   episodes_per_task=1 + t.eval_samples, probe_tasks=t.probe_tasks))
         start = time.monotonic()
         runtime = EnvRuntime(config.env, splits.db_root)
         try:
@@ -339,16 +356,42 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             before_path = out / "before.json"
             if ctx.broadcast_object(resumed and before_path.is_file()):
                 before = json.loads(before_path.read_text())
+                if isinstance(before.get("solved"), list):  # the tasks the first evaluation was sized to
+                    eval_tasks = trainer.eval_tasks = sized_eval_tasks(eval_tasks, len(before["solved"]), t.seed)
                 run_logger.truncate_after(trainer.step)
             else:
+                probe: dict[str, float] = {}
+                if job is not None and trainer.probe_tasks:  # step 0's probe first: its speed sizes the evaluations
+                    probe_started = time.monotonic()
+                    probe = trainer.probe()
+                    episode_s = (time.monotonic() - probe_started) / len(trainer.probe_tasks)
+                    fits = ctx.broadcast_object(job.eval_tasks_that_fit(len(eval_tasks), 1 + t.eval_samples, episode_s))
+                    if fits < len(eval_tasks):
+                        logger.info("main job: %d of the %d eval tasks fit its %.1f minutes at this machine's speed "
+                                    "(%.2f s an episode in the probe); the same %d before and after",
+                                    fits, len(eval_tasks), job.total_s / 60, episode_s, fits)
+                    eval_tasks = trainer.eval_tasks = sized_eval_tasks(eval_tasks, fits, t.seed)
+                eval_started = time.monotonic()
                 before = trainer.evaluate()
+                before["eval_seconds"] = time.monotonic() - eval_started  # what the second one is reserved
                 if ctx.is_main:
                     before_path.write_text(json.dumps(before, indent=1) + "\n")
                 run_logger.truncate_after(0)
-                run_logger.log({"step": 0, **eval_metrics(before), **(trainer.probe() if trainer.probe_tasks else {})})
+                if trainer.probe_tasks and not probe:
+                    probe = trainer.probe()
+                run_logger.log({"step": 0, **eval_metrics(before), **probe})
             # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
-            # and a resumed run has spent what its checkpoint says.
+            # and a resumed run has spent what its checkpoint says. The whole job's budget may leave it less.
             deadline = trainer.deadline_for(t.time_budget_s)
+            if job is not None:
+                grpo_s = job.grpo_budget_s(float(before.get("eval_seconds", 0.0)), trainer.elapsed_s())
+                deadline = time.monotonic() + grpo_s
+                if progress is not None and ctx.is_main:  # the bar's minutes are GRPO's share
+                    progress("grpo_budget", trainer.elapsed_s() + grpo_s)
+                if ctx.is_main:
+                    logger.info("main job: GRPO gets %.1f min (%.1f min of the job left; the evaluation after it is "
+                                "reserved %.1f min, the finish %.0f s)", grpo_s / 60, job.left_s() / 60,
+                                AFTER_EVAL_MARGIN * float(before.get("eval_seconds", 0.0)) / 60, FINISH_RESERVE_S)
             on_step = (lambda m: progress("step", m)) if progress is not None and ctx.is_main else None
             try:
                 history = trainer.train(run_logger, on_step=on_step, deadline=deadline)

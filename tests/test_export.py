@@ -99,3 +99,26 @@ def test_export_refusals_are_one_error_line(trained, tmp_path, capsys):
             main(argv)
         err = capsys.readouterr().err.strip()
         assert exit_info.value.code == 2 and err.startswith("error:") and message in err and "\n" not in err, err
+
+
+def test_a_qlora_adapters_merge_says_it_lands_on_a_base_it_never_trained_on(trained, tmp_path, capsys):
+    """The run's config.yaml says QLoRA (model.quantization.load_in_4bit): the export merges as
+    asked and says, in one `note:` line and in merged_from.json, that the merged model is not the
+    trained policy (before: silence). A LoRA run's export says nothing of the kind."""
+    import json
+    import shutil
+
+    _, final, _ = trained
+    for four_bit in (True, False):
+        run = tmp_path / f"run_{four_bit}"
+        shutil.copytree(final, run / "final")
+        (run / "config.yaml").write_text(f"model:\n  quantization:\n    load_in_4bit: {str(four_bit).lower()}\n")
+        out = tmp_path / f"merged_{four_bit}"
+        assert main(["export", str(run / "final"), "--merge", "--output-dir", str(out), "--dtype", "float32"]) == 0
+        notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+        record = json.loads((out / "merged_from.json").read_text())
+        if four_bit:
+            assert len(notes) == 1 and "QLoRA adapter" in notes[0] and "never trained on" in notes[0], notes
+            assert record["trained_on_4bit_base"] is True
+        else:
+            assert not notes and "trained_on_4bit_base" not in record

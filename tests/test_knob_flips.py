@@ -97,6 +97,16 @@ def flip_time_budget_minutes(kit: Kit) -> None:
         assert deadline is None if left is None else deadline - time.monotonic() == pytest.approx(left, abs=1.0)
 
 
+def flip_job_budget_minutes(kit: Kit) -> None:
+    """The whole job's plan (`JobBudget.for_run`, what run_training starts with): none when null; else
+    its minutes, GRPO capped at time_budget_minutes (tests/test_job_budget.py runs a job under one)."""
+    from skyrl_tool_agent.job_budget import JobBudget
+
+    assert JobBudget.for_run(kit.config(training__job_budget_minutes=None).training) is None
+    job = JobBudget.for_run(kit.config(training__job_budget_minutes=2.0, training__time_budget_minutes=1.0).training)
+    assert job is not None and (job.total_s, job.grpo_cap_s) == (120.0, 60.0) and job.left_s() <= 120.0
+
+
 def flip_name_or_path(kit: Kit) -> None:
     from skyrl_tool_agent.policy.loading import resolve_model_path
 
@@ -448,6 +458,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "training.seed": flip_seed,
     "training.output_dir": flip_output_dir,
     "training.time_budget_minutes": flip_time_budget_minutes,
+    "training.job_budget_minutes": flip_job_budget_minutes,
     "training.eval_num_tasks": flip_eval_num_tasks,
     "training.eval_split": flip_eval_split,
     "training.eval_samples": flip_eval_samples,

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("grpo", "warmstart"),  # the algorithm and its trainer; the supervised warm start
     ("distributed",),  # the trainer over ZeRO-3 ranks
     ("reporting",),
+    ("job_budget",),  # the main job's whole wall time, planned (pure arithmetic)
     ("pipeline",),  # the main job as library functions
     ("doctor",),  # the machine's smoke test (device, graph capture, one training step)
     ("cli",),  # logging and progress for the commands

@@ -38,8 +38,8 @@ def test_overrides_win_over_the_profile_and_bad_profiles_are_one_line_errors():
     assert config.training.learning_rate == 3e-6 and config.training.time_budget_minutes is None
     with pytest.raises(ConfigError, match="--profile must be one of cpu, gpu"):
         load_config(profile="tpu")
-    with pytest.raises(ConfigError, match="picks among the packaged defaults"):
-        load_config("configs", profile="gpu")
+    # a config directory of the CPU defaults (the repository's configs/) takes the gpu values too
+    assert load_config("configs", profile="gpu").training.learning_rate == 2e-5
 
 
 def test_cli_profile_flag_and_auto_choice_without_cuda():
@@ -57,8 +57,8 @@ def test_cli_profile_flag_and_auto_choice_without_cuda():
     # ... and says, in one line, which profile it took and why (it silently got the CPU lr before)
     said = [line for line in err.splitlines() if "profile cpu:" in line]
     assert len(said) == 1 and "model /tmp but no CUDA" in said[0] and "--profile gpu" in said[0], err
-    rc, _, err = _show("--profile", "gpu", "--config-dir", "configs")
-    assert rc == 2 and err.startswith("error: --profile gpu picks among the packaged defaults"), err
+    rc, shown, err = _show("--profile", "gpu", "--config-dir", "configs")
+    assert rc == 0 and shown["training"]["learning_rate"] == pytest.approx(2e-5), err
 
 
 def test_gpu_profile_micro_batch_fits_an_h100_by_the_memory_estimate():
@@ -154,3 +154,96 @@ def test_eval_auto_profile_looks_at_model_path_and_says_why(tmp_path):
     assert len(said) == 1 and expected in said[0], log[-3000:]
     if not torch.cuda.is_available():
         assert "but no CUDA device" in said[0] and "--profile gpu" in said[0]
+
+
+def test_the_gpu_profile_applies_on_top_of_a_config_dir_and_keeps_what_the_user_edited(tmp_path, caplog):
+    """`--config-dir configs` with the gpu profile (auto on a GPU): the files' values left at their
+    CPU default take the gpu values, an edited one is kept, and the log says which (before: the
+    directory's CPU values silently, lr 1e-3, 128 tokens x 3 turns, an 8-minute budget on a 1.5B)."""
+    import logging
+    import shutil
+
+    shutil.copytree("configs", tmp_path / "configs")
+    text = (tmp_path / "configs" / "grpo_config.yaml").read_text()
+    assert "\ngroup_size: 8 " in text
+    (tmp_path / "configs" / "grpo_config.yaml").write_text(text.replace("\ngroup_size: 8 ", "\ngroup_size: 6 "))
+    # a file written before a knob existed: the knob's default is the profile's, not the CPU's
+    training = (tmp_path / "configs" / "training_config.yaml").read_text()
+    assert "\njob_budget_minutes: 14.5 " in training
+    (tmp_path / "configs" / "training_config.yaml").write_text(
+        "\n".join(line for line in training.splitlines() if not line.startswith("job_budget_minutes:")) + "\n")
+    with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.config"):
+        config = load_config(tmp_path / "configs", profile="gpu")
+    packaged = load_config(profile="gpu")
+    assert config.training.learning_rate == 2e-5 and config.training.time_budget_minutes is None
+    assert config.training.job_budget_minutes is None
+    assert config.grpo.max_new_tokens_per_turn == packaged.grpo.max_new_tokens_per_turn == 512
+    assert config.grpo.max_turns == packaged.grpo.max_turns and config.grpo.group_size == 6
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile gpu on ")]
+    assert any("training.learning_rate 0.001 -> 2e-05" in line for line in said), said
+    assert any("edited, kept: grpo.group_size 6" in line for line in said), said
+
+
+QWEN_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, "model_type": "qwen2"}
+QWEN_1_5B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2"}
+
+
+def _shape_dir(path, shape: dict) -> str:
+    import json
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(shape))
+    return str(path)
+
+
+def test_gpu_values_scale_to_the_models_size_and_the_devices_memory(tmp_path):
+    """The 1.5B on 80 GB keeps the profile; a 7B takes the large model's learning rate; a 7B on a
+    24 GB card gets the micro-batch tokens that fit it, in whole rows (before: the 1.5B-on-80-GB
+    values for both, by the model's name)."""
+    from skyrl_tool_agent.config.gpu_sizing import GIB, gpu_values, model_shape
+
+    gpu = load_config(profile="gpu")
+    values = {"training.learning_rate": gpu.training.learning_rate, "training.micro_batch_tokens": 49152,
+              "grpo.max_total_tokens": gpu.grpo.max_total_tokens, "training.mode": "lora",
+              "model.quantization.load_in_4bit": False}
+    small, big = model_shape(_shape_dir(tmp_path / "s", QWEN_1_5B)), model_shape(_shape_dir(tmp_path / "b", QWEN_7B))
+    assert small is not None and big is not None
+    assert abs(small.params - 1.54e9) < 0.02e9 and abs(big.params - 7.6e9) < 0.05e9  # the published counts
+    assert gpu_values(small, 80 * GIB, values)[0] == {}
+    changes, why = gpu_values(big, 80 * GIB, values)
+    assert changes == {"training.learning_rate": 1e-5} and "7.6 B parameters" in why[0]
+    changes, why = gpu_values(big, 24 * GIB, values)
+    row = gpu.grpo.max_total_tokens
+    assert changes["training.learning_rate"] == 1e-5 and 0 < changes["training.micro_batch_tokens"] < 49152
+    assert changes["training.micro_batch_tokens"] % row == 0 and "24.0 GiB device" in why[1]
+    assert gpu_values(small, 24 * GIB, values)[0] == {}  # the 1.5B's update fits a 24 GB card
+    # no config.json at hand (a hub name not cached): nothing scaled, and said
+    assert model_shape("nobody/not-cached-anywhere") is None
+    assert gpu_values(None, 80 * GIB, values)[0] == {}
+
+
+def test_auto_on_a_gpu_sizes_the_profile_and_applies_it_to_a_config_dir(tmp_path, monkeypatch, caplog):
+    """`--profile auto --config-dir configs` on a 24 GB CUDA device loading a 7B: the gpu values on
+    top of the directory, scaled (lr 1e-5, micro-batch tokens that fit), one line saying what and why;
+    a --set of the user's still wins. The device is the one thing simulated (no GPU on CI)."""
+    import argparse
+    import logging
+
+    from skyrl_tool_agent.config import cli
+    from skyrl_tool_agent.config.gpu_sizing import GIB
+
+    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(cli, "_cuda_memory", lambda: 24 * GIB)
+    model = _shape_dir(tmp_path / "coder7b", QWEN_7B)
+    parser = cli.add_config_args(argparse.ArgumentParser(allow_abbrev=False))
+    with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.config"):
+        config = cli.config_from_args(parser.parse_args(["--config-dir", "configs", "--set", f"model.name_or_path={model}"]))
+    assert config.training.learning_rate == 1e-5 and config.grpo.max_new_tokens_per_turn == 512
+    assert config.training.time_budget_minutes is None and config.training.micro_batch_tokens < 49152
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile gpu: ")]
+    assert "training.learning_rate 2e-05 -> 1e-05" in line and "training.micro_batch_tokens 49152 ->" in line, line
+    config = cli.config_from_args(parser.parse_args(["--config-dir", "configs", "--set", f"model.name_or_path={model}",
+                                                     "--set", "training.learning_rate=3e-5"]))
+    assert config.training.learning_rate == 3e-5

@@ -138,3 +138,90 @@ def test_setup_installs_the_pinned_cpu_torch_only_when_none_is_installed(tmp_pat
     assert _torch_in(python) == "2.13.0" and "torch 2.13.0 installed" in done.stdout, done.stdout
     default = (REPO / "scripts" / "setup.sh").read_text()
     assert 'TORCH_VERSION:-2.13.0' in default and "download.pytorch.org/whl/cpu" in default
+
+
+class _Index:
+    """A local 'PyTorch index' on 127.0.0.1: `dead` accepts connections and never answers (a firewall
+    that drops packets looks the same to a client); otherwise it answers 200 to every GET. Counts
+    the connections it gets."""
+
+    def __init__(self, dead: bool) -> None:
+        import socket
+        import threading
+
+        self.connections = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/whl/cpu"
+        self.held: list = []
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    return
+                self.connections += 1
+                if dead:
+                    self.held.append(conn)
+                else:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize("dead", [True, False], ids=["index-silent", "index-answers"])
+def test_setup_asks_the_torch_index_once_and_falls_back_when_it_is_silent(tmp_path, offline_pip, dead):
+    """One reachability request with a short timeout; a silent index is never handed to pip (before:
+    pip retried it five times for every package, minutes behind a firewall)."""
+    env, _ = offline_pip
+    root = _project(tmp_path / "proj")
+    python = _venv(root, env)
+    index = _Index(dead)
+    try:
+        env = {**env, "TORCH_VERSION": "2.13.0", "TORCH_INDEX_URL": index.url, "TORCH_INDEX_TIMEOUT": "1"}
+        # pip may use indexes here (only setup.sh's choice keeps it off the silent one); its
+        # configured index is an empty local one, the wheels come from find-links
+        (tmp_path / "mirror").mkdir()
+        env.pop("PIP_NO_INDEX")
+        env.update(PIP_INDEX_URL=(tmp_path / "mirror").as_uri(), PIP_DEFAULT_TIMEOUT="2")
+        done = _setup(root, env)
+    finally:
+        index.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _torch_in(python) == "2.13.0"
+    note = [line for line in done.stdout.splitlines() if line.startswith("note:")]
+    if dead:  # one request, then never again (before: pip's retries of every request)
+        assert index.connections == 1, index.connections
+        assert len(note) == 1 and index.url in note[0] and "did not answer in 1 s" in note[0], done.stdout
+        assert "torch 2.13.0 installed (from pip's configured index)" in done.stdout, done.stdout
+    else:
+        assert not note and f"torch 2.13.0 installed (CPU build, from {index.url})" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("venv_first", [False, True], ids=["no-venv", "venv-with-torch"])
+def test_setup_names_the_python_it_needs_in_one_line(tmp_path, offline_pip, venv_first):
+    """A Python older than pyproject.toml's requires-python ends setup in one `error:` line naming the
+    version needed (before: pip's ResolutionImpossible for torch, or a `tomllib` traceback). The
+    project copy here asks for Python >=3.99, so the Python running this test is the old one."""
+    env, wheels = offline_pip
+    root = _project(tmp_path / "proj")
+    if venv_first:  # the GPU user's path: .venv made, a torch in it
+        python = _venv(root, env)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheels / "torch-2.11.0+cu130-py3-none-any.whl")],
+                       check=True, env=env, timeout=120)
+    text = (root / "pyproject.toml").read_text().replace('version = "0.1.0"\n', 'version = "0.1.0"\nrequires-python = ">=3.99"\n')
+    (root / "pyproject.toml").write_text(text)
+    done = _setup(root, env)
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    assert errors[0].startswith("error:") and "needs Python >=3.99" in errors[0], errors
+    assert (root / ".venv").is_dir() == venv_first  # nothing made for the wrong Python

@@ -91,9 +91,23 @@ def test_loss_is_mean_nll_of_masked_in_tokens(tokenizer) -> None:
     assert loss != pytest.approx(float(nll.mean()), rel=1e-3)  # prompt tokens are not in it
 
 
+class StepClock:
+    """A monotonic clock that advances `tick` seconds at every read: each training step reads it a
+    fixed number of times, so what a budget holds is the same on every machine (never this CPU's speed)."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 1000.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
 def test_time_budget_stops_the_warm_start_and_the_last_step_is_evaluated(tokenizer) -> None:
-    """A CPU without bf16 matrix units runs ~2.5x slower steps: the wall-clock cap, not the step
-    count, then ends the warm start, and the step it stopped at still gets its held-out figures."""
+    """When steps are slow for the budget, the wall-clock cap, not the step count, ends the warm
+    start, and the step it stopped at still gets its held-out figures. Time is a fake clock: a fast
+    CPU and a slow one see the same steps (before: a 1.2 s real budget, which a fast CPU filled
+    with all 10,000 steps' plan, failing the test)."""
     examples = _examples(tokenizer)
     evaluated: list[int] = []
 
@@ -101,14 +115,19 @@ def test_time_budget_stops_the_warm_start_and_the_last_step_is_evaluated(tokeniz
         evaluated.append(step)
         return {"execution_accuracy": 0.0}
 
-    settings = SFTSettings(steps=10_000, batch_size=4, eval_every=5_000, bf16_autocast=False, time_budget_minutes=0.02)
-    history = supervised_finetune(_model(tokenizer), examples, tokenizer.pad_token_id, settings, evaluate=evaluate)
+    def run(tick: float, steps: int = 10_000):
+        evaluated.clear()
+        settings = SFTSettings(steps=steps, batch_size=4, eval_every=5_000, bf16_autocast=False,
+                               time_budget_minutes=0.2)
+        return supervised_finetune(_model(tokenizer), examples, tokenizer.pad_token_id, settings, evaluate=evaluate,
+                                   clock=StepClock(tick))
+
+    history = run(tick=0.4)  # 2 reads a step: 0.8 s a step, ~15 steps in the 12 s budget on any machine
     done = len(history.loss)
-    # The first 10 steps' speed fitted the cosine schedule to what 1.2 s holds, far below 10,000.
-    assert 10 < history.planned_steps < 10_000
+    # The first 10 steps' speed fitted the cosine schedule to what 12 s holds: the same count on any CPU.
+    assert 10 < history.planned_steps < 30
     assert 10 <= done <= history.planned_steps
     assert evaluated == [done] and history.evals[-1]["step"] == done
-
     # Without a cap the step count rules, and a step that was just evaluated is not evaluated twice.
     evaluated.clear()
     settings = SFTSettings(steps=4, batch_size=4, eval_every=2, bf16_autocast=False, time_budget_minutes=None)

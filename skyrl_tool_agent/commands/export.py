@@ -10,11 +10,19 @@ DIR`, SGLang, `transformers serve`). The adapter itself is served from final/ as
 (vLLM `--enable-lora --lora-modules`, peft `PeftModel.from_pretrained`, or this project's `eval
 --model-path`): docs/serving.md. The merge runs in float32 on --device (cpu by default: a 1.5B
 model needs ~7 GB of RAM, a 7B one ~31 GB).
+
+A QLoRA adapter (the run's config.yaml has model.quantization.load_in_4bit: true) was trained on the
+NF4-quantised base; merged, it lands on the unquantised base it never trained on, so the merged
+model's outputs differ from the trained policy's by the quantisation error. The export then says so
+in one `note:` line and in merged_from.json (`trained_on_4bit_base`), and the merged model should be
+evaluated (`evaluate --model-path DIR`) before it is served; serving the adapter unmerged on the
+4-bit base (`evaluate --model-path final/` with the run's quantization) is exactly what was trained.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from skyrl_tool_agent.commands._args import add_output_dir, new_parser
@@ -34,6 +42,23 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     return p.parse_args(argv)
 
 
+def trained_on_4bit_base(adapter: Path) -> bool:
+    """Whether the run that wrote `adapter` (final/, a run directory, a checkpoint step-XXXXXX/)
+    trained it on a 4-bit base: its config.yaml's model.quantization.load_in_4bit."""
+    import yaml
+
+    adapter = adapter.resolve()
+    for run in (adapter, adapter.parent, adapter.parent.parent):  # run/, run/final/, run/checkpoints/step-X/
+        config = run / "config.yaml"
+        if config.is_file():
+            try:
+                model = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
+            except (OSError, yaml.YAMLError):
+                return False
+            return bool((model.get("quantization") or {}).get("load_in_4bit"))
+    return False
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parse_args(argv, prog)
     from skyrl_tool_agent.cli import setup_logging
@@ -49,8 +74,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             raise UserInputError(f"{args.adapter}: no such directory")
         from skyrl_tool_agent.policy.export import export_merged
 
-        record = export_merged(args.adapter, Path(args.output_dir).expanduser(), dtype=args.dtype,
-                               device=args.device, base=args.base)
+        out = Path(args.output_dir).expanduser()
+        record = export_merged(args.adapter, out, dtype=args.dtype, device=args.device, base=args.base)
+        if trained_on_4bit_base(args.adapter):
+            merged_from = out / "merged_from.json"
+            if merged_from.is_file():
+                merged_from.write_text(json.dumps({**json.loads(merged_from.read_text()), "trained_on_4bit_base": True},
+                                                  indent=1) + "\n")
+            print(f"note: {args.adapter} is a QLoRA adapter, trained on the NF4-quantised base; merged onto the "
+                  f"unquantised {record['base']} it never trained on, its outputs differ from the trained policy's: "
+                  f"evaluate {out} (evaluate --model-path) before serving it, or serve the adapter unmerged on the "
+                  "4-bit base")
     print(f"merged {record['adapter']} into {record['base']}: {args.output_dir} ({record['dtype']}, "
           f"{record['parameters'] / 1e6:.1f}M parameters)")
 

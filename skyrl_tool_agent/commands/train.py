@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         from skyrl_tool_agent.reporting import print_before_after, push_to_hub
 
         from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
+        from skyrl_tool_agent.job_budget import process_start
         from skyrl_tool_agent.pipeline import run_training
 
         backend = None
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         try:
             with bar as progress:
                 summary = run_training(config, resume=args.resume, rebuild=args.rebuild, progress=progress,
-                                       backend=backend, skip_bad_records=args.skip_bad_records)
+                                       backend=backend, skip_bad_records=args.skip_bad_records,
+                                       job_started=process_start())  # the job's budget counts the imports too
         except TrainingInterrupted as stop:
             if main_rank:
                 print(f"{stop}\nresume with: {resume_command(argv, prog)}", file=sys.stderr)

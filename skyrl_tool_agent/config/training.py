@@ -272,9 +272,18 @@ class TrainingConfig(Section):
     time_budget_minutes: float | None = knob(
         8.0,
         "Stop cleanly (with a checkpoint) after this many minutes of GRPO (counted from after the "
-        "first evaluation); null = no limit. The CPU default keeps the main job (load + two "
-        "evaluations of all dev tasks, greedy and training.eval_samples samples each + GRPO, its probes "
-        "included) within 15 minutes on 2 cores.",
+        "first evaluation); null = no limit. GRPO may get less: job_budget_minutes keeps the whole job "
+        "(load, the two evaluations, GRPO and its probes) within its minutes.",
+        h100=None,
+        gt=0,
+    )
+    job_budget_minutes: float | None = knob(
+        14.5,
+        "The whole main job's wall time, from the start of the run (load, the probe, the evaluations "
+        "before and after GRPO, GRPO, saving, the report): the evaluations are sized from the step-0 "
+        "probe's measured speed (a stratified subset of the eval tasks, the same before and after; "
+        "see skyrl_tool_agent/job_budget.py), and GRPO gets the time left between them, at most "
+        "time_budget_minutes. The start of the run logs the plan; null = no whole-job limit.",
         h100=None,
         gt=0,
     )

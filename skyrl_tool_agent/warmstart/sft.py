@@ -136,6 +136,7 @@ def supervised_finetune(
     train_seconds: float | None = None,
     resume: dict[str, Any] | None = None,
     after_eval: Callable[[SFTHistory, Callable[[], dict[str, Any]]], bool] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> SFTHistory:
     """AdamW with linear warmup and cosine decay; batches of similar length to limit padding.
     Stops after `settings.steps`, at the monotonic-clock `deadline`, after
@@ -147,7 +148,10 @@ def supervised_finetune(
     `state()` is everything needed to continue exactly (optimizer moments, step, data order, RNG,
     history; tensors and plain lists only, so `torch.load(weights_only=True)` reads it back), and
     returning True stops training there. `resume` is such a state: training goes on from its step
-    with the same batches and learning rates an uninterrupted run would have had."""
+    with the same batches and learning rates an uninterrupted run would have had.
+
+    `clock`: the monotonic clock every budget, deadline and mark reads (`deadline` is on it); tests
+    pass a fake one so that what a budget holds never depends on the machine's speed."""
     rng = random.Random(settings.seed)
     data = [(ids[: settings.max_length], mask[: settings.max_length]) for ids, mask in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
@@ -166,7 +170,7 @@ def supervised_finetune(
 
     device = next(model.parameters()).device
     history = SFTHistory()
-    start = time.monotonic()
+    start = clock()
     budget_s = None if settings.time_budget_minutes is None else 60 * settings.time_budget_minutes
     if budget_s is not None:
         deadline = start + budget_s if deadline is None else min(deadline, start + budget_s)
@@ -186,28 +190,28 @@ def supervised_finetune(
         return {"step": step + 1, "planned": planned, "order": list(order), "rng": _rng_state_to_list(rng.getstate()),
                 "optimizer": optimizer.state_dict(),
                 "history": {"loss": [list(x) for x in history.loss], "evals": history.evals,
-                            "seconds": time.monotonic() - start - eval_seconds}}
+                            "seconds": clock() - start - eval_seconds}}
 
     def run_eval(step: int) -> bool:
         nonlocal eval_seconds
-        t_eval = time.monotonic()
+        t_eval = clock()
         model.eval()
         figures = {"step": step, "seconds": t_eval - start - eval_seconds, **evaluate(step)}
         model.train()
         history.evals.append(figures)
         logger.info("warm start step %d: %s", step, {k: v for k, v in figures.items() if not isinstance(v, list)})
-        eval_seconds += time.monotonic() - t_eval
+        eval_seconds += clock() - t_eval
         return after_eval is not None and after_eval(history, state)
 
     model.train()
     while step < planned:
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and clock() > deadline:
             logger.info("warm start stopped by its time budget after %d of %d steps", step, planned)
             break
-        if train_seconds is not None and time.monotonic() - start - eval_seconds >= train_seconds:
+        if train_seconds is not None and clock() - start - eval_seconds >= train_seconds:
             break
         if budget_s is not None and step == probe:
-            fits = int(budget_s / ((time.monotonic() - start) / step))
+            fits = int(budget_s / ((clock() - start) / step))
             if fits < planned:
                 planned = max(fits, step + 1)
                 logger.info("warm start: %.1f min fit ~%d of %d steps; schedule fitted to %d",
@@ -233,9 +237,9 @@ def supervised_finetune(
         history.loss.append((step + 1, loss.item()))
         if progress is not None:
             progress(step + 1, history.loss[-1][1])
-        clock = time.monotonic() - start - eval_seconds
-        due = bool(eval_marks) and clock >= eval_marks[0]
-        while eval_marks and clock >= eval_marks[0]:
+        trained_s = clock() - start - eval_seconds
+        due = bool(eval_marks) and trained_s >= eval_marks[0]
+        while eval_marks and trained_s >= eval_marks[0]:
             eval_marks.pop(0)
         if evaluate is not None and step + 1 < planned and ((step + 1) % settings.eval_every == 0 or due):
             if run_eval(step + 1):
@@ -247,6 +251,6 @@ def supervised_finetune(
         step = done - 1  # state() names the step after the last one run
         run_eval(done)
     model.eval()
-    history.seconds = time.monotonic() - start - eval_seconds
+    history.seconds = clock() - start - eval_seconds
     history.planned_steps = planned
     return history
