@@ -190,6 +190,9 @@ class _HeadTokenStats(torch.autograd.Function):
         logp = torch.where(valid, logp, torch.zeros_like(logp))
         ctx.save_for_backward(hidden, weight, safe, valid, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
+        # An output the loss does not use (the entropy, when only logged) comes back as None, not as
+        # zeros: its gradient terms are then skipped instead of computed as zeros over [chunk, V].
+        ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*(() if with_entropy else (entropy,)))
         return logp, entropy
 
