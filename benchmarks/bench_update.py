@@ -118,7 +118,8 @@ class Worker:
             self.proc.stdin.flush()
         answer = self.proc.stdout.readline()
         if not answer:
-            raise SystemExit(f"error: the update worker exited ({self.proc.wait()})")
+            print(f"error: the update worker exited with status {self.proc.wait()}", file=sys.stderr)
+            raise SystemExit(2)
         return json.loads(answer)
 
     def close(self) -> None:
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         return worker(args.worker, args.threads)
     if args.old is not None and not (args.old / "skyrl_tool_agent" / "__init__.py").is_file():
-        raise SystemExit(f"error: --old {args.old}: no skyrl_tool_agent/ package there")
+        print(f"error: --old {args.old}: no skyrl_tool_agent/ package there", file=sys.stderr)
+        raise SystemExit(2)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import Samples, machine_info, paired_ratios, print_table, write_json
 
