@@ -15,7 +15,8 @@ metrics); policy tokens/s = sampled tokens / step seconds; how many episodes sam
 same ids on both sides. The FLOP floor is the step's model FLOPs (`step_flops`: a forward over
 every distinct token of the rollout, forward + backward (3x) over the update's tokens with each
 micro-batch's shared prefix once) divided by the best matmul GFLOP/s measured here. `--profile`
-adds a torch-profiler table of one step per variant. Not a unit test.
+adds a torch-profiler table of one step per variant. The process's peak RSS (VmHWM, `memory/peak_rss_gib`
+in a run's metrics) is printed and written. Not a unit test.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import torch  # noqa: E402
 
 from skyrl_tool_agent.config import Config  # noqa: E402
 from skyrl_tool_agent.env.pools import EnvRuntime  # noqa: E402
-from skyrl_tool_agent.grpo.trainer import GRPOTrainer  # noqa: E402
+from skyrl_tool_agent.grpo.trainer import GRPOTrainer, peak_rss_gib  # noqa: E402
 from skyrl_tool_agent.eval.splits import TaskSplits  # noqa: E402
 from skyrl_tool_agent.pipeline import LocalBackend, build_loader  # noqa: E402
 from skyrl_tool_agent.policy.prefix import common_prefix_length  # noqa: E402
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
                 ["sampler", "step s", "rollout s", "update s", "rest s", "policy tok/s", "CPU s step", "CPU s rollout",
                  "CPU s update"], rows,
                 caption=f"{episodes} episodes/step; same sampled ids in {runner.same_ids.median:.0%} of episodes; "
+                        f"peak RSS of this process {peak_rss_gib():.2f} GiB (VmHWM: both samplers, every round); "
                         f"load during rounds {loads}; {load_note(machine)}")
     if profile_text:
         console.print(profile_text, markup=False, highlight=False)
@@ -274,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
         "flops_per_step": flops,
         "flop_floor_s": floor,
         "load_average_per_round": loads,
+        "peak_rss_gib": peak_rss_gib(),
         "profile_top": profile_text,
     }
     settings = {"tasks_per_step": args.tasks_per_step, "group_size": args.group_size, "reps": args.reps,

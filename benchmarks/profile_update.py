@@ -12,6 +12,10 @@ Variants (`--variants`, comma-separated, in this order by default):
   logits       new, but the `[B, L, V]` logits materialised (the output head run as a module)
   rows         new, but passes of micro_batch_size rows in rollout order (no token budget)
   no_ckpt:T    new without gradient checkpointing, passes of at most T tokens
+  peft_lora    new, but peft's five-op LoRA projections (fused_lora off; it only merges fp32 weights)
+  compile      new, each decoder layer compiled alone (regional torch.compile, dynamic shapes): RMSNorm,
+               RoPE, SwiGLU, residual adds and the adapters' scaling fused; `first_s` is the warm-up
+               update, compilation included
 Today's path (before these changes) is the same script at an earlier commit: scripts/gpu_check.sh's
 update_today stage runs it from .old/ beside this one in one device call.
 
@@ -43,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from skyrl_tool_agent.commands.memory_profile import _batch  # noqa: E402
 from skyrl_tool_agent.config.loader import load_config  # noqa: E402
 from skyrl_tool_agent.grpo.batch import TrainBatch  # noqa: E402
+from skyrl_tool_agent.grpo import trainer as trainer_module  # noqa: E402
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer  # noqa: E402
 from skyrl_tool_agent.policy import prefix  # noqa: E402
 from skyrl_tool_agent.policy.qwen import QwenPolicy  # noqa: E402
@@ -87,7 +92,9 @@ def flops(policy: QwenPolicy, batch: TrainBatch, checkpointing: bool) -> tuple[f
 def variant(name: str, policy: QwenPolicy, config: Any) -> Iterator[None]:
     """Apply one variant's change for the duration (module docstring)."""
     saved = (config.model.gradient_checkpointing, config.training.micro_batch_tokens)
-    precision, head = policy.training_precision, prefix.output_head
+    precision, head, fused = policy.training_precision, prefix.output_head, trainer_module.fused_lora
+    base = policy.model.get_base_model() if hasattr(policy.model, "get_base_model") else policy.model
+    layers = list(base.model.layers) if name == "compile" else []
     try:
         if name == "casts":
             policy.training_precision = contextlib.nullcontext  # type: ignore[method-assign]
@@ -98,12 +105,20 @@ def variant(name: str, policy: QwenPolicy, config: Any) -> Iterator[None]:
         elif name.startswith("no_ckpt:"):
             config.model.gradient_checkpointing = False
             config.training.micro_batch_tokens = int(name.split(":")[1])
+        elif name == "peft_lora":
+            trainer_module.fused_lora = lambda model, enabled=True: contextlib.nullcontext(0)  # type: ignore[assignment]
+        elif name == "compile":
+            for layer in layers:
+                layer.compile(dynamic=True)
         elif name != "new":
             raise SystemExit(f"error: unknown variant {name!r}")
         yield
     finally:
         config.model.gradient_checkpointing, config.training.micro_batch_tokens = saved
         policy.training_precision, prefix.output_head = precision, head  # type: ignore[method-assign]
+        trainer_module.fused_lora = fused  # type: ignore[assignment]
+        for layer in layers:
+            layer._compiled_call_impl = None  # back to the eager forward
 
 
 KERNEL_CLASSES = (  # (class, substrings of a CUDA kernel's name), first match wins
@@ -156,8 +171,10 @@ def main() -> None:
         for name in [v for v in args.variants.split(",") if v]:
             with variant(name, policy, config):
                 try:
-                    trainer._update(batch)  # warm-up (optimizer state, allocator)
+                    first = time.perf_counter()
+                    trainer._update(batch)  # warm-up (optimizer state, allocator, compilation)
                     sync()
+                    first_s = time.perf_counter() - first
                     if cuda:
                         torch.cuda.reset_peak_memory_stats()
                     start = time.perf_counter()
@@ -171,7 +188,7 @@ def main() -> None:
                     continue
                 model_flops, hw_flops = flops(policy, batch, config.model.gradient_checkpointing)
                 out["variants"][name] = {
-                    "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds),
+                    "seconds": round(seconds, 3), "first_s": round(first_s, 3), "tokens_per_s": round(tokens / seconds),
                     "mfu": round(model_flops / seconds / PEAK_FLOPS, 3), "hfu": round(hw_flops / seconds / PEAK_FLOPS, 3),
                     "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                 }

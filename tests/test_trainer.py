@@ -253,8 +253,8 @@ def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_pat
     assert (kept / "tokenizer_config.json").is_file()
 
 
-#: Metrics that measure time, not what was learned: the only ones two identical runs may differ in.
-TIMING_KEYS = ("tokens_per_s", "time/rollout_s", "time/update_s", "time/elapsed_s")
+#: Metrics that measure time or memory, not what was learned: the only ones two identical runs may differ in.
+TIMING_KEYS = ("tokens_per_s", "time/rollout_s", "time/update_s", "time/elapsed_s", "memory/peak_rss_gib")
 
 
 def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
@@ -276,6 +276,9 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
         runs.append([{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(tmp_path / name)])
     assert [r["step"] for r in runs[0]] == [0, 1, 2]
     assert runs[0] == runs[1]
+    # Each step's row gives the process's peak resident memory so far (GiB): what a laptop's RAM must hold.
+    peaks = [row["memory/peak_rss_gib"] for row in _metrics(tmp_path / "b")[1:]]
+    assert all(0.05 < p < 64 for p in peaks) and peaks == sorted(peaks), peaks
     # The adapters too (LoRA's A matrices are random at initialisation; B starts at zero, so a step
     # whose groups all tie would not show a different A in the metrics).
     adapters = [load_file(tmp_path / name / "final" / "adapter_model.safetensors") for name in ("a", "b")]

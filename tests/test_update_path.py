@@ -17,6 +17,7 @@ from skyrl_tool_agent.grpo.batch import TrainBatch, plan_micro_batches
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
+from skyrl_tool_agent.policy.fused_lora import LoraLinearFunction, fused_lora
 from skyrl_tool_agent.policy.logprobs import entropy_from_logits, head_token_stats, token_logprobs
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.qwen import QwenPolicy
@@ -162,12 +163,16 @@ class _GradientsKept(GRPOTrainer):
         return super()._optimizer_step()
 
 
+@pytest.mark.parametrize("entropy_coef", [0.01, 0.0], ids=["entropy_bonus", "entropy_logged"])
 @pytest.mark.parametrize("budget", [None, 70], ids=["rows", "token_budget"])
-def test_update_equals_the_plain_full_batch_objective(model_dir: Path, tmp_path: Path, budget: int | None) -> None:
+def test_update_equals_the_plain_full_batch_objective(model_dir: Path, tmp_path: Path, budget: int | None,
+                                                      entropy_coef: float) -> None:
     """One optimizer step over micro-batches (in rollout order, or grouped by a token budget) with
     the reference scored once beforehand: its loss, KL, entropy and gradient equal the plain
-    objective over the whole batch at once, from the full logits (today's path)."""
+    objective over the whole batch at once, from the full logits (today's path). With the entropy
+    only logged (the CPU default) its gradient terms are skipped, not computed."""
     config = _config(model_dir, micro_batch_tokens=budget)
+    config.grpo.entropy_coef = entropy_coef
     policy = _lora_policy(model_dir)
     batch = _batch(policy)
     g = config.grpo
@@ -219,3 +224,72 @@ def test_a_bf16_models_adapters_multiply_in_bf16_and_keep_fp32_gradients(model_d
         if b is not None:
             assert a.dtype == torch.float32
             assert torch.allclose(a, b, atol=5e-2 * float(b.abs().max()) + 1e-6)
+
+
+# ------------------------------------------------------------------ fused LoRA projections
+def test_lora_linear_function_gradients_are_exact() -> None:
+    """`x @ (W + s B A)^T + b` against autograd's numerical gradient, in float64: x, A and B get
+    theirs, the frozen base weight none."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    weight, bias = torch.randn(5, 6, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    lora_a = torch.randn(2, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    lora_b = torch.randn(5, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, a, b: LoraLinearFunction.apply(x, weight, bias, a, b, 1.7),
+                                    (x, lora_a, lora_b))
+    want = x @ weight.T + bias + 1.7 * (x @ lora_a.T) @ lora_b.T
+    assert torch.allclose(LoraLinearFunction.apply(x, weight, bias, lora_a, lora_b, 1.7), want, atol=1e-12)
+
+
+def test_fused_lora_equals_pefts_projections_with_gradients(model_dir: Path) -> None:
+    """The update's forward and backward with every adapted projection as one matmul: log-probs,
+    entropies and every adapter gradient equal peft's five-op path within 1e-5 in float32, and
+    peft's skinny adapter matmuls never run (the fused path really was taken)."""
+    policy = _lora_policy(model_dir)
+    batch = _batch(policy)
+    mask = batch.attention_mask[:, 1:].bool()
+    weights = [torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(s)) for s in (3, 4)]
+    params = policy.trainable_parameters()
+    adapted = [m for m in policy.model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+
+    def stats() -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        logp, entropy = policy.token_logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
+        return logp, entropy, torch.autograd.grad(((weights[0] * logp + weights[1] * entropy) * mask).sum(), params)
+
+    want_lp, want_h, want = stats()
+    calls: list[int] = []
+    hooks = [m.lora_A["default"].register_forward_hook(lambda *a: calls.append(1)) for m in adapted]
+    with fused_lora(policy.model) as switched:
+        logp, entropy, got = stats()
+    for h in hooks:
+        h.remove()
+    assert switched == len(adapted) > 0 and not calls
+    assert all("forward" not in vars(m) for m in adapted)  # peft's forward back on exit
+    assert torch.allclose(logp[mask], want_lp[mask], atol=1e-5)
+    assert torch.allclose(entropy[mask], want_h[mask], atol=1e-5)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_fused_lora_keeps_pefts_forward_where_merging_would_change_it(model_dir: Path) -> None:
+    """Dropout on, the adapters disabled (the reference) or a bf16 base: nothing is switched or the
+    switched forward hands back to peft's, and the outputs are peft's exactly."""
+    policy = _lora_policy(model_dir)
+    batch = _batch(policy)
+    model = policy.model
+    with torch.no_grad(), model.disable_adapter():
+        want, _ = batch_logprobs(model, batch.input_ids, batch.attention_mask)
+        with fused_lora(model):
+            got, _ = batch_logprobs(model, batch.input_ids, batch.attention_mask)
+    assert torch.equal(got, want)
+    adapted = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    adapted[0].lora_dropout["default"] = torch.nn.Dropout(0.5)  # a live dropout: merging would drop it
+    model.train()
+    with fused_lora(model) as switched:
+        assert switched == len(adapted) - 1
+    model.eval()
+    with fused_lora(model) as switched:  # dropout in eval mode is the identity: merged
+        assert switched == len(adapted)
+    bf16 = QwenPolicy.from_config(_config(model_dir).model.model_copy(update={"dtype": "bfloat16"}), mode="lora")
+    with fused_lora(bf16.model) as switched:
+        assert switched == 0

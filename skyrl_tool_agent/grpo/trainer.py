@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import resource
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ from skyrl_tool_agent.grpo.memory import update_reserve_bytes
 from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
+from skyrl_tool_agent.policy.fused_lora import fused_lora
 from skyrl_tool_agent.policy.memory_plan import ModelDims
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
 from skyrl_tool_agent.policy.weights import base_model
@@ -54,6 +57,13 @@ class StepOutput:
     tasks: list[Task] = dataclasses.field(default_factory=list)
     advantages: list[float] = dataclasses.field(default_factory=list)
     kept: list[bool] = dataclasses.field(default_factory=list)
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far (the kernel's high-water mark, VmHWM), GiB: the
+    figure a machine's RAM must hold, rollout, update and evaluations included."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # macOS reports bytes, Linux KiB
 
 
 def on_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
@@ -256,7 +266,8 @@ class GRPOTrainer:
                  [loss_normalizer([mb.loss_mask for mb in step], g.loss_aggregation, fixed_length) for step in steps])
         sums: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "num_tokens": 0.0}
         grad_norms = []
-        with self.policy.training_precision():
+        # fused_lora: each fp32 LoRA projection as one matmul with the merged weight (policy.fused_lora)
+        with self.policy.training_precision(), fused_lora(self.policy.model):
             if g.kl_coef > 0:  # the reference once per step, under no_grad, before any weight moves
                 for step in steps:
                     for mb in step:
@@ -367,6 +378,7 @@ class GRPOTrainer:
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
         }
+        metrics["memory/peak_rss_gib"] = peak_rss_gib()
         if on_cuda:
             metrics["memory/gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**30
         return StepOutput(metrics, trajectories, list(tasks), decided.advantages, decided.kept)
@@ -436,6 +448,7 @@ class GRPOTrainer:
                     self.last_eval_seconds = time.monotonic() - t_eval
                     metrics.update(eval_metrics(ev))
                 if self.step % t.log_every == 0 or last:
+                    metrics["memory/peak_rss_gib"] = peak_rss_gib()  # evaluations and probes included
                     run_logger.log(metrics)
                 if t.rollouts_every and self.step % t.rollouts_every == 0:
                     run_logger.log_rollouts(rollout_records(self.step, out.tasks, out.trajectories, out.advantages,

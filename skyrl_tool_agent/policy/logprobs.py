@@ -153,6 +153,13 @@ def fused_chunk_tokens(vocab: int, chunk_bytes: int = FUSED_CHUNK_BYTES) -> int:
     return max(16, chunk_bytes // (4 * vocab))
 
 
+def _scaled_logits(hidden: Tensor, weight: Tensor, dt: torch.dtype, temperature: float) -> Tensor:
+    """`(hidden @ weight.T) / temperature` in `dt`: one matmul (the weights' dtype, as `lm_head`
+    computes it), the division done in place (none at temperature 1)."""
+    z = (hidden @ weight.T).to(dt)
+    return z if temperature == 1.0 else z.div_(temperature)
+
+
 class _HeadTokenStats(torch.autograd.Function):
     """log softmax(hidden @ weight.T / T)[label] and, if asked, the entropy, for `[N, H]` hidden states.
 
@@ -174,14 +181,18 @@ class _HeadTokenStats(torch.autograd.Function):
         entropy = torch.zeros(n if with_entropy else 0, dtype=dt, device=hidden.device)
         for start in range(0, n, chunk):
             rows = slice(start, min(start + chunk, n))
-            z = (hidden[rows] @ weight.T).to(dt) / temperature
+            z = _scaled_logits(hidden[rows], weight, dt, temperature)
             lse[rows] = z_lse = torch.logsumexp(z, dim=-1)
             logp[rows] = z.gather(-1, safe[rows].unsqueeze(-1)).squeeze(-1) - z_lse
             if with_entropy:  # H = lse - sum_i p_i z_i
-                entropy[rows] = z_lse - (torch.exp(z - z_lse.unsqueeze(-1)) * z).sum(-1)
+                p = torch.sub(z, z_lse.unsqueeze(-1)).exp_()
+                entropy[rows] = z_lse - torch.linalg.vecdot(p, z)
         logp = torch.where(valid, logp, torch.zeros_like(logp))
         ctx.save_for_backward(hidden, weight, safe, valid, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
+        # An output the loss does not use (the entropy, when only logged) comes back as None, not as
+        # zeros: its gradient terms are then skipped instead of computed as zeros over [chunk, V].
+        ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*(() if with_entropy else (entropy,)))
         return logp, entropy
 
@@ -199,15 +210,21 @@ class _HeadTokenStats(torch.autograd.Function):
         for start in range(0, n, ctx.chunk):
             rows = slice(start, min(start + ctx.chunk, n))
             h = hidden[rows]
-            log_p = (h @ weight.T).to(dt) / t - lse[rows].unsqueeze(-1)
+            log_p = _scaled_logits(h, weight, dt, t).sub_(lse[rows].unsqueeze(-1))
             p = torch.exp(log_p)
-            # d logp / dz = onehot(label) - p;  dH / dz = -p (log p + H);  z = logits / T.
-            g = torch.zeros_like(p)
-            if scale is not None:
-                g.sub_(p * scale[rows].unsqueeze(-1))
-                g.scatter_add_(-1, labels[rows].unsqueeze(-1), scale[rows].unsqueeze(-1))
+            # d logp / dz = onehot(label) - p;  dH / dz = -p (log p + H);  z = logits / T. In place,
+            # one pass each: g = p * (-scale - (log p + H) * dH/T), then the one-hot part.
             if with_entropy:
-                g.sub_(p * (log_p + entropy[rows].unsqueeze(-1)) * (grad_entropy[rows].to(dt) / t).unsqueeze(-1))
+                coef = log_p.add_(entropy[rows].unsqueeze(-1)).mul_(-(grad_entropy[rows].to(dt) / t).unsqueeze(-1))
+                if scale is not None:
+                    coef.sub_(scale[rows].unsqueeze(-1))
+                g = coef.mul_(p)
+            elif scale is not None:
+                g = p.mul_(-scale[rows].unsqueeze(-1))
+            else:
+                g = p.zero_()
+            if scale is not None:
+                g.scatter_add_(-1, labels[rows].unsqueeze(-1), scale[rows].unsqueeze(-1))
             g = g.to(hidden.dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = g @ weight
