@@ -1,21 +1,20 @@
-"""Seconds per GRPO step, today's sampler vs `Qwen2Kernel` (`QwenPolicy.sampler` hf vs kernel), on the same batches.
+"""Seconds per GRPO step of the CPU quick start's trainer, by phase, with the FLOP floor and peak RSS.
 
     python benchmarks/bench_step.py [--reps 3] [--warmup 1] [--tasks-per-step 8] [--group-size 8]
                                     [--profile] [--json-out FILE]
 
 The CPU quick start's trainer as configured by default (shipped embedded model, LoRA, generated
-train pool, lockstep collection), one `GRPOTrainer.train_step` per variant and round. Before each
-variant the trainer's whole state (weights, optimizer, scheduler, loader, step counter, hence the
-tasks and the sampling seed) is restored to the round's starting point, so both variants sample
-from the same policy on the same tasks; the round then continues from the new path's state.
-Variants alternate order every round (`common.interleaved`), medians over rounds.
+train pool, lockstep collection), one `GRPOTrainer.train_step` per round, medians over rounds. Before
+each round the trainer's whole state (weights, optimizer, scheduler, loader, step counter, hence the
+tasks and the sampling seed) is restored to the previous round's end. An earlier commit is measured
+by running its own copy of this script (e.g. `git archive 5b5bf6b skyrl_tool_agent benchmarks | tar
+-x -C .old; PYTHONPATH=.old python .old/benchmarks/bench_step.py`) right before or after.
 
 Per step: rollout (`time/rollout_s`), update (`time/update_s`) and the rest (advantages, curriculum,
-metrics); policy tokens/s = sampled tokens / step seconds; how many episodes sampled exactly the
-same ids on both sides. The FLOP floor is the step's model FLOPs (`step_flops`: a forward over
+metrics); policy tokens/s = sampled tokens / step seconds. The FLOP floor is the step's model FLOPs (`step_flops`: a forward over
 every distinct token of the rollout, forward + backward (3x) over the update's tokens with each
 micro-batch's shared prefix once) divided by the best matmul GFLOP/s measured here. `--profile`
-adds a torch-profiler table of one step per variant. The process's peak RSS (VmHWM, `memory/peak_rss_gib`
+adds a torch-profiler table of one step. The process's peak RSS (VmHWM, `memory/peak_rss_gib`
 in a run's metrics) is printed and written. Not a unit test.
 """
 
@@ -38,7 +37,6 @@ from common import (  # noqa: E402  (also puts the repo root on sys.path)
     interleaved,
     load_note,
     machine_info,
-    paired_ratios,
     print_table,
     write_json,
 )
@@ -53,8 +51,8 @@ from skyrl_tool_agent.pipeline import LocalBackend, build_loader  # noqa: E402
 from skyrl_tool_agent.policy.prefix import common_prefix_length  # noqa: E402
 from skyrl_tool_agent.rollout.trajectory import Trajectory  # noqa: E402
 
-VARIANTS = {"old": "hf", "new": "kernel"}  # name -> QwenPolicy.sampler
-LABELS = {"old": "today (HF model, shared system prompt)", "new": "Qwen2Kernel sampler"}
+VARIANTS = ("engine",)
+LABELS = {"engine": "RolloutEngine (root slot, lockstep)"}
 
 
 def matmul_gflops(shapes: Sequence[tuple[int, int, int]] = ((1024, 1024, 1024), (512, 256, 1024), (64, 256, 768)),
@@ -125,7 +123,6 @@ class StepRunner:
         trainer._update = self._cpu_timed("update", trainer._update)  # type: ignore[method-assign]
         self.seconds: dict[str, dict[str, Samples]] = {}
         self.last: dict[str, Any] = {}
-        self.same_ids: Samples = Samples()
         self.flops: list[dict[str, float]] = []
 
     def _cpu_timed(self, phase: str, fn: Any) -> Any:
@@ -152,7 +149,6 @@ class StepRunner:
 
     def step(self, name: str) -> float:
         self._restore(self.start)
-        self.trainer.policy.sampler = VARIANTS[name]
         self.cpu = {"rollout": 0.0, "update": 0.0}
         t0, cpu0 = time.perf_counter(), time.process_time()
         out = self.trainer.train_step()
@@ -172,10 +168,8 @@ class StepRunner:
         return total
 
     def end_round(self) -> None:
-        """Compare the two sides' episodes, count the step's FLOPs, continue from the new path's state."""
-        old, new = self.last["old"], self.last["new"]
-        same = sum(a.token_ids == b.token_ids for a, b in zip(old.trajectories, new.trajectories))
-        self.same_ids.add(same / len(new.trajectories))
+        """Count the step's FLOPs and continue from its state."""
+        new = self.last["engine"]
         cfg = self.trainer.config
         model_cfg = getattr(self.trainer.policy.model, "get_base_model", lambda: self.trainer.policy.model)().config
         self.flops.append(step_flops(new.trajectories, cfg.grpo.group_size, cfg.training.micro_batch_size, new.kept,
@@ -226,12 +220,12 @@ def main(argv: list[str] | None = None) -> None:
                 runner.end_round()
                 loads.append(machine_info()["load_average"][0])
                 console.print(f"  round {rep + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in values.items())
-                              + f"; same ids {runner.same_ids.values[-1]:.0%}; load {loads[-1]}")
+                              + f"; load {loads[-1]}")
 
             for _ in range(args.warmup):  # untimed: first-use costs (kernels, MCP sessions)
-                runner.step("old"), runner.step("new"), runner.end_round()
+                runner.step("engine"), runner.end_round()
             runner.seconds.clear()
-            runner.same_ids, runner.flops = Samples(), []
+            runner.flops = []
             interleaved({n: (lambda n=n: runner.step(n)) for n in VARIANTS}, args.reps, warmup=0, on_rep=on_round)
             profile_text = "\n".join(profile_step(runner, n) for n in VARIANTS) if args.profile else None
         finally:
@@ -247,31 +241,20 @@ def main(argv: list[str] | None = None) -> None:
         r = s[name]
         rows.append([LABELS[name], r["step"].median, r["rollout"].median, r["update"].median, r["rest"].median,
                      r["tok/s"].median])
-    step_ratio = paired_ratios(s["new"]["step"], s["old"]["step"])
-    rollout_ratio = paired_ratios(s["new"]["rollout"], s["old"]["rollout"])
-    rows.append(["ratio new/old (paired median)", step_ratio.median, rollout_ratio.median,
-                 paired_ratios(s["new"]["update"], s["old"]["update"]).median,
-                 paired_ratios(s["new"]["rest"], s["old"]["rest"]).median,
-                 paired_ratios(s["new"]["tok/s"], s["old"]["tok/s"]).median])
     rows.append([f"FLOP floor at {peak:.0f} GFLOP/s", floor["total"], floor["rollout"], floor["update"], "-", "-"])
     for row, name in zip(rows, VARIANTS):
         row += [s[name][k].median for k in ("cpu step", "cpu rollout", "cpu update")]
-    rows[2] += [paired_ratios(s["new"][k], s["old"][k]).median for k in ("cpu step", "cpu rollout", "cpu update")]
-    rows[3] += [floor["total"], floor["rollout"], floor["update"]]
+    rows[1] += [floor["total"], floor["rollout"], floor["update"]]
     print_table("GRPO step on this CPU: seconds (medians over rounds)",
                 ["sampler", "step s", "rollout s", "update s", "rest s", "policy tok/s", "CPU s step", "CPU s rollout",
                  "CPU s update"], rows,
-                caption=f"{episodes} episodes/step; same sampled ids in {runner.same_ids.median:.0%} of episodes; "
-                        f"peak RSS of this process {peak_rss_gib():.2f} GiB (VmHWM: both samplers, every round); "
+                caption=f"{episodes} episodes/step; "
+                        f"peak RSS of this process {peak_rss_gib():.2f} GiB (VmHWM, every round); "
                         f"load during rounds {loads}; {load_note(machine)}")
     if profile_text:
         console.print(profile_text, markup=False, highlight=False)
     results = {
         "variants": {name: {"label": LABELS[name], **{k: v.summary() for k, v in s[name].items()}} for name in VARIANTS},
-        "ratio_new_over_old": {k: paired_ratios(s["new"][k], s["old"][k]).summary() for k in s["new"]},
-        "speedup_step": 1 / step_ratio.median,
-        "speedup_step_cpu": 1 / paired_ratios(s["new"]["cpu step"], s["old"]["cpu step"]).median,
-        "same_ids_fraction": runner.same_ids.summary(),
         "matmul_gflops": gflops,
         "flops_per_step": flops,
         "flop_floor_s": floor,
