@@ -207,29 +207,51 @@ class RunSummary:
     family: str = "sql"
     #: The avg@k change (training.eval_samples) with its paired-bootstrap 95% interval.
     sampled_delta: dict[str, float] | None = None
+    #: Each error category's rate change (`eval.anatomy`) with its paired-bootstrap 95% interval.
+    anatomy_delta: dict[str, dict[str, float]] | None = None
 
 
 def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
                seconds: float, history: list[dict[str, Any]], training_seconds: float, config: Config) -> RunSummary:
     """Write before_after.json (with the paired-bootstrap interval of the EX change when both
-    evaluations carry per-task outcomes), training_curves.png and the model card in final/."""
-    from skyrl_tool_agent.eval.plots import plot_training_curves
+    evaluations carry per-task outcomes, and of each error category's rate when both carry the
+    error anatomy), training_curves.png, error_anatomy.png and the model card in final/."""
+    from skyrl_tool_agent.eval.plots import plot_error_anatomy, plot_training_curves
     from skyrl_tool_agent.reporting import write_model_card
 
     delta = paired_delta(before.get("solved"), after.get("solved"))
     sampled_delta = paired_delta((before.get("sampled") or {}).get("per_task"), (after.get("sampled") or {}).get("per_task"))
+    anatomy_delta = anatomy_deltas(before, after)
     record = {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
               "training_minutes": training_seconds / 60, "execution_accuracy_delta": delta,
-              "avg_at_k_delta": sampled_delta}
+              "avg_at_k_delta": sampled_delta, "error_anatomy_delta": anatomy_delta}
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
     plot_training_curves(out / "metrics.jsonl", out / "training_curves.png", eval_split=config.training.eval_split,
                          kl_off=config.grpo.kl_coef == 0)
+    if before.get("error_anatomy") and after.get("error_anatomy"):
+        plot_error_anatomy([("before GRPO", before["error_anatomy"]), ("after GRPO", after["error_anatomy"])],
+                           out / "error_anatomy.png",
+                           title=f"Why answers are wrong ({config.training.eval_split}, greedy)")
     if (out / "final").is_dir():
         write_model_card(out / "final", config, record)
     from skyrl_tool_agent.env.families import resolve_family
 
     return RunSummary(before, after, steps, seconds, out, history, stop_reason, delta,
-                      family=resolve_family(config.env.task_family).name, sampled_delta=sampled_delta)
+                      family=resolve_family(config.env.task_family).name, sampled_delta=sampled_delta,
+                      anatomy_delta=anatomy_delta)
+
+
+def anatomy_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]] | None:
+    """Each error category's rate change between two greedy evaluations of the same tasks with
+    its paired-bootstrap interval (`eval.anatomy.anatomy_changes`), or None when either lacks the
+    anatomy (`error_categories`, `solved`)."""
+    from skyrl_tool_agent.eval.anatomy import anatomy_changes
+
+    b, a = before.get("error_categories"), after.get("error_categories")
+    if not b or not a or len(b) != len(a) or len(before.get("solved") or ()) != len(b) \
+            or len(after.get("solved") or ()) != len(a):
+        return None
+    return {c: d.to_dict() for c, d in anatomy_changes(b, before["solved"], a, after["solved"]).items()}
 
 
 def paired_delta(before: list[float | None] | None, after: list[float | None] | None) -> dict[str, float] | None:
@@ -496,10 +518,12 @@ class GRPOCurve:
     The probe of `training.probe_tasks` revisited training tasks runs as in the main job. Writes
     metrics.jsonl (step 0: the start's evaluation and probe) into `out`; `close()` ends the run.
     Used by benchmarks/bench_learning.py and the speedrun (`skyrl_tool_agent.speedrun`), which
-    passes its loaded `splits` (the generated pool is not built again). `start_weights`: the
+    passes its loaded `splits` (the generated pool is not built again) and the `pool` it trains on
+    (its RL pool, held out of the build; default `splits.rl_train()`). `start_weights`: the
     `weights_fingerprint` of the model GRPO starts from."""
 
-    def __init__(self, config: Config, out: Path, *, splits: TaskSplits | None = None) -> None:
+    def __init__(self, config: Config, out: Path, *, splits: TaskSplits | None = None,
+                 pool: list[Task] | None = None) -> None:
         from skyrl_tool_agent.data.batching import fixed_subset
         from skyrl_tool_agent.env.pools import EnvRuntime
         from skyrl_tool_agent.grpo.checkpoint import seed_everything
@@ -511,7 +535,7 @@ class GRPOCurve:
         t = config.training
         self.config = config
         splits = splits or TaskSplits.load(config)
-        pool = splits.rl_train()
+        pool = splits.rl_train() if pool is None else pool
         self.runtime = EnvRuntime(config.env, splits.db_root)
         try:
             seed_everything(t.seed)

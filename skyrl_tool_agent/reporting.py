@@ -44,6 +44,13 @@ def print_before_after(summary: Any) -> None:
     if sampled and summary.after.get("sampled"):
         Console().print(delta_sentence(summary.sampled_delta, summary.before, summary.after,
                                        label=f"avg@{sampled['k']} (T={sampled['temperature']:g})"))
+    if rows := anatomy_rows(summary.before, summary.after, summary.anatomy_delta):
+        errors = Table(title="Why answers are wrong (greedy, the same tasks)")
+        for col in ("error", "before GRPO", "after GRPO", "change of its rate [95% paired bootstrap]"):
+            errors.add_column(col, justify="left" if col == "error" else "right")
+        for row in rows:
+            errors.add_row(*row)
+        Console().print(errors)
     if summary.stop_reason:
         Console().print(f"training stopped: {summary.stop_reason}")
     Console().print(f"outputs: {summary.output_dir} (report.html, metrics.jsonl, training_curves.png, final/)")
@@ -57,6 +64,24 @@ def sampled_rows(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[st
         return []
     k, temp = b["k"], b["temperature"]
     return [(f"avg@{k} (T={temp:g})", b["avg@k"], a["avg@k"]), (f"pass@{k} (T={temp:g})", b["pass@k"], a["pass@k"])]
+
+
+def anatomy_rows(before: dict[str, Any], after: dict[str, Any],
+                 deltas: dict[str, dict[str, float]] | None) -> list[tuple[str, str, str, str]]:
+    """(label, count before, count after, 'change [low, high]' in points) per error category
+    (`eval.anatomy`); none when either evaluation lacks the anatomy."""
+    from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
+
+    b, a = before.get("error_anatomy"), after.get("error_anatomy")
+    if not b or not a:
+        return []
+    rows = []
+    for c in CATEGORIES:
+        d = (deltas or {}).get(c)
+        change = (f"{100 * d['delta']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]" if d else "n/a")
+        rows.append((LABELS[c], str(b["counts"].get(c, 0)), str(a["counts"].get(c, 0)), change))
+    rows.append(("wrong in all", str(b.get("wrong", 0)), str(a.get("wrong", 0)), ""))
+    return rows
 
 
 def delta_sentence(delta: dict[str, Any] | None, before: dict[str, Any], after: dict[str, Any], *,
@@ -115,6 +140,11 @@ def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
     if record.get("avg_at_k_delta"):
         k = before["sampled"]["k"]
         change += f"{delta_sentence(record['avg_at_k_delta'], before, after, label=f'avg@{k}').capitalize()}.\n"
+    errors = anatomy_rows(before, after, record.get("error_anatomy_delta"))
+    if errors:
+        change += ("\nWhy answers are wrong (each wrong answer against its gold query; change of the rate in "
+                   "points, 95% paired bootstrap):\n\n| error | before GRPO | after GRPO | change |\n|---|---|---|---|\n"
+                   + "\n".join(f"| {' | '.join(row)} |" for row in errors) + "\n")
     what, tools, answer = (("Text-to-SQL agent", "SQLite tools", "SQL") if words.sql else
                            (f"Tool-using agent for the `{words.family}` tasks", "tools", "its final answer"))
     body = f"""

@@ -57,7 +57,8 @@ def test_all_text_is_escaped(report):
     tags = [tag for tag, _ in page.tags]
     assert tags.count("script") == 1  # ours; none from the data
     assert not [(t, a) for t, a in page.tags for name in a if name.startswith("on")]  # no event handlers at all
-    assert [a["src"][:22] for t, a in page.tags if t == "img"] == ["data:image/png;base64,"]
+    # the difficulty plot and the error anatomy's
+    assert [a["src"][:22] for t, a in page.tags if t == "img"] == ["data:image/png;base64,"] * 2
     text = "".join(page.text)
     for hostile in (XSS_QUESTION, XSS_SQL, XSS_TABLE, "xss <check>"):
         assert hostile in text  # shown to the reader as text ...

@@ -2,7 +2,9 @@
 from nothing, a few supervised steps on real oracle episodes, two GRPO steps through the real MCP
 server, continued SFT, evaluations of a few dev tasks) and that its phases connect: the supervised
 loss falls, both arms start from the built weights, GRPO steps run on the device's sampler, the
-evaluations carry paired intervals, and the whole run stays within its budget."""
+evaluations carry paired intervals and the error anatomy, and the whole run stays within its
+budget. And the RL pool held out of the build: no gold query of it in the build's oracle episodes
+(real episodes through the real server), on a pool whose queries repeat under other wordings."""
 
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ import torch
 from skyrl_tool_agent.commands.speedrun import main
 from skyrl_tool_agent.speedrun import CURVES_FILE, LOG_FILE, METRICS_FILE, RESULT_FILE, TABLE_FILE, arm_seconds
 
-MINUTES = 2.0
+MINUTES = 3.0  # headroom: the build must run its 5 fixed steps before its time cap even on a loaded VM
 TINY = ["--hidden-size", "64", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--intermediate-size", "128",
-        "--pool-tasks", "24", "--validation-tasks", "2", "--build-evaluations", "1", "--build-steps", "5",
+        "--pool-tasks", "24", "--rl-pool-tasks", "8", "--validation-tasks", "2", "--build-evaluations", "1", "--build-steps", "5",
         "--sft-batch-size", "4", "--points", "1",
         "--set", "training.eval_num_tasks=4", "--set", "training.eval_samples=2", "--set", "grpo.group_size=4",
         "--set", "training.tasks_per_step=2", "--set", "grpo.max_turns=2", "--set", "grpo.max_new_tokens_per_turn=12",
@@ -48,7 +50,9 @@ def test_the_build_learns_and_both_arms_start_from_its_weights(run) -> None:
     _, record, _ = run
     build = record["build"]
     assert build["steps"] == 5 and build["loss_last"] < build["loss_first"]
-    assert build["validation_curve"][-1]["step"] == 5
+    # --build-steps fixes the schedule (the time cap only guards): 1 evaluation on the way, then the last step
+    assert build["fixed_steps"] and build["planned_steps"] == 5
+    assert [e["step"] for e in build["validation_curve"]] == [3, 5]
     assert record["arms_start_from_build"] == {"grpo": True, "sft": True}
 
 
@@ -79,6 +83,54 @@ def test_evaluations_carry_paired_intervals_and_the_table_shows_them(run) -> Non
     assert set(record["grpo_minus_sft"]) == {"greedy", "avg@k"}
     table = (out / TABLE_FILE).read_text()
     assert "| GRPO − SFT |" in table and "| continued SFT |" in table and "generated tokens/s" in table
+
+
+def test_the_rl_pool_is_held_out_of_the_build_and_each_arm_has_its_anatomy(run) -> None:
+    _, record, out = run
+    build = record["phases"]["build"]
+    assert build["rl_pool_tasks"] == 8 and build["build_pool_tasks"] <= 24 - 8
+    assert record["build"]["rl_pool_examples"] >= 1  # what the SFT arm trains on
+    assert record["start"]["error_anatomy"]["scored"] == 4
+    for arm in ("grpo", "sft"):
+        assert set(record[arm]["error_anatomy_delta"]) >= {"literal_only", "not_executable"}
+    assert "Why the dev answers are wrong" in (out / TABLE_FILE).read_text()
+
+
+def test_no_gold_query_of_the_rl_pool_is_in_the_builds_oracle_episodes() -> None:
+    from collections import defaultdict
+
+    from skyrl_tool_agent.config import Config
+    from skyrl_tool_agent.env.chat_format import ANSWER_CLOSE, ANSWER_OPEN
+    from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.eval.splits import TaskSplits
+    from skyrl_tool_agent.pipeline import oracle_collector_settings
+    from skyrl_tool_agent.speedrun import hold_out_rl_pool
+    from skyrl_tool_agent.warmstart.build import oracle_conversations
+
+    config = Config()
+    splits = TaskSplits.load(config)
+    pool = splits.pool_and_validation()[0]
+    build, rl = hold_out_rl_pool(pool, 256, seed=0)
+    assert len(rl) == 256 and not {t.gold_sql for t in build} & {t.gold_sql for t in rl}  # the whole real pool
+    # A small pool of queries each asked twice (the generated pool's paraphrases), and the build's
+    # real oracle episodes of it: none holds an RL task's gold query.
+    by_gold = defaultdict(list)
+    for task in pool:
+        by_gold[task.gold_sql].append(task)
+    small = [t for tasks in [v for v in by_gold.values() if len(v) >= 2][:12] for t in tasks[:2]]
+    build, rl = hold_out_rl_pool(small, 4, seed=0)
+    runtime = EnvRuntime(config.env, splits.db_root)
+    try:
+        episodes = oracle_conversations(runtime, build, oracle_collector_settings(config))
+    finally:
+        runtime.close()
+    text = "\n".join(m["content"] for messages in episodes for m in messages)
+
+    def written(sql: str) -> bool:  # as the answer, or as an execute_sql argument (a whole JSON string)
+        return f"{ANSWER_OPEN}{sql}{ANSWER_CLOSE}" in text or json.dumps(sql) in text
+
+    assert len(episodes) == len(build) and all(written(t.gold_sql) for t in build)  # the answers are there
+    assert not [t.gold_sql for t in rl if written(t.gold_sql)]
 
 
 def test_the_arms_share_what_the_budget_leaves_after_the_evaluations() -> None:

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
-from skyrl_tool_agent.warmstart.sft import SFTSettings, _autocast, fast_cpu_bf16, supervised_finetune
+from skyrl_tool_agent.warmstart.sft import (
+    PackedExamples,
+    SFTSettings,
+    _autocast,
+    fast_cpu_bf16,
+    supervised_finetune,
+)
 
 CORPUS = [
     f"<|im_start|>user\nHow many rows in table t{i}?<|im_end|>\n<|im_start|>assistant\n"
@@ -133,3 +139,28 @@ def test_time_budget_stops_the_warm_start_and_the_last_step_is_evaluated(tokeniz
     settings = SFTSettings(steps=4, batch_size=4, eval_every=2, bf16_autocast=False, time_budget_minutes=None)
     history = supervised_finetune(_model(tokenizer), examples, tokenizer.pad_token_id, settings, evaluate=evaluate)
     assert len(history.loss) == 4 and evaluated == [2, 4] and history.planned_steps == 4
+
+
+def test_packed_examples_batch_as_the_examples_padded_to_the_batchs_longest(tokenizer) -> None:
+    examples = _examples(tokenizer)
+    examples[5] = (examples[5][0] + [7, 8, 9], examples[5][1] + [1, 1, 0])  # the longest of all
+    packed = PackedExamples.pack(examples, tokenizer.pad_token_id, "cpu", max_length=1536)
+    batch = packed.batch([3, 1])  # not the longest: trimmed to these two rows' width
+    width = max(len(examples[3][0]), len(examples[1][0]))
+    assert batch["input_ids"].shape == (2, width) < packed.input_ids.shape
+    for row, i in enumerate([3, 1]):
+        ids, mask = examples[i]
+        assert batch["input_ids"][row, :len(ids)].tolist() == ids
+        assert batch["attention_mask"][row].tolist() == [1] * len(ids) + [0] * (width - len(ids))
+        assert batch["labels"][row, :len(ids)].tolist() == [t if m else -100 for t, m in zip(ids, mask)]
+        assert batch["labels"][row, len(ids):].eq(-100).all()
+    assert PackedExamples.pack(examples, 0, "cpu", max_length=4).input_ids.shape[1] == 4
+
+
+def test_training_on_packed_examples_is_training_on_the_examples(tokenizer) -> None:
+    examples = _examples(tokenizer)
+    settings = SFTSettings(steps=6, batch_size=4, bf16_autocast=False, time_budget_minutes=None)
+    plain = supervised_finetune(_model(tokenizer), examples, tokenizer.pad_token_id, settings).loss
+    packed = PackedExamples.pack(examples, tokenizer.pad_token_id, "cpu", settings.max_length)
+    assert supervised_finetune(_model(tokenizer), packed, tokenizer.pad_token_id, settings).loss == plain
+    assert plain[-1][1] < plain[0][1]

@@ -9,8 +9,9 @@
 (`python training/scripts/evaluate.py` is the same command.) Greedy by default. Writes the results
 file (--output FILE, default results.json; or --output-dir DIR: DIR/results.json) with
 execution_accuracy, exact_match, n, skipped, by_difficulty, by_db, ... and next to it
-<stem>_trajectories.jsonl (one line per question), <stem>_by_difficulty.png and
-<stem>_report.html (self-contained). With WANDB_API_KEY the run is
+<stem>_trajectories.jsonl (one line per question), <stem>_by_difficulty.png, <stem>_errors.png
+(why the wrong answers are wrong: `error_anatomy` in the results, `error_category` per sample)
+and <stem>_report.html (self-contained). With WANDB_API_KEY the run is
 also a Weave evaluation; without it Weave stays disabled and nothing touches the network.
 `--limit N` takes a deterministic subset stratified by difficulty (same N and --seed, same questions).
 `--policy openai` runs the same episodes against a served model through its OpenAI-compatible
@@ -138,6 +139,11 @@ def _print_summary(results: dict, paths) -> None:
         console.print(f"endpoint {endpoint['base_url']} · model {endpoint['model']} · {endpoint['requests']} requests, "
                       f"{endpoint['retries']} retries, {endpoint['failed_turns']} turns the server could not produce"
                       + (f" · episodes unscored by its answers: {refused}" if refused else ""))
+    if anatomy := results.get("error_anatomy"):
+        from skyrl_tool_agent.eval.anatomy import LABELS
+
+        parts = ", ".join(f"{LABELS[c]} {n}" for c, n in anatomy["counts"].items() if n)
+        console.print(f"why answers are wrong ({anatomy['wrong']} of {anatomy['scored']} scored): {parts or 'none wrong'}")
     console.print(f"{words.short} {format_rate(results[words.accuracy], results)} · results {paths.results} · trajectories {paths.trajectories}"
                   + (f" · report {paths.report}" if "report" in results.get("files", {}) else ""))
 
@@ -149,7 +155,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         from skyrl_tool_agent.config import UserInputError
         from skyrl_tool_agent.env.families import family_oracle, resolve_family
         from skyrl_tool_agent.env.pools import EnvRuntime
-        from skyrl_tool_agent.eval.compare import load_results, print_comparison, run_labels
+        from skyrl_tool_agent.eval.compare import (
+            anatomy_comparison,
+            load_results,
+            print_anatomy,
+            print_comparison,
+            run_labels,
+        )
         from skyrl_tool_agent.eval.evaluate import (
             OPENAI,
             ORACLE,
@@ -238,6 +250,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             base_label, current_label = run_labels(args.compare, args.results)
             print_comparison(baseline, run.results, base_label=base_label, current_label=current_label,
                              records=run.records)
+            if rows := anatomy_comparison(baseline, run.records):
+                print_anatomy(rows, base_label=base_label, current_label=current_label)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=int, default=value, help=f"model shape (default {value})")
     p.add_argument("--build-share", type=float, default=0.45,
                    help="fraction of the budget for the build: oracle episodes and supervision (default 0.45)")
-    p.add_argument("--build-steps", type=int, help="at most N supervised steps in the build (default: the time cap)")
+    p.add_argument("--build-steps", type=int, help="supervised steps of the build: the schedule's fixed length, the time "
+                   "cap only a guard (default: 2000 on CUDA; elsewhere the schedule is fitted to the time cap)")
+    p.add_argument("--rl-pool-tasks", type=int, default=256, help="pool tasks held out of the build for GRPO and the "
+                   "SFT arm to train on; no task sharing their gold queries is in the build (default 256)")
     p.add_argument("--sft-batch-size", type=int, default=64, help="supervised batch size, build and SFT arm (default 64)")
     p.add_argument("--pool-tasks", type=int, help="oracle episodes of a stratified subset of N pool tasks (default all)")
     p.add_argument("--validation-tasks", type=int, help="the build's curve on the first N validation tasks (default all)")
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None, prog: str | None = None, *, from_process
                             sft_batch_size=args.sft_batch_size,
                             shape=ModelShape(args.hidden_size, args.layers, args.heads, args.kv_heads,
                                              args.intermediate_size),
-                            pool_tasks=args.pool_tasks, validation_tasks=args.validation_tasks,
+                            pool_tasks=args.pool_tasks, rl_pool_tasks=args.rl_pool_tasks,
+                            validation_tasks=args.validation_tasks,
                             build_evaluations=args.build_evaluations, points=args.points)
         plan.check()
         out = Path(args.output_dir).expanduser()

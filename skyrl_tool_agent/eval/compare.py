@@ -219,3 +219,90 @@ def _fmt(value: float | None, *, signed: bool = False) -> str:
     if value is None:
         return "-"
     return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def _first_sample_categories(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, bool]] | None:
+    """(error category of the question's first sample, scored) by task id; None when the records
+    were written without the anatomy."""
+    out: dict[str, tuple[str | None, bool]] = {}
+    for r in records:
+        samples = r.get("samples") or []
+        if not samples or "error_category" not in samples[0]:
+            return None
+        out[str(r.get("task_id"))] = (samples[0]["error_category"], r.get("scored") is not False)
+    return out
+
+
+def baseline_categories(baseline: Mapping[str, Any]) -> dict[str, tuple[str | None, bool]] | None:
+    """The baseline's error category per question (its first sample's; None: solved) and whether
+    it was scored, by task id: from its `task_ids`, `error_categories` and `solved` lists (a
+    training run's evaluation) or else from the per-question JSONL its results.json names; None
+    when neither holds the anatomy."""
+    ids, cats, solved = baseline.get("task_ids"), baseline.get("error_categories"), baseline.get("solved")
+    if isinstance(ids, list) and isinstance(cats, list) and isinstance(solved, list) and len(ids) == len(cats) == len(solved):
+        return {str(t): (c, s is not None) for t, c, s in zip(ids, cats, solved)}
+    path = (baseline.get("files") or {}).get("trajectories")
+    if not isinstance(path, str) or not Path(path).is_file():
+        return None
+    try:
+        records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        return _first_sample_categories(records)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+
+
+@dataclass(frozen=True)
+class AnatomyRow:
+    """One error category of a comparison: its count on the questions both runs have, before and
+    after, and the change of its rate with the paired-bootstrap interval (None: not measurable)."""
+
+    category: str
+    label: str
+    base: int
+    current: int
+    change: Any  # stats.PairedDelta | None
+
+
+def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *,
+                       seed: int = 0) -> list[AnatomyRow] | None:
+    """Each error category (`eval.anatomy`) of the baseline and of this run (`records`, its
+    per-question records) on the questions both have, first samples, with the change of its rate
+    and its 95% paired-bootstrap interval (`anatomy.anatomy_changes`); None when either side has
+    no anatomy or no question is shared."""
+    from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS, anatomy_changes
+
+    base, current = baseline_categories(baseline), _first_sample_categories(records)
+    if base is None or current is None:
+        return None
+    shared = [t for t in current if t in base]
+    if not shared:
+        return None
+    before, after = [base[t][0] for t in shared], [current[t][0] for t in shared]
+    before_scored = [0 if base[t][1] else None for t in shared]  # None: never scored, left out
+    after_scored = [0 if current[t][1] else None for t in shared]
+    changes = anatomy_changes(before, before_scored, after, after_scored, seed=seed)
+    return [AnatomyRow(c, LABELS[c], sum(1 for x, s in zip(before, before_scored) if x == c and s is not None),
+                       sum(1 for x, s in zip(after, after_scored) if x == c and s is not None), changes.get(c))
+            for c in CATEGORIES]
+
+
+def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run",
+                  console: Any = None) -> None:
+    """A rich table: error category | baseline | this run | change of its rate [95% interval]."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="Why answers are wrong (first sample of each question in both runs)")
+    for col in ("error", base_label, current_label, "change [95% paired bootstrap]"):
+        table.add_column(col, justify="left" if col == "error" else "right")
+    for row in rows:
+        table.add_row(row.label, str(row.base), str(row.current), describe_change(row.change))
+    console.print(table)
+
+
+def describe_change(change: Any) -> str:
+    """'-2.5 points [-4.1, -0.9]' for a `stats.PairedDelta` of a rate ('-' for None)."""
+    if change is None:
+        return "-"
+    return f"{100 * change.delta:+.1f} points [{100 * change.low:+.1f}, {100 * change.high:+.1f}]"

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.anatomy import anatomy_counts, classify_episodes
 from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, is_exact_match
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary, vocabulary_of
 from skyrl_tool_agent.rollout.agents import Agent, make_agent
@@ -214,8 +215,10 @@ def run_evaluation(
     start = time.monotonic()
     trajectories, weave_info = asyncio.run(_run_episodes(runner, options, policy_name))
     seconds = time.monotonic() - start
+    categories = (classify_episodes(trajectories, {t.task_id: t.gold_sql for t in tasks}, runtime.db_root)
+                  if vocabulary(options.family).sql else None)
     results = compute_results(tasks, trajectories, num_samples=options.num_samples, skipped=skipped,
-                              family=options.family)
+                              family=options.family, categories=categories)
     results.update({  # metadata last: it may name the policy (a task family's oracle is an agent)
         "name": options.name, "policy": policy_name, "model_path": options.model_path, "step": options.step,
         "temperature": options.temperature, "top_p": options.top_p, "max_turns": settings.max_turns,
@@ -224,7 +227,8 @@ def run_evaluation(
     })
     if served is not None:
         results["endpoint"] = {**policy.describe(), **served, **agent.summary()}
-    return EvaluationRun(results, build_records(tasks, trajectories, family=options.family), trajectories)
+    return EvaluationRun(results, build_records(tasks, trajectories, family=options.family, categories=categories),
+                         trajectories)
 
 
 def difficulty_of(task: Task) -> str:
@@ -237,10 +241,12 @@ def _difficulty_rank(name: str) -> tuple[int, str]:
 
 
 def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *, num_samples: int = 1,
-                    skipped: int = 0, family: str = "sql") -> dict[str, Any]:
+                    skipped: int = 0, family: str = "sql",
+                    categories: Sequence[str | None] | None = None) -> dict[str, Any]:
     """Metrics overall, `by_difficulty` and `by_db` (see `metrics.evaluation_metrics`), in the
     words of task family `family` (`eval.vocabulary`: `accuracy` and no SQL-only metric for a
-    family other than SQL; `by_db` only for families with databases)."""
+    family other than SQL; `by_db` only for families with databases). `categories`: each
+    episode's error category (`anatomy.classify_episodes`), counted as `error_anatomy`."""
     by_id = {t.task_id: t for t in tasks}
     gold = {t.task_id: t.gold_sql for t in tasks}
     results = evaluation_metrics(trajectories, gold, num_samples)
@@ -256,6 +262,8 @@ def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *
             localise(group, words)
         by_db = {db: localise(group, words) for db, group in results["by_db"].items() if db}
         results["by_db"] = by_db
+    if categories is not None:
+        results["error_anatomy"] = anatomy_counts(categories, int(results.get("scored") or 0))
     results["family"], results["headline"] = family, words.accuracy
     # Compare only like with like: `--compare` checks this fingerprint of the question set.
     results["task_ids_sha1"] = hashlib.sha1("\n".join(sorted(by_id)).encode()).hexdigest()
@@ -263,14 +271,19 @@ def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *
 
 
 def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *,
-                  family: str = "sql") -> list[dict[str, Any]]:
+                  family: str = "sql", categories: Sequence[str | None] | None = None) -> list[dict[str, Any]]:
     """One JSON-friendly record per question: the task, its samples (full trajectories, with exact
-    match for SQL) and its pass counts. Order follows `tasks`. A family other than SQL names the
-    reference `ground_truth` (`eval.vocabulary`) and has no db_id."""
+    match for SQL, and with `categories` -- each of `trajectories`' error category, in order --
+    its `error_category`, None when solved or unscored) and its pass counts. Order follows
+    `tasks`. A family other than SQL names the reference `ground_truth` (`eval.vocabulary`) and
+    has no db_id."""
     words = vocabulary(family)
     groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for traj in trajectories:
+    category_of: dict[int, str | None] = {}
+    for i, traj in enumerate(trajectories):
         groups[traj.task_id].append(traj)
+        if categories is not None:
+            category_of[id(traj)] = categories[i]
     records = []
     for task in tasks:
         samples = []
@@ -278,6 +291,8 @@ def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *,
             sample = traj.to_record()
             if words.sql:
                 sample["exact_match"] = is_exact_match(traj.result.final_sql, task.gold_sql)
+            if id(traj) in category_of:
+                sample["error_category"] = category_of[id(traj)]
             samples.append(sample)
         correct = sum(bool(s["solved"]) for s in samples)
         records.append({
@@ -301,30 +316,39 @@ class OutputPaths:
     trajectories: Path
     report: Path
     difficulty_png: Path
+    errors_png: Path  # the error anatomy's bars (SQL evaluations)
 
     @classmethod
     def beside(cls, results: Path, *, trajectories: Path | None = None, report: Path | None = None) -> OutputPaths:
         stem = results.with_suffix("")
         return cls(results, trajectories or Path(f"{stem}_trajectories.jsonl"), report or Path(f"{stem}_report.html"),
-                   Path(f"{stem}_by_difficulty.png"))
+                   Path(f"{stem}_by_difficulty.png"), Path(f"{stem}_errors.png"))
 
 
 def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str, Any] | None = None,
                   report: bool = True, rollouts: Sequence[dict[str, Any]] | None = None,
                   db_root: Path | None = None) -> OutputPaths:
-    """Write results.json, the per-question JSONL, the difficulty PNG and (if `report`) report.html.
-    `baseline` (a previous results.json) adds a comparison to the report, `rollouts` (a training
+    """Write results.json, the per-question JSONL, the difficulty PNG, the error anatomy's PNG (a
+    SQL evaluation: this run's counts, beside the baseline's when it has them) and (if `report`)
+    report.html. `baseline` (a previous results.json) adds a comparison to the report, `rollouts` (a training
     run's rollouts.jsonl records) a training rollouts view; `db_root` (the episodes' databases)
     lets it show the first rows of the final and gold queries' results."""
-    from skyrl_tool_agent.eval.plots import plot_accuracy_by_difficulty
+    from skyrl_tool_agent.eval.plots import plot_accuracy_by_difficulty, plot_error_anatomy
 
     paths.results.parent.mkdir(parents=True, exist_ok=True)
+    anatomy = run.results.get("error_anatomy")
     run.results["files"] = {"trajectories": str(paths.trajectories), "difficulty_png": str(paths.difficulty_png),
+                            **({"errors_png": str(paths.errors_png)} if anatomy else {}),
                             **({"report": str(paths.report)} if report else {})}
     title = f"{run.results.get('name', 'evaluation')}: {run.results.get('policy', '')}"
     words = vocabulary_of(run.results)
     plot_accuracy_by_difficulty(run.results["by_difficulty"], paths.difficulty_png, title=title, key=words.accuracy,
                                 label=words.accuracy_label)
+    if anatomy:
+        base_anatomy = (baseline or {}).get("error_anatomy")
+        bars = [(str(baseline.get("name") or "baseline"), base_anatomy)] if base_anatomy and baseline else []
+        plot_error_anatomy([*bars, ("this run" if bars else str(run.results.get("name", "evaluation")), anatomy)],
+                           paths.errors_png, title=f"Why answers are wrong: {title}")
     with paths.trajectories.open("w", encoding="utf-8") as f:
         for record in run.records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -333,5 +357,5 @@ def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str,
         from skyrl_tool_agent.eval.report import write_report
 
         write_report(run.results, run.records, paths.report, difficulty_png=paths.difficulty_png, baseline=baseline,
-                     rollouts=rollouts, db_root=db_root)
+                     rollouts=rollouts, db_root=db_root, errors_png=paths.errors_png if anatomy else None)
     return paths

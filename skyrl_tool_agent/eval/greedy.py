@@ -1,6 +1,7 @@
 """Greedy evaluation: one episode per task through the real env, argmax decoding, scored as
 `metrics.evaluation_record` (execution accuracy, ..., and `solved` per task in task order, for
-paired intervals between two evaluations of the same tasks); and its sampled companion,
+paired intervals between two evaluations of the same tasks), with the error anatomy of a SQL
+evaluation (`anatomy`: `error_categories` per task, `error_anatomy` counts); and its sampled companion,
 `sampled_evaluation` (k episodes per task at the training temperature: avg@k and pass@k).
 
 Every greedy figure of the project comes from `greedy_evaluation`: the trainer's evaluations
@@ -20,14 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.anatomy import anatomy_counts, classify_episodes
 from skyrl_tool_agent.eval.metrics import evaluation_record, sampled_record
+from skyrl_tool_agent.eval.vocabulary import vocabulary
 from skyrl_tool_agent.rollout.collector import Collect, CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:  # torch loads only when a policy samples (as in rollout.agents)
     from skyrl_tool_agent.policy.qwen import SamplingParams
 
-__all__ = ["GreedyRun", "greedy_evaluation", "greedy_params", "sampled_evaluation"]
+__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "greedy_params", "sampled_evaluation"]
 
 
 @dataclass
@@ -54,7 +57,19 @@ def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], s
     trainer shards over its ranks. `on_episode_done` is called as each episode finishes."""
     run = collect or functools.partial(collect_episodes, policy, runtime)
     trajectories = run(tasks, 1, greedy_params(settings), settings, on_episode_done)
-    return GreedyRun(evaluation_record(trajectories), trajectories)
+    record = evaluation_record(trajectories)
+    if runtime is not None and vocabulary(runtime.family.name).sql:  # a rank without servers has none to read
+        record.update(anatomy_record(trajectories, tasks, runtime.db_root, record["solved"]))
+    return GreedyRun(record, trajectories)
+
+
+def anatomy_record(trajectories: Sequence[Trajectory], tasks: Sequence[Task], db_root: Any,
+                   solved: Sequence[int | None]) -> dict[str, Any]:
+    """`error_categories` (each episode's, in order: `anatomy.classify_episodes`) and their
+    counts, `error_anatomy` (`anatomy.anatomy_counts`), for a greedy record."""
+    categories = classify_episodes(trajectories, {t.task_id: t.gold_sql for t in tasks}, db_root)
+    scored = sum(1 for s in solved if s is not None)
+    return {"error_categories": categories, "error_anatomy": anatomy_counts(categories, scored)}
 
 
 def sampled_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], k: int, params: SamplingParams,

@@ -25,8 +25,11 @@ COVERAGE_KEYS: tuple[str, ...] = ("scored", "infra_errors")
 def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """An evaluation's headline figures as metrics.jsonl keys (`eval/execution_accuracy`, ...),
     with `eval/scored` and `eval/infra_errors` beside them (a rate is None when nothing was scored),
-    and `eval/avg@k`, `eval/pass@k` when it sampled (`sampled_record`)."""
+    `eval/avg@k`, `eval/pass@k` when it sampled (`sampled_record`), and each error category's rate
+    over the scored episodes, `eval/errors/<category>`, when it has the anatomy (`eval.anatomy`)."""
     out = {f"eval/{key}": summary.get(key) for key in (*HEADLINE_KEYS, *COVERAGE_KEYS)}
+    for category, rate in ((summary.get("error_anatomy") or {}).get("rates") or {}).items():
+        out[f"eval/errors/{category}"] = rate
     sampled = summary.get("sampled")
     if sampled:
         out[f"eval/avg@{sampled['k']}"] = sampled["avg@k"]

@@ -1,10 +1,12 @@
-"""PNG plots a person would rather see than read: training curves and accuracy by difficulty."""
+"""PNG plots a person would rather see than read: training curves, accuracy by difficulty and
+why answers are wrong (the error anatomy)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -95,4 +97,33 @@ def plot_accuracy_by_difficulty(by_difficulty: Mapping[str, Mapping[str, float]]
     ax.set_title(title or f"{label.capitalize()} by difficulty")
     for i, v in enumerate(rates):
         ax.text(i, (v or 0.0) + 0.02, "unscored" if v is None else f"{v:.2f}", ha="center")
+    return save_figure(fig, out_png)
+
+
+def plot_error_anatomy(anatomies: Sequence[tuple[str, Mapping[str, Any]]], out_png: Path, title: str = "") -> Path:
+    """Horizontal bars: each error category's count (`eval.anatomy`) for one or more evaluations
+    of the same tasks, e.g. [("before GRPO", before["error_anatomy"]), ("after GRPO", ...)]:
+    side by side per category, the count written at each bar's end."""
+    from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
+
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(CATEGORIES) * max(1, len(anatomies)) + 1.2))
+    height = 0.8 / max(1, len(anatomies))
+    colors = ("#8c8c8c", "#4c72b0", "#dd8452", "#55a868")
+    top = 1
+    for j, (name, anatomy) in enumerate(anatomies):
+        counts = [int((anatomy.get("counts") or {}).get(c, 0)) for c in CATEGORIES]
+        ys = [i + j * height for i in range(len(CATEGORIES))]
+        ax.barh(ys, counts, height=height, label=f"{name} ({anatomy.get('wrong', 0)} wrong of "
+                f"{anatomy.get('scored', 0)})", color=colors[(j + (len(anatomies) == 1)) % len(colors)])
+        for y, n in zip(ys, counts):
+            ax.text(n, y, f" {n}", va="center", fontsize=8)
+        top = max(top, *counts)
+    ax.set_yticks([i + height * (len(anatomies) - 1) / 2 for i in range(len(CATEGORIES))])
+    ax.set_yticklabels([LABELS[c] for c in CATEGORIES])
+    ax.invert_yaxis()  # the classifier's order, top down
+    ax.set_xlim(0, top * 1.15)
+    ax.set_xlabel("wrong answers")
+    ax.set_title(title or "Why answers are wrong")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
     return save_figure(fig, out_png)

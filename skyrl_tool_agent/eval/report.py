@@ -2,7 +2,9 @@
 plot embedded as base64) with the summary, the comparison with a baseline (metrics, and the
 questions newly solved and newly broken), per-difficulty bars, the per-database table, and a
 viewer of the evaluated episodes: question, turns with tool calls and results, reward terms, and
-final vs gold SQL as a word diff with the first rows of both results (`report_sql`). Given a
+final vs gold SQL as a word diff with the first rows of both results (`report_sql`), and for SQL
+why the wrong answers are wrong (`anatomy`: counts, their picture, and with a baseline each
+category's change with its paired-bootstrap interval; each episode names its category). Given a
 training run's rollouts (`report_rollouts`), a "Training rollouts" view follows.
 
 Both viewers filter, search and sort in the page (see `report_assets`); a URL fragment sets the
@@ -22,7 +24,9 @@ from typing import Any
 
 from markupsafe import Markup
 
+from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
 from skyrl_tool_agent.eval.compare import (
+    anatomy_comparison,
     baseline_outcomes,
     comparison_rows,
     comparison_warnings,
@@ -82,10 +86,22 @@ def _comparison(baseline: Mapping[str, Any] | None, results: Mapping[str, Any], 
         "rows": rows,
         "warnings": comparison_warnings(baseline, results),
         "changes": outcome_changes(outcomes, records) if outcomes is not None else None,
+        "anatomy": anatomy_comparison(baseline, records),
         "missing": "Per-question outcomes of the baseline not found (its results.json names a "
                    "_trajectories.jsonl that is not there), so newly solved/broken questions cannot be listed.",
         "ids": ids,
     }
+
+
+def _anatomy(results: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """This run's error categories: label, count, share of the wrong answers, rate over scored."""
+    anatomy = results.get("error_anatomy")
+    if not anatomy:
+        return None
+    wrong = anatomy.get("wrong") or 0
+    return [{"category": c, "label": LABELS[c], "count": anatomy["counts"].get(c, 0),
+             "share": anatomy["counts"].get(c, 0) / wrong if wrong else None, "rate": anatomy["rates"].get(c)}
+            for c in CATEGORIES]
 
 
 def _image(png: Path | None) -> str:
@@ -120,8 +136,12 @@ def _evaluation_view(records: Sequence[Mapping[str, Any]], multi: bool, previewe
                        f"calls, {sample.get('tool_errors', 0)} tool errors, {sample.get('format_errors', 0)} format "
                        f"errors" + (f"; exact match: {'yes' if sample.get('exact_match') else 'no'}" if "exact_match" in sample else ""))
             tags = [f"sample {int(sample.get('group_index', 0))}"] if multi else []
+            facts = [("outcome", outcome)]
+            if sample.get("error_category") in LABELS:
+                facts.append(("why wrong", LABELS[sample["error_category"]]))
+                tags.append(LABELS[sample["error_category"]])
             items.append(episode(f"e{len(items)}", record, sample, system_prompt=system_prompt, previewer=previewer,
-                                 facts=[("outcome", outcome)], tags=tags))
+                                 facts=facts, tags=tags))
     return {"episodes": items, "system_prompt": system_prompt,
             "dbs": sorted({str(r.get("db_id", "")) for r in records})}
 
@@ -129,13 +149,14 @@ def _evaluation_view(records: Sequence[Mapping[str, Any]], multi: bool, previewe
 def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *,
                   difficulty_png: Path | None = None, baseline: Mapping[str, Any] | None = None,
                   rollouts: Sequence[Mapping[str, Any]] | None = None, db_root: Path | None = None,
-                  previewer: ResultPreviewer | None = None) -> str:
+                  previewer: ResultPreviewer | None = None, errors_png: Path | None = None) -> str:
     """The report page as a string (see module doc).
 
     `records`: per-question records (`evaluate.build_records`); `baseline`: a results.json to
     compare with (its per-question outcomes: `compare.baseline_outcomes`); `rollouts`: records of a
     training run's rollouts.jsonl; `db_root`: where the episodes' databases are, for the result
-    rows (`previewer` instead: a configured `ResultPreviewer`).
+    rows (`previewer` instead: a configured `ResultPreviewer`); `errors_png`: the error anatomy's
+    picture, embedded in its section.
     """
     previewer = previewer or ResultPreviewer(db_root)
     ev = _evaluation_view(records, int(results.get("num_samples", 1) or 1) > 1, previewer)
@@ -158,6 +179,8 @@ def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any
         by_difficulty=by_difficulty,
         difficulties=sorted_difficulties(by_difficulty),
         image=_image(difficulty_png),
+        anatomy=_anatomy(results),
+        errors_image=_image(errors_png),
         pass_at_k=sorted(levels.items(), key=lambda kv: int(kv[0])),
         num_samples=results.get("num_samples"),
         by_db=results.get("by_db") or {},
@@ -171,11 +194,12 @@ def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any
 
 def write_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], out_html: Path, *,
                  difficulty_png: Path | None = None, baseline: Mapping[str, Any] | None = None,
-                 rollouts: Sequence[Mapping[str, Any]] | None = None, db_root: Path | None = None) -> Path:
+                 rollouts: Sequence[Mapping[str, Any]] | None = None, db_root: Path | None = None,
+                 errors_png: Path | None = None) -> Path:
     """Write `render_report(...)` to `out_html` (UTF-8); returns the path."""
     out_html = Path(out_html)
     out_html.parent.mkdir(parents=True, exist_ok=True)
     html = render_report(results, records, difficulty_png=difficulty_png, baseline=baseline, rollouts=rollouts,
-                         db_root=db_root)
+                         db_root=db_root, errors_png=errors_png)
     out_html.write_text(html, encoding="utf-8")
     return out_html

@@ -184,7 +184,7 @@ PAGE = """<!DOCTYPE html>
 <body data-total="{{ ev.episodes|length }}" data-failed="{{ failed }}" data-shown="{{ ev.episodes|length }}">
 <header><h1>{{ title }}</h1><div class="meta">{{ meta }}</div>
 <nav><a href="#summary">summary</a>{% if comparison %} <a href="#comparison">comparison</a>{% endif %}
-<a href="#by-difficulty">by difficulty</a> <a href="#episodes">evaluation episodes ({{ ev.episodes|length }})</a>
+<a href="#by-difficulty">by difficulty</a>{% if anatomy %} <a href="#errors">why answers are wrong</a>{% endif %} <a href="#episodes">evaluation episodes ({{ ev.episodes|length }})</a>
 {% if ro %}<a href="#training-rollouts">training rollouts ({{ ro.episodes|length }})</a>{% endif %}</nav></header>
 <main>
 <h2 id="summary">Summary</h2>
@@ -203,12 +203,22 @@ PAGE = """<!DOCTYPE html>
 <ul>{% for r in items %}<li><a href="#{{ comparison.ids.get(r.task_id, '') }}">{{ r.task_id }}</a> <span class="tag">{{ r.db_id }}</span>
 <span class="tag">{{ r.difficulty }}</span> {{ r.question }}</li>{% else %}<li class="muted">none</li>{% endfor %}</ul></div>
 {% endfor %}</div>{% endif %}
+{% if comparison.anatomy %}<h3>Why answers are wrong, {{ comparison.base_label }} vs this run</h3>
+<table><tr><th>error</th><th>{{ comparison.base_label }}</th><th>this run</th><th>change of its rate [95% paired bootstrap]</th></tr>
+{% for row in comparison.anatomy %}<tr><td>{{ row.label }}</td><td>{{ row.base }}</td><td>{{ row.current }}</td>
+<td>{% if row.change %}{{ (100 * row.change.delta)|fmt('+f1') }} points [{{ (100 * row.change.low)|fmt('+f1') }}, {{ (100 * row.change.high)|fmt('+f1') }}]{% else %}-{% endif %}</td></tr>{% endfor %}</table>
+<p class="muted">Counts over the questions both runs have (first sample of each); a negative change is fewer such errors.</p>{% endif %}
 {% endif %}
 <h2 id="by-difficulty">By difficulty</h2>
 <div class="split">{{ metrics_table(by_difficulty, 'difficulty', difficulties, words) }}
 {% if image %}<img alt="{{ words.accuracy_label }} by difficulty" src="{{ image }}">{% endif %}</div>
 {% if pass_at_k %}<h2>pass@k ({{ num_samples }} samples per question)</h2><table>
 {% for k, v in pass_at_k %}<tr><td>pass@{{ k }}</td><td>{{ v|fmt('pct') }}</td><td>{{ v|bar }}</td></tr>{% endfor %}</table>{% endif %}
+{% if anatomy %}<h2 id="errors">Why answers are wrong</h2>
+<p class="muted">Each wrong answer classified against its gold query (the first category that holds, in this order).</p>
+<div class="split"><table><tr><th>error</th><th>answers</th><th>share of wrong</th><th>rate</th></tr>
+{% for row in anatomy %}<tr><td>{{ row.label }}</td><td>{{ row.count }}</td><td>{{ row.share|fmt('pct') }}</td><td>{{ row.rate|fmt('pct') }}</td></tr>{% endfor %}</table>
+{% if errors_image %}<img alt="why answers are wrong" src="{{ errors_image }}">{% endif %}</div>{% endif %}
 {% if by_db %}<h2>By database</h2>
 <details><summary>per-database table ({{ by_db|length }} databases)</summary>{{ metrics_table(by_db, 'database', by_db|sort, words) }}</details>{% endif %}
 {% include "episodes.html" %}

@@ -26,6 +26,7 @@ from skyrl_tool_agent.eval.evaluate import (
     write_outputs,
 )
 from skyrl_tool_agent.env.families import resolve_family
+from skyrl_tool_agent.eval.anatomy import classify_episodes
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
 from skyrl_tool_agent.eval.report_rollouts import ROLLOUTS_FILE, load_rollouts
 from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -45,16 +46,20 @@ def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectori
     out = config.training.resolved_output_dir()
     family = resolve_family(config.env.task_family).name
     words = vocabulary(family)
-    results = compute_results(eval_tasks, trajectories, family=family)
+    categories = (classify_episodes(trajectories, {t.task_id: t.gold_sql for t in eval_tasks}, db_root)
+                  if words.sql else None)
+    results = compute_results(eval_tasks, trajectories, family=family, categories=categories)
     results.update(name="final evaluation", policy="model", model_path=str(out / "final"), step=step, temperature=0.0,
                    dataset=config.training.data.dataset, split=config.training.eval_split,
                    max_turns=CollectorSettings.from_config(config, evaluation=True).max_turns)
-    run = EvaluationRun(results, build_records(eval_tasks, trajectories, family=family), list(trajectories))
+    run = EvaluationRun(results, build_records(eval_tasks, trajectories, family=family, categories=categories),
+                        list(trajectories))
     # The evaluation before training has per-task outcomes (`solved`), not per-difficulty metrics.
     by_difficulty: dict[str, list[float]] = defaultdict(list)
     for task, solved in zip(eval_tasks, before.get("solved") or []):
         if solved is not None:  # None: never scored (infrastructure error)
             by_difficulty[difficulty_of(task)].append(float(solved))
+    # `before` carries its error anatomy (`error_categories` in `eval_tasks` order): the report compares it.
     baseline = {**before, "name": "before training", "dataset": results["dataset"], "split": results["split"],
                 "task_ids": [t.task_id for t in eval_tasks],
                 "by_difficulty": {d: {words.accuracy: mean(v)} for d, v in by_difficulty.items()}}

@@ -38,6 +38,7 @@ def markdown_tables(record: dict[str, Any]) -> str:
                          f"{_fmt_delta(p.get('sampled_delta'))} |")
     if diff := record.get("grpo_minus_sft"):
         lines.append(f"| GRPO − SFT | | | | {_fmt_delta(diff['greedy'])} | | {_fmt_delta(diff['avg@k'])} |")
+    lines += anatomy_table(record)
     build = record.get("build") or {}
     lines += ["", "| phase | status | seconds |", "|---|---|---|"]
     lines += [f"| {name} | {p['status']} | {p.get('seconds', 0):.1f} |" for name, p in record["phases"].items()
@@ -63,6 +64,30 @@ def markdown_tables(record: dict[str, Any]) -> str:
         lines += ["", f"Continued SFT: {sft['steps']} steps in {sft['training_s']:.0f} s "
                       f"({sft['steps_per_s']:.1f} steps/s)."]
     return "\n".join(lines) + "\n"
+
+
+def anatomy_table(record: dict[str, Any]) -> list[str]:
+    """Why the dev answers are wrong (greedy, `eval.anatomy`): the start's count of each category
+    and each arm's at its end, with the change of the rate (points, 95% paired-bootstrap interval);
+    no lines when the start has no anatomy."""
+    from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
+
+    start = (record.get("start") or {}).get("error_anatomy")
+    if not start:
+        return []
+    arms = [(name, record[arm]) for arm, name in (("grpo", "GRPO"), ("sft", "SFT"))
+            if (record.get(arm) or {}).get("curve")]
+    head = "| error | start |" + "".join(f" {name} | change |" for name, _ in arms)
+    lines = ["", "Why the dev answers are wrong (greedy; each arm at its end)", "", head,
+             "|---|---|" + "---|---|" * len(arms)]
+    for c in CATEGORIES:
+        row = f"| {LABELS[c]} | {start['counts'].get(c, 0)} |"
+        for _, arm in arms:
+            end = arm["curve"][-1].get("error_anatomy") or {}
+            delta = (arm.get("error_anatomy_delta") or {}).get(c)
+            row += f" {(end.get('counts') or {}).get(c, '–')} | {_fmt_delta(delta)} |"
+        lines.append(row)
+    return lines
 
 
 def plot_speedrun(record: dict[str, Any], out_png: Path) -> Path:

@@ -33,9 +33,14 @@ logger = logging.getLogger(__name__)
 
 def oracle_conversations(runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings) -> list[list[dict]]:
     """Finished oracle conversations (text) for `tasks`, through the real env; unsolved ones dropped."""
+    return list(oracle_episodes(runtime, tasks, settings).values())
+
+
+def oracle_episodes(runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings) -> dict[str, list[dict]]:
+    """`oracle_conversations` by task id (in task order), from one collector call."""
     collector = TrajectoryCollector(runtime, make_agent("oracle"), settings=settings)
     trajectories = asyncio.run(collector.collect(tasks, 1))
-    solved = [t.messages for t in trajectories if t.result.solved]
+    solved = {t.task_id: t.messages for t in trajectories if t.result.solved}
     if len(solved) < len(trajectories):
         logger.warning("oracle solved %d of %d warm-start tasks", len(solved), len(trajectories))
     return solved

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -26,7 +27,7 @@ from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.warmstart.plateau import PlateauRule, stop_reason, tail_gain
-from skyrl_tool_agent.warmstart.sft import SFTHistory, SFTSettings, supervised_finetune
+from skyrl_tool_agent.warmstart.sft import PackedExamples, SFTHistory, SFTSettings, supervised_finetune
 
 logger = logging.getLogger(__name__)
 
@@ -88,14 +89,22 @@ def build_from_scratch(
     clock, and stopping early once the curve is flat by `rule` (never before `min_fraction` of the
     planned steps: a model from nothing sits at 0 for a while, which is no plateau). The cosine
     schedule is fitted to the time left (`sft.time_budget_minutes` is set from `deadline`), or to
-    `sft.steps` when fewer fit. Saves the model (fp32, tokenizer, `warmstart.json`: settings, loss,
+    `sft.steps` when fewer fit; with `sft.time_budget_minutes` None it is `sft.steps` long whatever
+    the first steps' pace (which on a GPU includes its warm-up), the evaluations evenly over those
+    steps, and `deadline` only guards. The examples are packed onto `device` before the clock starts
+    (`sft.PackedExamples`). Saves the model (fp32, tokenizer, `warmstart.json`: settings, loss,
     held-out curve, why it stopped, `weights_fingerprint`, each file's sha256) into `out_dir` and
     returns that record."""
     import torch
 
+    packed = PackedExamples.pack(examples, tokenizer.pad_token_id, device, sft.max_length)
     t0 = time.monotonic()
     seconds = max(1.0, deadline - t0)
-    sft = replace(sft, time_budget_minutes=seconds / 60, eval_every=10**9)
+    fixed_steps = sft.time_budget_minutes is None
+    if fixed_steps:
+        sft = replace(sft, time_budget_minutes=None, eval_every=max(1, math.ceil(sft.steps / (evaluations + 1))))
+    else:
+        sft = replace(sft, time_budget_minutes=seconds / 60, eval_every=10**9)
     model = new_tiny_qwen2(tokenizer, **asdict(shape), seed=sft.seed).to(device)
     policy = QwenPolicy(model, tokenizer, mode="full")
     parameters = sum(p.numel() for p in model.parameters())
@@ -119,13 +128,13 @@ def build_from_scratch(
 
     # Evaluation marks on the training clock (evaluations are off it); the schedule fit ignores
     # their time, so the cap may end the cosine a little before its tail.
-    marks = [seconds * (i + 1) / (evaluations + 1) for i in range(evaluations)]
-    history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=progress,
+    marks = [] if fixed_steps else [seconds * (i + 1) / (evaluations + 1) for i in range(evaluations)]
+    history = supervised_finetune(model, packed, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=progress,
                                   deadline=deadline, eval_at_seconds=marks, after_eval=after_eval)
     record: dict[str, Any] = {**(provenance or {}), "shape": asdict(shape), "parameters": parameters,
                               "vocab_size": len(tokenizer), "oracle_episodes": len(examples),
                               "heldout_tasks": len(heldout_tasks), "device": device}
-    record["sft"] = {"settings": asdict(sft), "loss": history.loss, "evals": history.evals, "seconds": history.seconds,
+    record["sft"] = {"settings": asdict(sft), "fixed_steps": fixed_steps, "loss": history.loss, "evals": history.evals, "seconds": history.seconds,
                      "planned_steps": history.planned_steps, "steps": len(history.loss)}
     record["plateau"] = {"rule": asdict(rule), "min_fraction": min_fraction, "tail_gain": tail_gain(history.evals, rule),
                          "stopped": stopped[0] if stopped else (

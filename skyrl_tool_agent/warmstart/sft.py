@@ -3,6 +3,15 @@
 Conversations are tokenised with exactly the collector's segmentation (prompt; then per turn the
 assistant text + `<|im_end|>` and the rendered observation), so the model is trained on the same
 ids it will later see and sample during RL.
+
+At the GPU's pace (the speedrun's build): the examples are packed once, before the training
+clock, into device tensors (`PackedExamples`: a batch is an index into them, no per-step host
+tensor or copy); the optimizer is fused AdamW on CUDA (foreach elsewhere); the loss is read back
+to the host only every `LOSS_READ_EVERY` steps on CUDA (the per-step losses wait on the device);
+and on CUDA the loss is a plain cross-entropy over the logits, which needs nothing from the host,
+while on a CPU the rows' shared system prompt is computed once per batch
+(`policy.prefix.batch_logprobs`, which reads the batch back to find it: free on a CPU, a sync on
+a GPU).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation
 from skyrl_tool_agent.policy.prefix import batch_logprobs
@@ -110,22 +120,77 @@ def _rng_state_from_list(state: list) -> tuple:
     return (int(version), tuple(int(x) for x in internal), gauss)
 
 
-def _collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    width = max(len(ids) for ids, _ in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(examples), width), dtype=torch.long)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    for row, (ids, mask) in enumerate(examples):
-        n = len(ids)
-        input_ids[row, :n] = torch.tensor(ids)
-        attention[row, :n] = 1
-        labels[row, :n] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
-    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+#: On CUDA, per-step losses stay on the device and are read back this often (and at evaluations
+#: and the end): one host sync per this many steps instead of one per step.
+LOSS_READ_EVERY = 50
+
+
+@dataclass
+class PackedExamples:
+    """Every example tokenised once and held on the training device, right-padded to the longest:
+    `input_ids` and `labels` ([N, W]; labels -100 off the loss mask) and `lengths` (on the host,
+    so a batch's width is known without asking the device). `batch(indices)` selects rows on the
+    device and trims them to the batch's longest."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    lengths: list[int]
+
+    @classmethod
+    def pack(cls, examples: Sequence[tuple[list[int], list[int]]], pad_id: int, device: torch.device | str,
+             max_length: int) -> PackedExamples:
+        data = [(ids[:max_length], mask[:max_length]) for ids, mask in examples]
+        width = max((len(ids) for ids, _ in data), default=1)
+        input_ids = torch.full((len(data), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(data), width), -100, dtype=torch.long)
+        for row, (ids, mask) in enumerate(data):
+            input_ids[row, :len(ids)] = torch.tensor(ids)
+            labels[row, :len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+        return cls(input_ids.to(device), labels.to(device), [len(ids) for ids, _ in data])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        width = max(self.lengths[i] for i in indices)
+        device = self.input_ids.device
+        index = torch.tensor(list(indices), dtype=torch.long)
+        if device.type == "cuda":  # pinned, asynchronous: the host does not wait for the device
+            index = index.pin_memory()
+        index = index.to(device, non_blocking=True)
+        lengths = torch.tensor([self.lengths[i] for i in indices], dtype=torch.long)
+        lengths = (lengths.pin_memory() if device.type == "cuda" else lengths).to(device, non_blocking=True)
+        attention = (torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        return {"input_ids": self.input_ids.index_select(0, index)[:, :width], "attention_mask": attention,
+                "labels": self.labels.index_select(0, index)[:, :width]}
+
+
+def make_optimizer(model: torch.nn.Module, settings: SFTSettings) -> torch.optim.Optimizer:
+    """AdamW, fused on CUDA (one kernel for every parameter's update), foreach elsewhere."""
+    cuda = next(model.parameters()).device.type == "cuda"
+    return torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay,
+                             **({"fused": True} if cuda else {"foreach": True}))
+
+
+def token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, bf16: bool | None) -> torch.Tensor:
+    """Mean negative log-likelihood of the labelled tokens of `batch` (module docstring: a plain
+    cross-entropy on CUDA, the shared-prefix log-probs elsewhere)."""
+    with _autocast(model, bf16):
+        if next(model.parameters()).device.type == "cuda":
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        else:
+            logp, _ = batch_logprobs(model, batch["input_ids"], batch["attention_mask"])  # shares the system prompt
+    if next(model.parameters()).device.type == "cuda":
+        labels = batch["labels"][:, 1:]
+        return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                               ignore_index=-100)
+    target = batch["labels"][:, 1:] != -100
+    return -(logp.float() * target).sum() / target.sum().clamp(min=1)
 
 
 def supervised_finetune(
     model: torch.nn.Module,
-    examples: Sequence[tuple[list[int], list[int]]],
+    examples: Sequence[tuple[list[int], list[int]]] | PackedExamples,
     pad_id: int,
     settings: SFTSettings,
     *,
@@ -139,6 +204,9 @@ def supervised_finetune(
     clock: Callable[[], float] = time.monotonic,
 ) -> SFTHistory:
     """AdamW with linear warmup and cosine decay; batches of similar length to limit padding.
+    `examples`: (ids, loss mask) pairs, or already `PackedExamples` on the model's device (packed
+    before the caller's clock; module docstring). With `settings.time_budget_minutes` None the
+    schedule is `settings.steps` long whatever the clock says (`deadline` only guards).
     Stops after `settings.steps`, at the monotonic-clock `deadline`, after
     `settings.time_budget_minutes` or after `train_seconds` of training, whichever comes first; the
     last step is always evaluated. `eval_at_seconds`: also evaluate when the training clock (wall
@@ -153,8 +221,12 @@ def supervised_finetune(
     `clock`: the monotonic clock every budget, deadline and mark reads (`deadline` is on it); tests
     pass a fake one so that what a budget holds never depends on the machine's speed."""
     rng = random.Random(settings.seed)
-    data = [(ids[: settings.max_length], mask[: settings.max_length]) for ids, mask in examples]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    device = next(model.parameters()).device
+    data = examples if isinstance(examples, PackedExamples) else PackedExamples.pack(
+        examples, pad_id, device, settings.max_length)
+    optimizer = make_optimizer(model, settings)
+    read_every = LOSS_READ_EVERY if device.type == "cuda" else 1
+    pending: list[tuple[int, torch.Tensor]] = []  # (step, loss on the device) not yet read back
 
     # The cosine schedule ends at `planned` steps. Under a time budget, the speed of the first steps
     # says how many steps fit, and the schedule is fitted to that (else a capped run would stop with
@@ -168,7 +240,6 @@ def supervised_finetune(
         frac = (step - settings.warmup_steps) / max(1, planned - settings.warmup_steps)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
-    device = next(model.parameters()).device
     history = SFTHistory()
     start = clock()
     budget_s = None if settings.time_budget_minutes is None else 60 * settings.time_budget_minutes
@@ -192,8 +263,20 @@ def supervised_finetune(
                 "history": {"loss": [list(x) for x in history.loss], "evals": history.evals,
                             "seconds": clock() - start - eval_seconds}}
 
+    def read_losses() -> None:
+        """The pending losses into the history (one transfer), each step's `progress` call."""
+        if not pending:
+            return
+        values = torch.stack([v for _, v in pending]).tolist()
+        for (at, _), value in zip(pending, values):
+            history.loss.append((at, value))
+            if progress is not None:
+                progress(at, value)
+        pending.clear()
+
     def run_eval(step: int) -> bool:
         nonlocal eval_seconds
+        read_losses()
         t_eval = clock()
         model.eval()
         figures = {"step": step, "seconds": t_eval - start - eval_seconds, **evaluate(step)}
@@ -221,22 +304,18 @@ def supervised_finetune(
             idx = list(range(len(data)))
             rng.shuffle(idx)
             chunk = settings.batch_size * 8
-            order = [i for c in range(0, len(idx), chunk) for i in sorted(idx[c : c + chunk], key=lambda k: len(data[k][0]))]
+            order = [i for c in range(0, len(idx), chunk) for i in sorted(idx[c : c + chunk], key=lambda k: data.lengths[k])]
         batch_idx, order = order[: settings.batch_size], order[settings.batch_size :]
-        batch = {k: v.to(device) for k, v in _collate([data[i] for i in batch_idx], pad_id).items()}
-        with _autocast(model, settings.bf16_autocast):
-            logp, _ = batch_logprobs(model, batch["input_ids"], batch["attention_mask"])  # shares the system prompt
-        target = batch["labels"][:, 1:] != -100
-        loss = -(logp.float() * target).sum() / target.sum().clamp(min=1)
+        loss = token_loss(model, data.batch(batch_idx), bf16=settings.bf16_autocast)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for group in optimizer.param_groups:
             group["lr"] = settings.learning_rate * lr_at(step)
         optimizer.step()
-        history.loss.append((step + 1, loss.item()))
-        if progress is not None:
-            progress(step + 1, history.loss[-1][1])
+        pending.append((step + 1, loss.detach()))
+        if len(pending) >= read_every:
+            read_losses()
         trained_s = clock() - start - eval_seconds
         due = bool(eval_marks) and trained_s >= eval_marks[0]
         while eval_marks and trained_s >= eval_marks[0]:
@@ -246,6 +325,7 @@ def supervised_finetune(
                 step += 1
                 break
         step += 1
+    read_losses()
     done = len(history.loss)  # the last step is evaluated here, whether the schedule or the clock ended it
     if evaluate is not None and done and (not history.evals or history.evals[-1]["step"] != done):
         step = done - 1  # state() names the step after the last one run
