@@ -138,7 +138,7 @@ def run_once(name: str, tasks: Path, database: Path, exe: Path, work: Path) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--db", default="library", help="the built-in database whose dev tasks run (default library)")
     add_common_args(parser, "bench_isolation", reps=3, warmup=0)
     args = parser.parse_args()

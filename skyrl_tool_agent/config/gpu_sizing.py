@@ -8,7 +8,8 @@ Qwen2.5-1.5B on 80 GB; a bigger model or a smaller card gets values sized to it.
   activations of ~(L*h + 7h + 3kv + 4I) values per token; the logits are chunked, never whole),
   within `UPDATE_MEMORY_FRACTION` of the device, in whole rows of `grpo.max_total_tokens`, at most
   the profile's value. The rollout engine keeps its KV cache through every update and plans its
-  slots from what the update leaves (`policy.memory_plan`), so the update takes at most half.
+  slots from what the update leaves (`policy.memory_plan`): a card the update nearly fills leaves
+  the engine few slots (the log says how many; docs/distributed.md has the table).
 
 The model's shape comes from its config.json (a model, adapter or checkpoint directory; a hub name
 read from the local Hugging Face cache, never the network); without one, nothing is scaled (said).
@@ -28,7 +29,7 @@ LARGE_MODEL_PARAMS = 5e9
 LARGE_MODEL_LR = 1e-5
 #: Share of the device's memory one update may take (the rest: the rollout engine's cache, the CUDA
 #: context, fragmentation).
-UPDATE_MEMORY_FRACTION = 0.5
+UPDATE_MEMORY_FRACTION = 0.85
 
 
 @dataclass(frozen=True)
