@@ -163,7 +163,6 @@ def test_qlora_samples_through_the_engine_what_the_4bit_model_says(model_dir, fo
 
     from skyrl_tool_agent.policy import qwen as qwen_module
     from skyrl_tool_agent.config import Config
-    from skyrl_tool_agent.policy.logprobs import token_logprobs
     from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
 
     raw = _config(model_dir).model_dump()
@@ -187,7 +186,6 @@ def test_qlora_samples_through_the_engine_what_the_4bit_model_says(model_dir, fo
     perturb()
     prefix = list(range(5, 25))
     prompts = [prefix + [30, 31], prefix + [40], prefix + [30, 31], [7, 8, 9]]
-    stop = policy.stop_token_ids
     for round_ in range(2):
         greedy = policy.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
         sampled = policy.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8), seeds=[1, 2, 3, 4])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 

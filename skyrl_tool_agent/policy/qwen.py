@@ -23,7 +23,6 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
