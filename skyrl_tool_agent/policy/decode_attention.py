@@ -27,27 +27,30 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     triton = None
 
 
-def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tensor, own_written: Tensor,
+def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tensor | None, own_written: Tensor | None,
                       root_k: Tensor | None = None, root_v: Tensor | None = None,
                       root_visible: Tensor | None = None) -> Tensor:
     """Softmax attention of q [R, KVH, Q, D] (the Q query heads and positions of each row's KV
     head, already scaled) over each row's own keys/values [R, KVH, T, D] where `own_visible`
     [R, 1, Q, T] (bool), and over the root's [KVH, P, D] where `root_visible` [R, 1, Q, P]. One
-    softmax in float32 over both. Returns [R, KVH, Q, D] in q's dtype.
+    softmax in float32 over both. Returns [R, KVH, Q, D] in q's dtype. A mask of None: all visible.
 
     The cache is allocated uninitialised (pages are only touched as episodes grow), so positions a
     row never wrote may hold NaN, which a zero weight does not cancel (0 x NaN = NaN): own values
-    outside `own_written` [R, T] are zeroed (`own_v` is the caller's gathered copy); own keys there
-    only reach masked scores."""
+    outside `own_written` [R, T] are zeroed (`own_v` is the caller's copy, or positions no row has
+    written yet); own keys there only reach masked scores."""
     rows, kv_heads, queries, dim = q.shape
-    own_v.masked_fill_(~own_written[:, None, :, None], 0)
-    own = torch.matmul(q, own_k.transpose(-1, -2)).float().masked_fill_(~own_visible, float("-inf"))
+    own = torch.matmul(q, own_k.transpose(-1, -2)).float()
+    if own_written is not None:
+        own_v.masked_fill_(~own_written[:, None, :, None], 0)
+    if own_visible is not None:
+        own.masked_fill_(~own_visible, float("-inf"))
     if root_k is None or root_k.shape[1] == 0:
         return torch.matmul(torch.softmax(own, dim=-1).to(q.dtype), own_v)
     # The root's scores for every row at once: one [R*Q, D] x [D, P] matmul per KV head.
     flat = q.transpose(0, 1).reshape(kv_heads, rows * queries, dim)
     shared = torch.matmul(flat, root_k.transpose(-1, -2)).view(kv_heads, rows, queries, -1).transpose(0, 1).float()
-    if not bool(root_visible.all()):  # (every row reading the whole root is the common case)
+    if root_visible is not None:
         shared = shared.masked_fill(~root_visible, float("-inf"))
     weights = torch.softmax(torch.cat([shared, own], dim=-1), dim=-1).to(q.dtype)
     prefix = root_k.shape[1]
@@ -56,31 +59,45 @@ def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tens
     return out + torch.matmul(weights[..., prefix:], own_v)
 
 
+class ReferenceDecodeAttention:
+    """`reference_decode_attention` for one decode step: what depends only on the rows (their
+    position ranges and masks, whether their slots are consecutive) worked out once for every layer."""
+
+    def __init__(self, slots: Tensor, lengths: Tensor, root_lens: Tensor, root_slot: Tensor) -> None:
+        batch = slots.shape[0]
+        self.low, self.used, self.prefix = int(root_lens.min()), int(lengths.max()), int(root_lens.max())
+        positions = torch.arange(self.low, self.used, device=slots.device)
+        written = (positions >= root_lens.view(batch, 1)) & (positions < lengths.view(batch, 1))
+        self.own_written = None if bool(written.all()) else written  # (rows of one length need no mask)
+        root_visible = torch.arange(self.prefix, device=slots.device) < root_lens.view(batch, 1, 1, 1)
+        self.root_visible = None if bool(root_visible.all()) else root_visible
+        self.first = int(slots[0])
+        self.consecutive = bool((slots == torch.arange(self.first, self.first + batch, device=slots.device)).all())
+        self.slots, self.root = slots, int(root_slot)
+
+    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tensor:
+        batch, heads, dim = q.shape
+        kv_heads, (low, used) = keys.shape[1], (self.low, self.used)
+        grouped = q.view(batch, kv_heads, heads // kv_heads, dim) * scale
+        if self.consecutive:
+            # Consecutive slots (the engine orders its rows by slot): a view, nothing copied. Zeroing
+            # the values a row never wrote then writes zeros where no row has written yet: harmless.
+            own_k, own_v = keys[self.first:self.first + batch, :, low:used], values[self.first:self.first + batch, :, low:used]
+        else:  # only each row's own used positions are copied out of the cache
+            own_k = keys[:, :, low:used].index_select(0, self.slots)
+            own_v = values[:, :, low:used].index_select(0, self.slots)
+        own_visible = None if self.own_written is None else self.own_written.view(batch, 1, 1, -1)
+        out = cascade_attention(grouped, own_k, own_v, own_visible, self.own_written, keys[self.root, :, :self.prefix],
+                                values[self.root, :, :self.prefix], self.root_visible)
+        return out.reshape(batch, heads, dim)
+
+
 def reference_decode_attention(q: Tensor, keys: Tensor, values: Tensor, slots: Tensor, lengths: Tensor,
                                root_lens: Tensor, root_slot: Tensor, scale: float) -> Tensor:
     """q [B, H, D]; keys/values [S, KVH, C, D]; row b attends to root positions < root_lens[b] of
-    slot `root_slot` (a one-element tensor) and to positions root_lens[b] .. lengths[b]-1 of slot slots[b]. [B, H, D]."""
-    batch, heads, dim = q.shape
-    kv_heads = keys.shape[1]
-    low, used = int(root_lens.min()), int(lengths.max())
-    positions = torch.arange(low, used, device=q.device)
-    own_written = (positions >= root_lens.view(batch, 1)) & (positions < lengths.view(batch, 1))
-    own_visible = own_written.view(batch, 1, 1, -1)
-    grouped = q.view(batch, kv_heads, heads // kv_heads, dim) * scale
-    first = int(slots[0])
-    if bool((slots == torch.arange(first, first + batch, device=slots.device)).all()):
-        # Consecutive slots (the engine orders its rows by slot): a view, nothing copied. Zeroing
-        # the values a row never wrote then writes zeros where no row has written yet: harmless.
-        own_k, own_v = keys[first:first + batch, :, low:used], values[first:first + batch, :, low:used]
-    else:  # only each row's own used positions are copied out of the cache
-        own_k = keys[:, :, low:used].index_select(0, slots)
-        own_v = values[:, :, low:used].index_select(0, slots)
-    prefix = int(root_lens.max())
-    root_visible = torch.arange(prefix, device=q.device) < root_lens.view(batch, 1, 1, 1)
-    root = int(root_slot)
-    out = cascade_attention(grouped, own_k, own_v, own_visible, own_written, keys[root, :, :prefix],
-                            values[root, :, :prefix], root_visible)
-    return out.reshape(batch, heads, dim)
+    slot `root_slot` (a one-element tensor) and to positions root_lens[b] .. lengths[b]-1 of slot
+    slots[b]. [B, H, D]."""
+    return ReferenceDecodeAttention(slots, lengths, root_lens, root_slot)(q, keys, values, scale)
 
 
 if triton is not None:

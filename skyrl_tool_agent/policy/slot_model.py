@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from skyrl_tool_agent.policy.decode_attention import (
+    ReferenceDecodeAttention,
     cascade_attention,
     decode_attention,
     reference_decode_attention,
@@ -218,12 +219,18 @@ class SlotModel:
         w = self.weights
         slots, lengths = inputs.slots, inputs.lengths
         roots, valid, scale = self.slot_root[slots], lengths + 1, w.head_dim ** -0.5
+        if self.attend is reference_decode_attention:  # the rows' masks once for every layer
+            step = ReferenceDecodeAttention(slots, valid, roots, self.root_index)
+            attention = lambda q, keys, values: step(q, keys, values, scale)  # noqa: E731
+        else:
+            attention = lambda q, keys, values: self.attend(q, keys, values, slots, valid, roots,  # noqa: E731
+                                                            self.root_index, scale)
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             k_cache, v_cache = self.keys[layer], self.values[layer]
             k_cache[slots, :, lengths] = k
             v_cache[slots, :, lengths] = v
-            return self.attend(q.contiguous(), k_cache, v_cache, slots, valid, roots, self.root_index, scale)
+            return attention(q.contiguous(), k_cache, v_cache)
 
         cos, sin = self.cos[lengths].unsqueeze(1), self.sin[lengths].unsqueeze(1)  # [B, 1, D]
         x = self._layers(F.embedding(self.history[slots, lengths], w.embed), cos, sin, attend)
