@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from skyrl_tool_agent.commands.speedrun import main
 from skyrl_tool_agent.speedrun import CURVES_FILE, LOG_FILE, METRICS_FILE, RESULT_FILE, TABLE_FILE, arm_seconds
