@@ -119,7 +119,9 @@ class RolloutEngine:
                               cuda_graphs=cuda_graphs, attention=attention, prefill_tokens=prefill_tokens)
         self.stats = self.step.stats  # counters for benchmarks and logs (prefill_s: admission, synchronised)
         self.stats["waited"] = 0  # fresh episodes that found every slot taken and waited for one
-        self._free = [_Slot(i) for i in reversed(range(slots))]
+        self.stats["slot_moves"] = 0  # rows moved to pack the rows being decoded (`_pack_rows`)
+        self._slots = [_Slot(i) for i in range(slots)]
+        self._free = list(reversed(self._slots))
         self.root_tokens: list[int] = []  # what the root slot holds
         self._root_refresh = self.weights.refreshes  # the weights the root was computed with
         self._by_key: dict[Hashable, _Slot] = {}
@@ -321,7 +323,27 @@ class RolloutEngine:
         shared = next((i for i in range(limit) if prompt[i] != self.root_tokens[i]), limit)
         return shared if shared >= MIN_SHARED_PREFIX else 0
 
+    def _pack_rows(self) -> None:
+        """Move the rows being decoded into slots 0..n-1, swapping each row above with what holds
+        a slot below (an episode between turns, or nothing). The torch attention then reads their
+        keys as one view of the cache; else it copies every row's keys out at every decode step,
+        where a move copies one slot's once."""
+        rows = len(self._rows)
+        movers = [r for r in self._rows if r.slot.index >= rows]
+        if not movers:
+            return
+        taken = {r.slot.index for r in self._rows}
+        by_index = {slot.index: slot for slot in self._slots}
+        holes = (i for i in range(rows) if i not in taken)
+        for row, hole in zip(movers, holes):
+            other = by_index[hole]  # held between turns (its tokens' keys), or free (nothing)
+            self.step.swap_slots(row.slot.index, hole, max(row.length, len(other.tokens)))
+            other.index, row.slot.index = row.slot.index, hole
+            self.stats["slot_moves"] += 1
+
     def _decode_chunk(self) -> None:
+        if self.step.reads_consecutive_rows_in_place:
+            self._pack_rows()
         rows = self._rows = sorted(self._rows, key=lambda r: r.slot.index)  # consecutive slots: no gather
         starts = [r.length for r in rows]
         nucleus = any(not is_greedy(r.request.temperature) and r.request.top_p < 1 for r in rows)

@@ -126,6 +126,21 @@ class SlotModel:
         for cache in (*self.keys, *self.values):
             cache[others, :, start:stop] = cache[source:source + 1, :, start:stop]
 
+    def swap_slots(self, a: int, b: int, positions: int) -> None:
+        """Exchange what slots `a` and `b` hold: keys/values at positions 0..positions-1, token
+        history and sampling state."""
+        pair, swapped = torch.tensor([a, b], device=self.device), torch.tensor([b, a], device=self.device)
+        for cache in (*self.keys, *self.values):
+            cache[pair, :, :positions] = cache[swapped, :, :positions]
+        for state in (self.history, self.history_logp, self.seed, self.temperature, self.top_p, self.slot_root):
+            state[pair] = state[swapped]
+
+    @property
+    def reads_consecutive_rows_in_place(self) -> bool:
+        """Whether decode reads rows in consecutive slots as one view of the cache (the torch
+        attention; others copy each row's keys out at every step), so packing them pays."""
+        return self.attend is reference_decode_attention
+
     # ------------------------------------------------------------------ the one Qwen2 layer stack
     def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
         """Every decoder layer over hidden states x [..., hidden] (rotary cos/sin broadcast to the
@@ -276,10 +291,13 @@ class SlotModel:
         bucket = next(b for b in self.buckets if b >= rows)
         graph = self._graph(bucket, nucleus) if self.use_graphs else None
         start_time = time.perf_counter()
-        inputs = self.inputs[bucket]
-        pad = bucket - rows
-        inputs.slots.copy_(torch.tensor(list(slots) + [self.scratch] * pad), non_blocking=True)
-        inputs.lengths.copy_(torch.tensor(list(starts) + [0] * pad), non_blocking=True)
+        if graph is not None:  # the bucket's static inputs, padded with scratch rows
+            inputs, pad = self.inputs[bucket], bucket - rows
+            inputs.slots.copy_(torch.tensor(list(slots) + [self.scratch] * pad), non_blocking=True)
+            inputs.lengths.copy_(torch.tensor(list(starts) + [0] * pad), non_blocking=True)
+        else:  # eager: exactly the rows (padding would only add work)
+            inputs = _StepInputs(torch.tensor(list(slots), device=self.device),
+                                 torch.tensor(list(starts), device=self.device))
         for _ in range(steps):
             if graph is not None:
                 graph.replay()
