@@ -6,9 +6,11 @@
 The CPU quick start's trainer as configured by default (shipped embedded model, LoRA, generated
 train pool, lockstep collection), one `GRPOTrainer.train_step` per round, medians over rounds. Before
 each round the trainer's whole state (weights, optimizer, scheduler, loader, step counter, hence the
-tasks and the sampling seed) is restored to the previous round's end. An earlier commit is measured
-by running its own copy of this script (e.g. `git archive 5b5bf6b skyrl_tool_agent benchmarks | tar
--x -C .old; PYTHONPATH=.old python .old/benchmarks/bench_step.py`) right before or after.
+tasks and the sampling seed) is restored to the previous round's end. `--old DIR` also measures an
+earlier commit's step (e.g. `git archive 5b5bf6b skyrl_tool_agent benchmarks | tar -x -C .old`): its
+own copy of this script, run in a subprocess right before and right after this one's rounds, with
+its CPU sampler (`Qwen2Kernel` batches at 5b5bf6b) as both of its variants; the table puts its
+medians beside these, with the ratios.
 
 Per step: rollout (`time/rollout_s`), update (`time/update_s`) and the rest (advantages, curriculum,
 metrics); policy tokens/s = sampled tokens / step seconds. The FLOP floor is the step's model FLOPs (`step_flops`: a forward over
@@ -22,7 +24,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -187,6 +193,21 @@ def profile_step(runner: StepRunner, name: str, top: int = 15) -> str:
         sort_by="self_cpu_time_total", row_limit=top)
 
 
+def run_old(old: Path, args: argparse.Namespace, reps: int) -> dict[str, list[float]]:
+    """`old`'s bench_step.py in a subprocess, its CPU sampler (`Qwen2Kernel`, 5b5bf6b's `model.sampler`
+    kernel) as both of its variants: per phase, the seconds of every step it timed."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1] + '/benchmarks'); import bench_step as b; "
+            "b.VARIANTS = {'old': 'kernel', 'new': 'kernel'}; sys.argv = sys.argv[1:]; b.main()")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "old.json"
+        cmd = [sys.executable, "-c", code, str(old), "--reps", str(reps), "--warmup", str(args.warmup),
+               "--tasks-per-step", str(args.tasks_per_step), "--group-size", str(args.group_size), "--json-out", str(out)]
+        subprocess.run(cmd, check=True, cwd=old, env={**os.environ, "PYTHONPATH": str(old)}, capture_output=True)
+        variants = json.loads(out.read_text())["results"]["variants"]
+    return {k: variants["old"][k]["values"] + variants["new"][k]["values"] for k in variants["new"]
+            if isinstance(variants["new"][k], dict) and "values" in variants["new"][k]}
+
+
 def build_trainer(tasks_per_step: int, group_size: int, out: Path) -> tuple[GRPOTrainer, EnvRuntime]:
     config = Config.model_validate({"training": {"tasks_per_step": tasks_per_step, "output_dir": str(out)},
                                     "grpo": {"group_size": group_size}})
@@ -201,10 +222,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--profile", action="store_true", help="also a torch-profiler table of one step per variant")
+    parser.add_argument("--old", type=Path, default=None,
+                        help="an earlier commit's tree (skyrl_tool_agent, benchmarks): its step measured before and after")
     add_common_args(parser, "bench_step", reps=3)
     args = parser.parse_args(argv)
-    import tempfile
 
+    old_steps: dict[str, list[float]] = {}
+
+    def measure_old() -> None:
+        if args.old is not None:
+            console.print(f"old: {args.old} (its Qwen2Kernel sampler), {max(1, args.reps // 2)} rounds x 2 variants")
+            for k, v in run_old(args.old.resolve(), args, max(1, args.reps // 2)).items():
+                old_steps.setdefault(k, []).extend(v)
+
+    measure_old()
     torch.manual_seed(0)
     gflops = matmul_gflops()
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
             profile_text = "\n".join(profile_step(runner, n) for n in VARIANTS) if args.profile else None
         finally:
             runtime.close()
+    measure_old()
 
     machine = machine_info()
     peak = max(gflops.values())
@@ -241,10 +273,16 @@ def main(argv: list[str] | None = None) -> None:
         r = s[name]
         rows.append([LABELS[name], r["step"].median, r["rollout"].median, r["update"].median, r["rest"].median,
                      r["tok/s"].median])
-    rows.append([f"FLOP floor at {peak:.0f} GFLOP/s", floor["total"], floor["rollout"], floor["update"], "-", "-"])
     for row, name in zip(rows, VARIANTS):
         row += [s[name][k].median for k in ("cpu step", "cpu rollout", "cpu update")]
-    rows[1] += [floor["total"], floor["rollout"], floor["update"]]
+    columns = ("step", "rollout", "update", "rest", "tok/s", "cpu step", "cpu rollout", "cpu update")
+    old = {k: Samples(old_steps[k]).median for k in columns} if old_steps else None
+    if old:
+        rows.append([f"old: Qwen2Kernel ({args.old})", *(old[k] for k in columns)])
+        new = {k: s["engine"][k].median for k in columns}
+        rows.append(["ratio engine / old", *(new[k] / old[k] if old[k] else float("nan") for k in columns)])
+    rows.append([f"FLOP floor at {peak:.0f} GFLOP/s", floor["total"], floor["rollout"], floor["update"], "-", "-",
+                 floor["total"], floor["rollout"], floor["update"]])
     print_table("GRPO step on this CPU: seconds (medians over rounds)",
                 ["sampler", "step s", "rollout s", "update s", "rest s", "policy tok/s", "CPU s step", "CPU s rollout",
                  "CPU s update"], rows,
@@ -260,9 +298,14 @@ def main(argv: list[str] | None = None) -> None:
         "flop_floor_s": floor,
         "load_average_per_round": loads,
         "peak_rss_gib": peak_rss_gib(),
+        "old": ({"dir": str(args.old), "sampler": "Qwen2Kernel", **{k: Samples(v).summary() for k, v in old_steps.items()},
+                 "ratio_engine_over_old": {k: s["engine"][k].median / Samples(old_steps[k]).median
+                                           for k in old_steps if k in s["engine"] and Samples(old_steps[k]).median}}
+                if old_steps else None),
         "profile_top": profile_text,
     }
     settings = {"tasks_per_step": args.tasks_per_step, "group_size": args.group_size, "reps": args.reps,
+                "old": str(args.old) if args.old else None,
                 "warmup": args.warmup, "config": "defaults (cpu profile): shipped embedded model, LoRA, lockstep"}
     path = write_json(args.json_out, "bench_step", settings, results, machine)
     if path:
