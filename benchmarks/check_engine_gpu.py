@@ -17,9 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from skyrl_tool_agent.config import ModelConfig  # noqa: E402
-from skyrl_tool_agent.policy.decode_attention import decode_attention, reference_decode_attention  # noqa: E402
+from skyrl_tool_agent.kernels.decode_attention import decode_attention, reference_decode_attention  # noqa: E402
 from skyrl_tool_agent.policy.engine import RolloutEngine  # noqa: E402
-from skyrl_tool_agent.policy.logprobs import token_logprobs  # noqa: E402
+from skyrl_tool_agent.kernels.logprobs import token_logprobs  # noqa: E402
 from skyrl_tool_agent.policy.qwen import QwenPolicy  # noqa: E402
 
 

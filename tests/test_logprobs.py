@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
 
 
 def _reference_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

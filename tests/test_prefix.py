@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
 from skyrl_tool_agent.policy.prefix import common_prefix_length, shared_prefix_logprobs
 
 

@@ -190,7 +190,7 @@ def test_a_weight_update_reaches_the_engine_in_place():
 
 _TRITON_CHECK = r"""
 import torch
-from skyrl_tool_agent.policy.decode_attention import decode_attention, reference_decode_attention
+from skyrl_tool_agent.kernels.decode_attention import decode_attention, reference_decode_attention
 from skyrl_tool_agent.policy.engine import RolloutEngine
 from tests.fixtures.samplers import lora_qwen
 from tests.test_rollout_engine import _argmax_chain, _prompts, _turns

@@ -17,8 +17,8 @@ from skyrl_tool_agent.grpo.batch import TrainBatch, plan_micro_batches
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
-from skyrl_tool_agent.policy.fused_lora import LoraLinearFunction, fused_lora
-from skyrl_tool_agent.policy.logprobs import entropy_from_logits, head_token_stats, token_logprobs
+from skyrl_tool_agent.kernels.fused_lora import LoraLinearFunction, fused_lora
+from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, head_token_stats, token_logprobs
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from tests.fixtures.tiny_policy import sql_token_model_dir

@@ -35,7 +35,7 @@ from skyrl_tool_agent.policy.loading import (
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.policy.memory_plan import format_bytes
 from skyrl_tool_agent.policy.weights import SamplingWeights
-from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.token_sampling import logprob_temperature
 

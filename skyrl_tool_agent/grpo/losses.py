@@ -31,7 +31,7 @@ from torch import Tensor
 
 from skyrl_tool_agent.config.grpo import Aggregation, KLEstimator
 from skyrl_tool_agent.grpo.masking import masked_max, masked_mean
-from skyrl_tool_agent.policy.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
 
 __all__ = [
     "Aggregation",

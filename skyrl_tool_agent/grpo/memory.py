@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from skyrl_tool_agent.policy.memory_plan import ModelDims, SlotPlan, format_bytes, plan_slots, snapshot_bytes
 
-#: Tokens the output head scores at once in the update (`policy.logprobs.fused_chunk_tokens`' scale).
+#: Tokens the output head scores at once in the update (`kernels.logprobs.fused_chunk_tokens`' scale).
 HEAD_CHUNK_TOKENS = 1700
 
 

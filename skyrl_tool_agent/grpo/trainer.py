@@ -40,7 +40,7 @@ from skyrl_tool_agent.grpo.memory import update_reserve_bytes
 from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
-from skyrl_tool_agent.policy.fused_lora import fused_lora
+from skyrl_tool_agent.kernels.fused_lora import fused_lora
 from skyrl_tool_agent.policy.memory_plan import ModelDims
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
 from skyrl_tool_agent.policy.weights import base_model
@@ -266,7 +266,7 @@ class GRPOTrainer:
                  [loss_normalizer([mb.loss_mask for mb in step], g.loss_aggregation, fixed_length) for step in steps])
         sums: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "num_tokens": 0.0}
         grad_norms = []
-        # fused_lora: each fp32 LoRA projection as one matmul with the merged weight (policy.fused_lora)
+        # fused_lora: each fp32 LoRA projection as one matmul with the merged weight (kernels.fused_lora)
         with self.policy.training_precision(), fused_lora(self.policy.model):
             if g.kl_coef > 0:  # the reference once per step, under no_grad, before any weight moves
                 for step in steps:

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from skyrl_tool_agent.policy.checkpointing import recomputing
-from skyrl_tool_agent.policy.logprobs import entropy_from_logits, head_token_stats, token_logprobs
+from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, head_token_stats, token_logprobs
 from skyrl_tool_agent.policy.token_sampling import logprob_temperature
 
 # Below this many shared tokens the plain full-sequence path is used (nothing worth sharing).

@@ -36,7 +36,7 @@ from skyrl_tool_agent.policy.loading import (
     resolve_device,
     resolve_model_path,
 )
-from skyrl_tool_agent.policy.logprobs import token_logprobs
+from skyrl_tool_agent.kernels.logprobs import token_logprobs
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.token_sampling import is_greedy, logprob_temperature
 from skyrl_tool_agent.config.base import default_of

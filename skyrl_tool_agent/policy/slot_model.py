@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from skyrl_tool_agent.policy.decode_attention import (
+from skyrl_tool_agent.kernels.decode_attention import (
     ReferenceDecodeAttention,
     cascade_attention,
     decode_attention,
