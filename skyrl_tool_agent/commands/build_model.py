@@ -17,10 +17,11 @@ built directory into the package in bf16 with the sha256 of each file and a gree
 generated pool until its validation curve is flat; it checkpoints at every evaluation and the same
 command resumes it; the model lands in DIR/model. --redraw-constants (either build): each epoch
 the constants a training question states are redrawn from its database, in the question and the
-gold query together, so recalling a memorised constant never pays (issue 48). --random-shape writes a model with a published
-Qwen2.5 architecture's exact shape and random bf16 weights (the embedded tokenizer), for timing and
-memory measurements where the real weights cannot be downloaded (scripts/gpu_check.sh): its turns
-always run to the token cap and its rewards are all 0.
+gold query together, so recalling a memorised constant never pays (training.data.redraw_constants).
+--random-shape writes a model with a published Qwen2.5 architecture's exact shape and random bf16
+weights (the embedded tokenizer), for timing and memory measurements where the real weights
+cannot be downloaded (scripts/gpu_check.sh): its turns always run to the token cap and its
+rewards are all 0.
 """
 
 from __future__ import annotations
