@@ -47,6 +47,15 @@ def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
     return TaskDataLoader(train_tasks, sampler, batcher, seed=t.seed, total_steps=t.max_steps, group_size=g.group_size)
 
 
+def redraw_held_out_sql(config: Config, heldout_tasks: list[Task]) -> set[str] | None:
+    """With `training.data.redraw_constants`, the gold queries a redrawn training task must never
+    become (the held-out tasks' and dev's: a pool query with its constants redrawn can land on
+    one); None when the knob is off (the supervised build's examples stay as they are)."""
+    if not config.training.data.redraw_constants:
+        return None
+    return {t.gold_sql for t in heldout_tasks} | {t.gold_sql for t in TaskSplits.load(config).dev}
+
+
 def build_embedded(config: Config, train_tasks: list[Task], heldout_tasks: list[Task], db_root: Path, *,
                    out: Path | None = None, force: bool = False, sft_steps: int | None = None,
                    eval_every: int | None = None, progress: Any = None,
@@ -86,7 +95,7 @@ def build_embedded(config: Config, train_tasks: list[Task], heldout_tasks: list[
                                     sft=sft, collector_settings=oracle_collector_settings(config),
                                     eval_settings=CollectorSettings.from_config(config, evaluation=True),
                                     device=str(resolve_device(config.model.device)), progress=progress,
-                                    provenance=provenance)
+                                    provenance=provenance, redraw_held_out_sql=redraw_held_out_sql(config, heldout_tasks))
     finally:
         runtime.close()
 
@@ -116,7 +125,8 @@ def build_plateau_start(config: Config, out: Path, *, start: Path | None = None,
                                 oracle_settings=oracle_collector_settings(config),
                                 eval_settings=CollectorSettings.from_config(config, evaluation=True),
                                 max_steps=max_steps, device=str(resolve_device(config.model.device)),
-                                provenance=provenance, progress=progress)
+                                provenance=provenance, progress=progress,
+                                redraw_held_out_sql=redraw_held_out_sql(config, heldout))
     finally:
         runtime.close()
 

@@ -266,6 +266,42 @@ def flip_train_pool(kit: Kit) -> None:
                               db_root=kit.tmp).frontier(TASKS)
 
 
+def flip_redraw_constants(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real supervised build (`build_embedded`: oracle episodes through the MCP server, a tiny
+    Qwen2, 3 steps) of 4 train.json tasks, batch 16: every step is an epoch. Off, every step trains
+    on the same examples; on, each step's examples are new draws (other constants), and the
+    held-out queries a draw must avoid are validation's and dev's."""
+    from skyrl_tool_agent.config import Config
+    from skyrl_tool_agent.pipeline import build_embedded, redraw_held_out_sql
+    from skyrl_tool_agent.warmstart import sft
+
+    trained: list[frozenset[tuple[int, ...]]] = []
+    real_loss = sft.token_loss
+
+    def spy(model, batch, *, bf16):  # type: ignore[no-untyped-def]
+        rows, lengths = batch["input_ids"].tolist(), batch["attention_mask"].sum(1).tolist()
+        trained.append(frozenset(tuple(r[:n]) for r, n in zip(rows, lengths)))
+        return real_loss(model, batch, bf16=bf16)
+
+    monkeypatch.setattr(sft, "token_loss", spy)
+    steps: dict[bool, list[frozenset[tuple[int, ...]]]] = {}
+    for on in (False, True):
+        config = Config(model={"embedded_dir": str(kit.tmp / f"built_{on}"), "device": "cpu"},
+                        training={"data": {"validation_tasks": 2, "redraw_constants": on}})
+        splits = TaskSplits.load(config)
+        tasks = [t for t in splits.train if "'" in t.gold_sql][:4]  # each states a string constant
+        trained.clear()
+        report = build_embedded(config, tasks, splits.validation(), splits.db_root, force=True, sft_steps=3,
+                                eval_every=1000)
+        assert report["redraw_constants"] is on and len(trained) == 3
+        steps[on] = list(trained)
+        held = redraw_held_out_sql(config, splits.validation())
+        assert (held is None) is (not on)
+    assert len(set(steps[False])) == 1  # the same 4 examples every epoch
+    assert len(set(steps[True])) == 3  # a fresh draw each epoch
+    assert held is not None and {t.gold_sql for t in TaskSplits.load(kit.config()).dev} <= held
+
+
 def flip_wandb(kit: Kit) -> None:
     w = kit.config(training__wandb__project="p", training__wandb__entity="e", training__wandb__mode="auto").training.wandb
     assert (w.resolved_project({}), w.resolved_entity({}), w.resolved_mode({})) == ("p", "e", "offline")
@@ -472,6 +508,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     **dict.fromkeys(("training.data.train_file", "training.data.dev_file", "training.data.db_root"), flip_data_paths),
     **dict.fromkeys(("training.data.dataset", "training.data.spider_root"), flip_dataset),
     "training.data.train_pool": flip_train_pool,
+    "training.data.redraw_constants": flip_redraw_constants,
     **dict.fromkeys(("training.wandb.project", "training.wandb.entity", "training.wandb.mode"), flip_wandb),
     "model.lora.r": flip_lora_r,
     "model.lora.alpha": flip_lora_alpha,

@@ -86,3 +86,67 @@ def test_a_run_stopped_at_an_evaluation_and_resumed_matches_the_uninterrupted_ru
     assert [e["step"] for e in rest.evals] == [e["step"] for e in whole.evals] == [4, 8, 12]
     for a, b in zip(first.parameters(), fresh.parameters(), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_each_epoch_trains_on_its_own_examples_and_a_resumed_run_rebuilds_its_epoch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`epoch_examples` (the build's redrawn constants: `warmstart.build.RedrawnEpochs`): epoch e
+    trains on exactly epoch e's examples, and a run stopped mid-epoch and resumed rebuilds that
+    epoch's examples, so its losses and weights are the uninterrupted run's."""
+    from skyrl_tool_agent.warmstart import sft
+
+    tokenizer = train_tokenizer(CORPUS, 300)
+    pool = _examples(tokenizer)
+
+    def variant(epoch: int) -> list[tuple[list[int], list[int]]]:  # 15 examples, other ones each epoch
+        return [pool[(10 * epoch + i) % len(pool)] for i in range(15)]
+
+    built: list[int] = []
+
+    def epoch_examples(epoch: int) -> list[tuple[list[int], list[int]]]:
+        built.append(epoch)
+        return variant(epoch)
+
+    trained: list[set[tuple[int, ...]]] = []
+    real_loss = sft.token_loss
+
+    def spy(model, batch, *, bf16):
+        rows = batch["input_ids"].tolist()
+        trained.append({tuple(r[:n]) for r, n in zip(rows, batch["attention_mask"].sum(1).tolist())})
+        return real_loss(model, batch, bf16=bf16)
+
+    monkeypatch.setattr(sft, "token_loss", spy)
+    settings = SFTSettings(steps=12, batch_size=5, learning_rate=5e-3, warmup_steps=2, eval_every=4,
+                           time_budget_minutes=None, bf16_autocast=False)
+    fresh = new_tiny_qwen2(tokenizer, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, seed=3)
+    first = copy.deepcopy(fresh)
+
+    def evaluate(step: int) -> dict:
+        return {"execution_accuracy": step / 100}
+
+    whole = supervised_finetune(fresh, variant(0), tokenizer.pad_token_id, settings, evaluate=evaluate,
+                                epoch_examples=epoch_examples)
+    assert built == [1, 2, 3]  # 15 examples in batches of 5: a new epoch every 3 steps
+    for epoch in range(4):
+        seen = set().union(*trained[3 * epoch: 3 * epoch + 3])
+        assert seen == {tuple(ids) for ids, _ in variant(epoch)}, f"epoch {epoch} trained on other examples"
+
+    saved: list[bytes] = []
+
+    def stop_at_step_8(history, state) -> bool:
+        buf = io.BytesIO()
+        torch.save(state(), buf)
+        saved.append(buf.getvalue())
+        return history.evals[-1]["step"] == 8
+
+    supervised_finetune(first, variant(0), tokenizer.pad_token_id, settings, evaluate=evaluate,
+                        after_eval=stop_at_step_8, epoch_examples=epoch_examples)
+    state = torch.load(io.BytesIO(saved[-1]), weights_only=True)
+    assert (state["step"], state["epochs"]) == (8, 3)  # stopped in the third epoch (steps 7-9)
+    built.clear()
+    rest = supervised_finetune(first, variant(0), tokenizer.pad_token_id, settings, evaluate=evaluate, resume=state,
+                               epoch_examples=epoch_examples)
+    assert built == [2, 3]  # the epoch it stopped in, rebuilt, then the next
+    torch.testing.assert_close(torch.tensor([v for _, v in rest.loss]), torch.tensor([v for _, v in whole.loss]))
+    for a, b in zip(first.parameters(), fresh.parameters(), strict=True):
+        torch.testing.assert_close(a, b)

@@ -14,6 +14,7 @@ from mcp_tools.sandbox import QueryResult
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.eval.anatomy import skeleton
 from skyrl_tool_agent.rewards.limits import run_bounded
+from skyrl_tool_agent.warmstart.build import oracle_episodes
 from skyrl_tool_agent.warmstart.redraw import redraw_constants, stated_constants
 from tests.conftest import BUILTIN_DATA
 
@@ -67,3 +68,68 @@ def test_most_dev_tasks_can_be_redrawn_and_each_draw_repeats_for_its_seed() -> N
     assert redrawn == again
     changed = [(t, r) for t, r in zip(DEV, redrawn) if r is not None]
     assert all(r.question != t.question and r.gold_sql != t.gold_sql for t, r in changed)
+
+
+# ---------------------------------------------------------------------------- the build's epochs
+TRAIN = [Task(**r) for r in json.loads((BUILTIN_DATA / "train.json").read_text())]
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    from skyrl_tool_agent.config import Config
+    from skyrl_tool_agent.env.pools import EnvRuntime
+
+    rt = EnvRuntime(Config().env, BUILTIN_DATA / "databases")
+    yield rt
+    rt.close()
+
+
+def epochs(runtime, tasks: list[Task], held_out_sql: set[str] | None = None):
+    from transformers import AutoTokenizer
+
+    from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, Config
+    from skyrl_tool_agent.pipeline import oracle_collector_settings
+    from skyrl_tool_agent.warmstart.build import RedrawnEpochs
+
+    return RedrawnEpochs(runtime, tasks, oracle_collector_settings(Config()),
+                         AutoTokenizer.from_pretrained(SHIPPED_EMBEDDED_DIR), seed=0, held_out_sql=held_out_sql or set())
+
+
+def test_each_epoch_trains_on_new_constants_and_every_example_still_executes(runtime) -> None:
+    """The build's examples (`RedrawnEpochs`, what `supervised_finetune` packs each epoch) on real
+    train.json tasks: from one epoch to the next most tasks' questions and gold queries change
+    together, each redrawn query runs on its database and returns rows, the oracle episode trained
+    on runs the new query and answers with its recomputed rows, and an epoch rebuilt gives the
+    same examples (a resumed build)."""
+    tasks = TRAIN[::50][:24]
+    build = epochs(runtime, tasks)
+    first = build(0)
+    first_tasks = build.last_tasks
+    second = build(1)
+    second_tasks = build.last_tasks
+    assert len(first) == len(second) == len(tasks)  # the oracle solved every redrawn task
+    moved = [(a, b) for a, b in zip(first_tasks, second_tasks) if a.gold_sql != b.gold_sql]
+    assert len(moved) >= len(tasks) // 2
+    for a, b in moved:
+        assert a.question != b.question and skeleton(a.gold_sql) == skeleton(b.gold_sql)
+    assert first != second  # the token ids trained on differ between the epochs
+    for task in second_tasks:
+        if task.task_id.endswith("~redrawn"):
+            assert rows(task).row_count > 0
+    # the oracle episode of a redrawn task runs the new query (its answer is the new query's rows)
+    conversations = oracle_episodes(runtime, second_tasks, build.settings)
+    for task in second_tasks:
+        text = json.dumps(conversations[task.task_id])
+        assert json.dumps(task.gold_sql)[1:-1] in text and json.dumps(task.question)[1:-1] in text
+    assert build(1) == second and build.last_tasks == second_tasks  # the same epoch, the same draw
+
+
+def test_a_redraw_never_becomes_a_held_out_query(runtime) -> None:
+    """A pool query with its constants redrawn can land on a validation or dev query: such a draw
+    is never trained on (tried again, else the task stays as it is)."""
+    tasks = TRAIN[::50][:24]
+    free = epochs(runtime, tasks).draw(0)
+    held = {t.gold_sql for t in free if t.task_id.endswith("~redrawn")}
+    assert held
+    guarded = epochs(runtime, tasks, held_out_sql=held).draw(0)
+    assert not {t.gold_sql for t in guarded if t.task_id.endswith("~redrawn")} & held

@@ -2,7 +2,7 @@
 
     skyrl-tool-agent build-model [--force] [--sft-steps N] [--output-dir DIR]
     skyrl-tool-agent build-model --ship DIR     # make DIR the shipped default
-    skyrl-tool-agent build-model --to-plateau --output-dir DIR [--from MODEL_DIR] [--max-steps N]
+    skyrl-tool-agent build-model --to-plateau --output-dir DIR [--from MODEL_DIR] [--max-steps N] [--redraw-constants]
     skyrl-tool-agent build-model --frontier [--frontier-tasks N] [--frontier-samples K] [--from MODEL_DIR]
     skyrl-tool-agent build-model --random-shape qwen2.5-1.5b --output-dir /tmp/q15   # random weights, a real model's shape
     python training/scripts/build_default_model.py ...   # the same command
@@ -15,10 +15,13 @@ generated pool's validation split per eval step) is saved as warmstart.json. --s
 built directory into the package in bf16 with the sha256 of each file and a greedy check.
 --to-plateau continues a built model (default: the shipped one) with supervised training on the
 generated pool until its validation curve is flat; it checkpoints at every evaluation and the same
-command resumes it; the model lands in DIR/model. --random-shape writes a model with a published
-Qwen2.5 architecture's exact shape and random bf16 weights (the embedded tokenizer), for timing and
-memory measurements where the real weights cannot be downloaded (scripts/gpu_check.sh): its turns
-always run to the token cap and its rewards are all 0.
+command resumes it; the model lands in DIR/model. --redraw-constants (either build): each epoch
+the constants a training question states are redrawn from its database, in the question and the
+gold query together, so recalling a memorised constant never pays (training.data.redraw_constants).
+--random-shape writes a model with a published Qwen2.5 architecture's exact shape and random bf16
+weights (the embedded tokenizer), for timing and memory measurements where the real weights
+cannot be downloaded (scripts/gpu_check.sh): its turns always run to the token cap and its
+rewards are all 0.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--from", dest="start", metavar="MODEL_DIR", type=Path,
                    help="with --to-plateau: the model to continue; with --frontier: the model measured (default: the shipped one)")
     p.add_argument("--max-steps", type=int, help="with --to-plateau: stop here even if the curve is not flat")
+    p.add_argument("--redraw-constants", action="store_true",
+                   help="the build (and --to-plateau) redraws, each epoch, the constants each training question "
+                        "states from its database, in the question and the gold query together (the same as "
+                        "--set training.data.redraw_constants=true)")
     p.add_argument("--frontier", action="store_true",
                    help="measure the model's frontier on the generated pool into its frontier.json")
     p.add_argument("--frontier-tasks", type=int, help="with --frontier: a stratified subset of N pool tasks (default all)")
@@ -76,6 +83,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             params = write_random_model(args.random_shape, Path(args.output_dir).expanduser(), SHIPPED_EMBEDDED_DIR)
             print(f"{args.output_dir}: {args.random_shape} shape, {params / 1e9:.2f}B parameters, random bf16 weights")
             return
+        if args.redraw_constants:
+            args.overrides = [*args.overrides, "training.data.redraw_constants=true"]
         config = config_from_args(args)
         if args.ship:
             record = ship_embedded(config, Path(args.ship).expanduser())

@@ -81,6 +81,14 @@ class DataConfig(Section):
         "either). The warm-start curve and any tuning read it; dev is only reported.",
         ge=1,
     )
+    redraw_constants: bool = knob(
+        False,
+        "Supervised builds (build-model, its --to-plateau continuation): each epoch, every training "
+        "task's constants that its question states are redrawn from its database (the question and "
+        "the gold query together, the oracle episode rerun for the new answer; never onto a "
+        "validation or dev query), so copying the question's constant is the only way to be right. "
+        "false = the same examples every epoch. build-model --redraw-constants sets it.",
+    )
 
     @model_validator(mode="after")
     def _generated_pool_is_builtin(self) -> DataConfig:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import render_conversation
@@ -26,6 +28,7 @@ from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.agents import make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.warmstart.redraw import redraw_constants
 from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids, supervised_finetune
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,51 @@ def oracle_episodes(runtime: EnvRuntime, tasks: Sequence[Task], settings: Collec
     return solved
 
 
+class RedrawnEpochs:
+    """The examples of each epoch of a supervised build with constants redrawn (issue 48):
+    `self(epoch)` draws every task's stated constants afresh from its database
+    (`warmstart.redraw.redraw_constants`, the question and the gold query together), runs the
+    oracle on the redrawn tasks through the real env (so each episode carries the new query's
+    recomputed answer) and tokenises the episodes. A task that states no constant, or whose draw
+    fails, stays as it is; a draw whose gold query is one of `held_out_sql` (the validation and
+    dev queries: a redrawn pool query can land on one) is tried again, then the task stays as it
+    is, so no held-out query is ever trained on. Each epoch's draw is seeded by (seed, epoch): the
+    same epoch gives the same examples (a resumed build rebuilds its epoch exactly)."""
+
+    def __init__(self, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings, tokenizer: Any, *,
+                 seed: int, held_out_sql: set[str], retries: int = 3) -> None:
+        self.runtime, self.tasks, self.settings, self.tokenizer = runtime, list(tasks), settings, tokenizer
+        self.seed, self.held_out_sql, self.retries = seed, held_out_sql, retries
+        self.last_tasks: list[Task] = []  # the tasks of the last epoch built (what its examples are of)
+
+    def draw(self, epoch: int) -> list[Task]:
+        """Every task, its constants redrawn for `epoch` where it can be (class docstring)."""
+        rng = random.Random(f"redraw:{self.seed}:{epoch}")
+        out = []
+        for task in self.tasks:
+            db_path = self.runtime.db_root / task.db_id / f"{task.db_id}.sqlite"
+            chosen = task
+            for _ in range(self.retries):
+                redrawn = redraw_constants(task, db_path, rng)
+                if redrawn is None:
+                    break
+                if redrawn.gold_sql not in self.held_out_sql:
+                    chosen = redrawn
+                    break
+            out.append(chosen)
+        return out
+
+    def __call__(self, epoch: int) -> list[tuple[list[int], list[int]]]:
+        t0 = time.monotonic()
+        tasks = self.draw(epoch)
+        self.last_tasks = tasks
+        conversations = oracle_conversations(self.runtime, tasks, self.settings)
+        logger.info("epoch %d: %d of %d tasks redrawn, %d oracle episodes in %.0f s", epoch,
+                    sum(t.task_id.endswith("~redrawn") for t in tasks), len(tasks), len(conversations),
+                    time.monotonic() - t0)
+        return [conversation_to_ids(c, self.tokenizer) for c in conversations]
+
+
 def build_embedded_model(
     out_dir: Path,
     runtime: EnvRuntime,
@@ -59,6 +107,7 @@ def build_embedded_model(
     device: str = "cpu",
     progress: Callable[[str, float], None] | None = None,
     provenance: dict | None = None,
+    redraw_held_out_sql: set[str] | None = None,
 ) -> dict:
     """Build and save the embedded model into `out_dir`; returns the build report (also saved as
     `warmstart.json`: `provenance` (e.g. the build command), warm-start loss curve, held-out EX
@@ -67,7 +116,10 @@ def build_embedded_model(
     `eval.greedy`). `device`: where the warm start runs
     (`resolve_device(config.model.device)` in the pipeline). The files are written into a
     temporary sibling directory and renamed into place, so an interrupted build leaves no
-    half-written model behind; `warmstart.json` records their sha256 (`policy.manifest`)."""
+    half-written model behind; `warmstart.json` records their sha256 (`policy.manifest`).
+    `redraw_held_out_sql`: given, every epoch's examples have their constants redrawn
+    (`RedrawnEpochs`, never landing on one of these gold queries); None, the same examples every
+    epoch."""
     t0 = time.monotonic()
     report: dict = {**(provenance or {}), "train_tasks": len(train_tasks), "heldout_tasks": len(heldout_tasks)}
     if progress:
@@ -80,7 +132,10 @@ def build_embedded_model(
     if progress:
         progress("tokenizer", 0.0)
     tokenizer = train_tokenizer((render_conversation(c, add_generation_prompt=False) for c in conversations), vocab_size)
-    examples = [conversation_to_ids(c, tokenizer) for c in conversations]
+    redrawn = None if redraw_held_out_sql is None else RedrawnEpochs(
+        runtime, train_tasks, collector_settings, tokenizer, seed=sft.seed, held_out_sql=redraw_held_out_sql)
+    examples = redrawn(0) if redrawn else [conversation_to_ids(c, tokenizer) for c in conversations]
+    report["redraw_constants"] = redrawn is not None
     lengths = sorted(len(ids) for ids, _ in examples)
     report.update(vocab_size=len(tokenizer), median_tokens=lengths[len(lengths) // 2], max_tokens=lengths[-1])
 
@@ -97,7 +152,8 @@ def build_embedded_model(
         if progress:
             progress(f"warm start loss {loss:.3f}", step / sft.steps)
 
-    history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=on_step)
+    history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=on_step,
+                                  epoch_examples=redrawn)
     report["sft"] = {"settings": asdict(sft), "loss": history.loss, "evals": history.evals, "seconds": history.seconds,
                      "planned_steps": history.planned_steps}
     report["total_seconds"] = time.monotonic() - t0

@@ -33,7 +33,7 @@ from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
-from skyrl_tool_agent.warmstart.build import oracle_conversations
+from skyrl_tool_agent.warmstart.build import RedrawnEpochs, oracle_conversations
 from skyrl_tool_agent.warmstart.sft import SFTHistory, SFTSettings, conversation_to_ids, supervised_finetune
 
 logger = logging.getLogger(__name__)
@@ -148,12 +148,15 @@ def train_to_plateau(
     device: str = "cpu",
     provenance: dict[str, Any] | None = None,
     progress: Callable[[int, float], None] | None = None,
+    redraw_held_out_sql: set[str] | None = None,
 ) -> dict[str, Any]:
     """Continue the model in `start_dir` on oracle episodes of `train_tasks` until its greedy
     execution accuracy on `heldout_tasks` is flat by `rule` (or `max_steps`), resuming from
     `out_dir/checkpoint` when one is there. The result is `out_dir/model` (fp32, with
     `warmstart.json`: the start's own record under `start`, then this build's settings, loss,
-    held-out curve and why it stopped). Returns that record."""
+    held-out curve and why it stopped). Returns that record. `redraw_held_out_sql`: given, each
+    epoch's examples have their constants redrawn from the database (`warmstart.build.RedrawnEpochs`,
+    never landing on one of these gold queries)."""
     resume_from = _latest_checkpoint(out_dir)
     # The start is checked against its manifest; a checkpoint is a plain local model directory.
     source = (ModelConfig(name_or_path=str(resume_from), device=device) if resume_from
@@ -168,8 +171,15 @@ def train_to_plateau(
     # A checkpoint whose curve already ended the build (resumed after its last evaluation): no training.
     stopped = [reason] if resume is not None and (reason := stop_reason(resume["history"]["evals"], rule, max_steps)) else []
     t0 = time.monotonic()
-    conversations = [] if stopped else oracle_conversations(runtime, train_tasks, oracle_settings)
-    examples = [conversation_to_ids(c, policy.tokenizer) for c in conversations]
+    redrawn = None if redraw_held_out_sql is None else RedrawnEpochs(
+        runtime, train_tasks, oracle_settings, policy.tokenizer, seed=sft.seed, held_out_sql=redraw_held_out_sql)
+    if stopped:
+        examples = []
+    elif redrawn is not None:
+        examples = redrawn(0)
+    else:
+        examples = [conversation_to_ids(c, policy.tokenizer) for c in oracle_conversations(runtime, train_tasks,
+                                                                                           oracle_settings)]
     logger.info("plateau build: %d oracle episodes of %d pool tasks in %.0f s; %d held-out tasks",
                 len(examples), len(train_tasks), time.monotonic() - t0, len(heldout_tasks))
 
@@ -194,7 +204,8 @@ def train_to_plateau(
                              seconds=resume["history"]["seconds"])
     else:
         history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft, evaluate=evaluate,
-                                      progress=progress, resume=resume, after_eval=after_eval)
+                                      progress=progress, resume=resume, after_eval=after_eval,
+                                      epoch_examples=redrawn)
 
     record: dict[str, Any] = {**(provenance or {})}
     start_manifest = start_dir / MANIFEST_FILE
@@ -203,6 +214,7 @@ def train_to_plateau(
         record["start"] = {k: base[k] for k in ("command", "train_tasks", "parameters", "vocab_size") if k in base}
         record["start"]["sft_steps"] = len(base.get("sft", {}).get("loss", []))
     record.update(train_tasks=len(train_tasks), oracle_episodes=len(examples), heldout_tasks=len(heldout_tasks),
+                  redraw_constants=redrawn is not None,
                   vocab_size=len(policy.tokenizer), parameters=sum(p.numel() for p in policy.model.parameters()))
     record["sft"] = {"settings": asdict(sft), "loss": history.loss,
                      "evals": [{k: v for k, v in e.items() if k != "solved"} for e in history.evals],

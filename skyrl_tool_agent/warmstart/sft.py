@@ -202,6 +202,7 @@ def supervised_finetune(
     resume: dict[str, Any] | None = None,
     after_eval: Callable[[SFTHistory, Callable[[], dict[str, Any]]], bool] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    epoch_examples: Callable[[int], Sequence[tuple[list[int], list[int]]]] | None = None,
 ) -> SFTHistory:
     """AdamW with linear warmup and cosine decay; batches of similar length to limit padding.
     `examples`: (ids, loss mask) pairs, or already `PackedExamples` on the model's device (packed
@@ -219,7 +220,13 @@ def supervised_finetune(
     with the same batches and learning rates an uninterrupted run would have had.
 
     `clock`: the monotonic clock every budget, deadline and mark reads (`deadline` is on it); tests
-    pass a fake one so that what a budget holds never depends on the machine's speed."""
+    pass a fake one so that what a budget holds never depends on the machine's speed.
+
+    `epoch_examples(epoch)`: the examples of each epoch after the first (`examples` are epoch 0's),
+    built when the epoch begins: a pass over the data whose examples change from one epoch to the
+    next (`warmstart.build.RedrawnEpochs`: constants redrawn from the database). It must return
+    the same examples for the same epoch every time it is called, so a resumed run rebuilds the
+    epoch it stopped in."""
     rng = random.Random(settings.seed)
     device = next(model.parameters()).device
     data = examples if isinstance(examples, PackedExamples) else PackedExamples.pack(
@@ -249,8 +256,12 @@ def supervised_finetune(
     eval_marks = sorted(eval_at_seconds)
     eval_seconds = 0.0  # time spent evaluating, off the training clock
     step = 0
+    epochs = 0  # passes over the data begun (each reshuffle begins one)
     if resume is not None:
         optimizer.load_state_dict(resume["optimizer"])
+        epochs = int(resume.get("epochs", 0))
+        if epoch_examples is not None and epochs > 1:  # the epoch it stopped in, rebuilt as it was
+            data = PackedExamples.pack(epoch_examples(epochs - 1), pad_id, device, settings.max_length)
         step, planned, order = int(resume["step"]), int(resume["planned"]), [int(i) for i in resume["order"]]
         rng.setstate(_rng_state_from_list(resume["rng"]))
         history = SFTHistory(loss=[(int(s_), float(v)) for s_, v in resume["history"]["loss"]],
@@ -258,7 +269,8 @@ def supervised_finetune(
         start -= float(resume["history"]["seconds"])  # the training clock goes on where it stopped
 
     def state() -> dict[str, Any]:
-        return {"step": step + 1, "planned": planned, "order": list(order), "rng": _rng_state_to_list(rng.getstate()),
+        return {"step": step + 1, "planned": planned, "order": list(order), "epochs": epochs,
+                "rng": _rng_state_to_list(rng.getstate()),
                 "optimizer": optimizer.state_dict(),
                 "history": {"loss": [list(x) for x in history.loss], "evals": history.evals,
                             "seconds": clock() - start - eval_seconds}}
@@ -300,6 +312,11 @@ def supervised_finetune(
                 logger.info("warm start: %.1f min fit ~%d of %d steps; schedule fitted to %d",
                             settings.time_budget_minutes, fits, settings.steps, planned)
         if len(order) < settings.batch_size:
+            if epoch_examples is not None and epochs > 0:
+                t_data = clock()
+                data = PackedExamples.pack(epoch_examples(epochs), pad_id, device, settings.max_length)
+                logger.info("warm start epoch %d: %d examples built in %.0f s", epochs, len(data), clock() - t_data)
+            epochs += 1
             # Shuffle, then sort chunks of 8 batches by length: little padding, still random order.
             idx = list(range(len(data)))
             rng.shuffle(idx)
