@@ -112,11 +112,35 @@ def batch_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids[:, 1:]` ([B, L-1], right-padded rows; position t scores token t+1),
     sharing the rows' common prefix when it is long enough; entropies if asked. Positions past a
-    row's end score 0. With an `output_head` the logits are never materialised (`head_token_stats`)."""
+    row's end score 0. With an `output_head` the logits are never materialised (`head_token_stats`).
+    Identical rows are computed once: a GRPO group of a confident policy often samples the same
+    episode several times (the default CPU job's groups: 3-5 distinct of 8), and a copied row's
+    gradient flows back through `index_select`, summed as if it had been computed twice."""
     temperature = logprob_temperature(temperature)
+    rows = [tuple(r[: int(m.sum())]) for r, m in zip(input_ids.tolist(), attention_mask)]
+    first: dict[tuple[int, ...], int] = {}
+    copy_of = [first.setdefault(row, len(first)) for row in rows]  # each row's distinct row
+    if len(first) == len(rows):
+        return _distinct_logprobs(model, input_ids, attention_mask, list(first), temperature, with_entropy)
+    distinct = torch.tensor([copy_of.index(i) for i in range(len(first))], device=input_ids.device)
+    width = max(map(len, first))
+    logp, entropy = _distinct_logprobs(model, input_ids[distinct, :width], attention_mask[distinct, :width],
+                                       list(first), temperature, with_entropy)
+    spread = torch.tensor(copy_of, device=input_ids.device)
+
+    def copied(values: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(values, (0, input_ids.shape[1] - width)).index_select(0, spread)
+
+    return copied(logp), (copied(entropy) if entropy is not None else None)
+
+
+def _distinct_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[tuple[int, ...]],
+    temperature: float, with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`batch_logprobs` of rows that are all different (`rows`: their ids without padding)."""
     head = output_head(model)
-    rows = [r[: int(m.sum())] for r, m in zip(input_ids.tolist(), attention_mask)]
-    prefix_len = common_prefix_length(rows)
+    prefix_len = common_prefix_length(rows) if len(rows) > 1 else 0  # one row: nothing to share
     if head is not None and prefix_len >= MIN_SHARED_PREFIX and not recomputing(model):  # checkpointing drops the prefix's cache
         return shared_prefix_logprobs(model, input_ids, attention_mask, prefix_len, temperature=temperature,
                                       with_entropy=with_entropy)
