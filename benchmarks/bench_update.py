@@ -1,6 +1,7 @@
 """Seconds of the GRPO update on CPU, today's code beside this one, on the same rollout batches in one run.
 
-    python benchmarks/bench_update.py [--old .old] [--batches 3] [--reps 3] [--threads 1] [--data FILE] [--json-out FILE]
+    python benchmarks/bench_update.py [--old .old] [--batches 3] [--reps 3] [--threads 1] [--data FILE]
+                                      [--json-out FILE]
 
 `--old DIR`: another checkout's code (`git archive 5b5bf6b skyrl_tool_agent | tar -x -C .old`): its
 update runs in a worker process with DIR first on its path, this checkout's in another, on the same
@@ -156,8 +157,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.data is not None and args.data.is_file():
             import torch
 
-            saved = torch.load(data, weights_only=False)["batches"][: args.batches]
-            tokens = [int(b["attention_mask"].sum()) for b in saved]
+            try:
+                saved = torch.load(data, weights_only=False)["batches"][: args.batches]
+                tokens = [int(b["attention_mask"].sum()) for b in saved]
+            except Exception as e:  # noqa: BLE001 - any unreadable file is the same bad input
+                print(f"error: --data {data}: not batches this benchmark saved ({type(e).__name__}: {e})",
+                      file=sys.stderr)
+                raise SystemExit(2) from None
         else:
             tokens = collect_batches(args.batches, data)
         print(f"{len(tokens)} batches of {tokens} tokens; {args.reps} rounds; {args.threads} thread(s) per worker",

@@ -7,8 +7,9 @@ once and broadcasting its key/value cache across the batch cuts the log-prob for
 
 Layout: rows are `prefix + suffix_i`. The prefix KV is computed once (with gradient when
 training, so LoRA/full updates still flow through it), expanded over the batch, and the suffixes
-run on top of it with explicit position ids, so results equal a plain full-sequence forward up to
-float rounding.
+run on top of it with explicit position ids, in passes of similar lengths (`suffix_passes`: one long
+episode does not pad the others), so results equal a plain full-sequence forward up to float
+rounding. Rows that are the same episode are computed once (`batch_logprobs`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def shared_prefix_logprobs(
     # predicts each row's first own id; the suffix's positions the rest.
     pre_lp, pre_h = _head_stats(weight, pre_hidden[:, :-1], input_ids[:1, 1:prefix_len],
                                 attention_mask[:1, 1:prefix_len].bool(), temperature, with_entropy)
-    own_lengths = (attention_mask[:, prefix_len:].sum(1)).tolist()
+    own_lengths = attention_mask[:, prefix_len:].sum(1).tolist()
     parts: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
     for rows in suffix_passes(own_lengths):  # each pass padded to its own longest row only
         ids = input_ids[rows, prefix_len:prefix_len + max(own_lengths[r] for r in rows)]
@@ -148,7 +149,7 @@ def batch_logprobs(
     sharing the rows' common prefix when it is long enough; entropies if asked. Positions past a
     row's end score 0. With an `output_head` the logits are never materialised (`head_token_stats`).
     Identical rows are computed once: a GRPO group of a confident policy often samples the same
-    episode several times (the default CPU job's groups: 3-5 distinct of 8), and a copied row's
+    episode several times (the default CPU job's groups: 2-5 distinct of 8), and a copied row's
     gradient flows back through `index_select`, summed as if it had been computed twice."""
     temperature = logprob_temperature(temperature)
     rows = [tuple(r[: int(m.sum())]) for r, m in zip(input_ids.tolist(), attention_mask)]
