@@ -241,6 +241,44 @@ def test_identical_episodes_are_scored_once_and_the_update_is_unchanged(model_di
         assert torch.allclose(got, exp, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["shared_prefix", "checkpointed"])
+def test_a_score_mask_scores_its_positions_only(model_dir: Path, recompute: bool) -> None:
+    """With `score_mask` (the update passes its loss mask) the scored positions equal the full
+    logits' log-probs and entropies, with gradients, and every other position is 0: the prompt's positions, the
+    copies' (a copy scored where it alone needs it) and those past each row's end."""
+    policy = _lora_policy(model_dir)
+    batch = _batch_with_copies(policy).slice([0, 1, 2, 4, 5, 6])  # rows 3 and 5 copy rows 0 and 2
+    batch.input_ids[:, :17] = batch.input_ids[0, :17]  # 17 shared ids: the shared-prefix path
+    score = batch.loss_mask.clone()
+    score[3] = False  # row 3, a copy of row 0: nothing wanted of it
+    score[0, :PREFIX + 3] = False
+    score[3, PREFIX + 1] = True  # ... but one prefix position row 0 does not want
+    score[2, 20] = False  # a hole
+    weights = torch.randn(score.shape, generator=torch.Generator().manual_seed(6))
+    params = policy.trainable_parameters()
+    passes: list[int] = []
+    hook = policy.model.get_base_model().model.register_forward_pre_hook(lambda *a: passes.append(1))
+    with recompute_activations(policy.model, recompute):
+        want_lp, want_h = _plain_logits_stats(policy.model, batch)
+        want = torch.autograd.grad(((weights * want_lp + want_h) * score).sum(), params)
+        passes.clear()
+        logp, entropy = policy.token_logprobs(batch.input_ids, batch.attention_mask, with_entropy=True,
+                                              score_mask=score)
+        got = torch.autograd.grad(((weights * logp + entropy) * score).sum(), params)
+    hook.remove()
+    assert (len(passes) > 1) == (not recompute)  # the shared prefix's path (prefix, then suffix passes)
+    assert torch.allclose(logp[score], want_lp[score], atol=1e-5)
+    assert torch.allclose(entropy[score], want_h[score], atol=1e-5)
+    assert not logp.detach()[~score].any() and not entropy.detach()[~score].any()
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    distinct = [0, 1, 2, 4]  # no copies: row 0's unwanted prefix positions still 0
+    logp, _ = policy.token_logprobs(batch.input_ids[distinct], batch.attention_mask[distinct],
+                                    score_mask=score[distinct])
+    assert torch.allclose(logp[score[distinct]], want_lp[distinct][score[distinct]], atol=1e-5)
+    assert not logp.detach()[~score[distinct]].any()
+
+
 # ------------------------------------------------------------------ bf16 adapters
 def test_a_bf16_models_adapters_multiply_in_bf16_and_keep_fp32_gradients(model_dir: Path) -> None:
     """peft keeps the adapters in float32 and casts every activation to float32 around them; under

@@ -76,11 +76,11 @@ def _head_stats(weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor
 
 def shared_prefix_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_len: int,
-    *, temperature: float = 1.0, with_entropy: bool = False,
+    *, temperature: float = 1.0, with_entropy: bool = False, score_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Right-padded rows sharing their first `prefix_len` ids -> log-probs of ids[:, 1:] ([B, L-1]),
-    as a plain forward would give (position t scores token t+1), and entropies if asked. The model
-    must have an `output_head`."""
+    as a plain forward would give (position t scores token t+1), and entropies if asked; only at
+    `score_mask`'s positions when given (`batch_logprobs`). The model must have an `output_head`."""
     head = output_head(model)
     if head is None:
         raise ValueError("shared_prefix_logprobs needs a model with a plain output head (output_head)")
@@ -91,8 +91,9 @@ def shared_prefix_logprobs(
     pre_hidden = out.last_hidden_state  # [1, P, H]
     # Prefix positions predict the same next ids in every row: scored once, broadcast. Position P-1
     # predicts each row's first own id; the suffix's positions the rest.
+    scored = attention_mask[:, 1:].bool() if score_mask is None else attention_mask[:, 1:].bool() & score_mask.bool()
     pre_lp, pre_h = _head_stats(weight, pre_hidden[:, :-1], input_ids[:1, 1:prefix_len],
-                                attention_mask[:1, 1:prefix_len].bool(), temperature, with_entropy)
+                                scored[:, :prefix_len - 1].any(0, keepdim=True), temperature, with_entropy)
     own_lengths = attention_mask[:, prefix_len:].sum(1).tolist()
     parts: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
     for rows in suffix_passes(own_lengths):  # each pass padded to its own longest row only
@@ -103,7 +104,8 @@ def shared_prefix_logprobs(
         suf_hidden = body(input_ids=ids, attention_mask=torch.cat([ones, suffix_mask], 1), position_ids=positions,
                           past_key_values=expand_cache(kv, len(rows)), use_cache=False).last_hidden_state
         own = torch.cat([pre_hidden[:, -1:].expand(len(rows), -1, -1), suf_hidden[:, :-1]], dim=1)
-        own_lp, own_h = _head_stats(weight, own, ids, suffix_mask.bool(), temperature, with_entropy)
+        own_lp, own_h = _head_stats(weight, own, ids, scored[rows, prefix_len - 1:prefix_len - 1 + ids.shape[1]],
+                                    temperature, with_entropy)
         parts.append((rows, own_lp, own_h))
 
     def assembled(pre: torch.Tensor, own: list[torch.Tensor]) -> torch.Tensor:
@@ -116,6 +118,9 @@ def shared_prefix_logprobs(
 
     logp = assembled(pre_lp, [lp for _, lp, _ in parts])
     entropy = None if pre_h is None else assembled(pre_h, [h for _, _, h in parts])  # type: ignore[misc]
+    if score_mask is not None:  # a prefix position another row wanted: 0 in the rows that did not
+        logp = logp.where(scored, 0.0)
+        entropy = None if entropy is None else entropy.where(scored, 0.0)
     assert logp.shape == (batch, width - 1)
     return logp, entropy
 
@@ -143,11 +148,13 @@ def suffix_passes(lengths: Sequence[int], pass_cost: int = SUFFIX_PASS_COST) -> 
 
 def batch_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
-    with_entropy: bool = False,
+    with_entropy: bool = False, score_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids[:, 1:]` ([B, L-1], right-padded rows; position t scores token t+1),
     sharing the rows' common prefix when it is long enough; entropies if asked. Positions past a
-    row's end score 0. With an `output_head` the logits are never materialised (`head_token_stats`).
+    row's end score 0, and so do those outside `score_mask` ([B, L-1], when given), whose head
+    projection is skipped: the update needs only its loss positions, not the prompt's. With an
+    `output_head` the logits are never materialised (`head_token_stats`).
     Identical rows are computed once: a GRPO group of a confident policy often samples the same
     episode several times (the default CPU job's groups: 2-5 distinct of 8), and a copied row's
     gradient flows back through `index_select`, summed as if it had been computed twice."""
@@ -156,34 +163,39 @@ def batch_logprobs(
     first: dict[tuple[int, ...], int] = {}
     copy_of = [first.setdefault(row, len(first)) for row in rows]  # each row's distinct row
     if len(first) == len(rows):
-        return _distinct_logprobs(model, input_ids, attention_mask, list(first), temperature, with_entropy)
+        return _distinct_logprobs(model, input_ids, attention_mask, list(first), temperature, with_entropy, score_mask)
     distinct = torch.tensor([copy_of.index(i) for i in range(len(first))], device=input_ids.device)
     width = max(map(len, first))
-    logp, entropy = _distinct_logprobs(model, input_ids[distinct, :width], attention_mask[distinct, :width],
-                                       list(first), temperature, with_entropy)
     spread = torch.tensor(copy_of, device=input_ids.device)
+    given_mask = score_mask
+    if score_mask is not None:  # a distinct row is scored where any of its copies needs it
+        score_mask = torch.zeros((len(first), score_mask.shape[1]), dtype=torch.int32, device=input_ids.device) \
+            .index_add_(0, spread, score_mask.int())[:, :width - 1] > 0
+    logp, entropy = _distinct_logprobs(model, input_ids[distinct, :width], attention_mask[distinct, :width],
+                                       list(first), temperature, with_entropy, score_mask)
 
     def copied(values: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(values, (0, input_ids.shape[1] - width)).index_select(0, spread)
+        values = torch.nn.functional.pad(values, (0, input_ids.shape[1] - width)).index_select(0, spread)
+        return values if given_mask is None else values.where(given_mask.bool(), 0.0)  # another copy's positions: 0
 
     return copied(logp), (copied(entropy) if entropy is not None else None)
 
 
 def _distinct_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[tuple[int, ...]],
-    temperature: float, with_entropy: bool,
+    temperature: float, with_entropy: bool, score_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`batch_logprobs` of rows that are all different (`rows`: their ids without padding)."""
     head = output_head(model)
     prefix_len = common_prefix_length(rows) if len(rows) > 1 else 0  # one row: nothing to share
     if head is not None and prefix_len >= MIN_SHARED_PREFIX and not recomputing(model):  # checkpointing drops the prefix's cache
         return shared_prefix_logprobs(model, input_ids, attention_mask, prefix_len, temperature=temperature,
-                                      with_entropy=with_entropy)
+                                      with_entropy=with_entropy, score_mask=score_mask)
+    scored = attention_mask[:, 1:].bool() if score_mask is None else attention_mask[:, 1:].bool() & score_mask.bool()
     if head is not None:
         body, weight = head
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        return _head_stats(weight, hidden[:, :-1], input_ids[:, 1:], attention_mask[:, 1:].bool(), temperature,
-                           with_entropy)
+        return _head_stats(weight, hidden[:, :-1], input_ids[:, 1:], scored, temperature, with_entropy)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    logp = token_logprobs(logits, input_ids[:, 1:], temperature) * attention_mask[:, 1:]
-    return logp, (entropy_from_logits(logits, temperature) * attention_mask[:, 1:] if with_entropy else None)
+    logp = token_logprobs(logits, input_ids[:, 1:], temperature) * scored
+    return logp, (entropy_from_logits(logits, temperature) * scored if with_entropy else None)
