@@ -1,6 +1,7 @@
 """Seconds of the GRPO update on CPU, today's code beside this one, on the same rollout batches in one run.
 
-    python benchmarks/bench_update.py [--old .old] [--batches 3] [--reps 3] [--threads 1] [--json-out FILE]
+    python benchmarks/bench_update.py [--old .old] [--batches 3] [--reps 3] [--threads 1] [--data FILE]
+                                      [--json-out FILE]
 
 `--old DIR`: another checkout's code (`git archive 5b5bf6b skyrl_tool_agent | tar -x -C .old`): its
 update runs in a worker process with DIR first on its path, this checkout's in another, on the same
@@ -12,7 +13,9 @@ of the worker's process (steadier than wall-clock beside other jobs), the wall s
 update's statistics. The table gives medians over rounds, the paired ratio new/old, whether loss,
 KL, entropy and gradient norm agree (|difference| <= 1e-5) and each worker's peak RSS (VmHWM).
 `--threads`: torch threads per worker (1: CPU seconds are not inflated by threads spinning for a
-core that another job holds). Without `--old`, the new code alone. Not a unit test.
+core that another job holds). `--data FILE`: the collected batches are kept there and read back by
+a later run with the same FILE (collection is most of a short run's time). Without `--old`, the new
+code alone. Not a unit test.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ STATS = ("loss", "pg_loss", "kl", "entropy", "grad_norm")
 
 
 # ---------------------------------------------------------------- worker (runs on either tree)
-def worker(path: str, threads: int) -> None:
+def worker(path: str, threads: int, count: int) -> None:
     """Read `run` lines on stdin; answer each with one JSON line: per batch CPU s, wall s, stats."""
     import copy
 
@@ -49,7 +52,7 @@ def worker(path: str, threads: int) -> None:
     policy.model.load_state_dict(saved["trainable"], strict=False)
     trainer = GRPOTrainer(config, policy, None, None, [], output_dir=Path(tempfile.mkdtemp()))  # type: ignore[arg-type]
     start = copy.deepcopy({"model": policy.model.state_dict(), "optimizer": trainer.optimizer.state_dict()})
-    batches = [TrainBatch(**b) for b in saved["batches"]]
+    batches = [TrainBatch(**b) for b in saved["batches"][:count]]
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
@@ -105,9 +108,10 @@ def collect_batches(n: int, path: Path) -> list[int]:
 
 
 class Worker:
-    def __init__(self, tree: Path, data: Path, threads: int) -> None:
+    def __init__(self, tree: Path, data: Path, threads: int, count: int) -> None:
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(data), "--threads", str(threads)],
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(data), "--threads", str(threads),
+                                      "--batches", str(count)],
                                      cwd=str(tree), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ask(None)
 
@@ -134,11 +138,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--data", type=Path, help="keep the collected batches here; reuse them if it exists")
     parser.add_argument("--json-out", type=Path)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.threads)
+        return worker(args.worker, args.threads, args.batches)
     if args.old is not None and not (args.old / "skyrl_tool_agent" / "__init__.py").is_file():
         print(f"error: --old {args.old}: no skyrl_tool_agent/ package there", file=sys.stderr)
         raise SystemExit(2)
@@ -148,11 +153,22 @@ def main(argv: list[str] | None = None) -> None:
     repo = Path(__file__).resolve().parents[1]
     trees = {"new": repo, **({"old": args.old.resolve()} if args.old else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "batches.pt"
-        tokens = collect_batches(args.batches, data)
+        data = args.data or Path(tmp) / "batches.pt"
+        if args.data is not None and args.data.is_file():
+            import torch
+
+            try:
+                saved = torch.load(data, weights_only=False)["batches"][: args.batches]
+                tokens = [int(b["attention_mask"].sum()) for b in saved]
+            except Exception as e:  # noqa: BLE001 - any unreadable file is the same bad input
+                print(f"error: --data {data}: not batches this benchmark saved ({type(e).__name__}: {e})",
+                      file=sys.stderr)
+                raise SystemExit(2) from None
+        else:
+            tokens = collect_batches(args.batches, data)
         print(f"{len(tokens)} batches of {tokens} tokens; {args.reps} rounds; {args.threads} thread(s) per worker",
               flush=True)
-        workers = {name: Worker(tree, data, args.threads) for name, tree in trees.items()}
+        workers = {name: Worker(tree, data, args.threads, len(tokens)) for name, tree in trees.items()}
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in workers}
         try:
             for name in workers:  # warm-up: first-use costs

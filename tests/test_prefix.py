@@ -6,7 +6,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
-from skyrl_tool_agent.policy.prefix import common_prefix_length, shared_prefix_logprobs
+from skyrl_tool_agent.policy.prefix import common_prefix_length, shared_prefix_logprobs, suffix_passes
 
 
 def _model() -> Qwen2ForCausalLM:
@@ -50,3 +50,43 @@ def test_shared_prefix_logprobs_and_grads_equal_plain_forward():
     (shared * valid).sum().backward()
     for a, p in zip(g_plain, model.parameters()):
         assert torch.allclose(a, p.grad, atol=1e-4, rtol=1e-3)
+
+
+def test_suffix_passes_split_one_long_row_off_and_cover_every_row_once():
+    assert suffix_passes([100] * 7 + [1100]) == [[7], [0, 1, 2, 3, 4, 5, 6]]
+    assert suffix_passes([30, 31, 29], pass_cost=64) == [[1, 0, 2]]  # similar lengths: one pass
+    assert suffix_passes([30, 31, 29], pass_cost=0) == [[1], [0], [2]]
+    lengths = [7, 70, 3, 66, 12, 5, 140, 9]
+    passes = suffix_passes(lengths)
+    assert sorted(r for p in passes for r in p) == list(range(len(lengths)))
+    cost = sum(len(p) * max(lengths[r] for r in p) + 64 for p in passes)
+    assert cost <= len(lengths) * 140 + 64 and len(passes) > 1
+
+
+def test_suffixes_in_passes_equal_the_plain_forward_with_gradients():
+    """One row runs far past the others (its own pass) and the rows come in no length order: each
+    row's log-probs, entropies and every gradient equal the plain full-sequence forward's."""
+    model = _model()
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(3, 97, (20,), generator=g).tolist()
+    rows = [prefix + torch.randint(3, 97, (n,), generator=g).tolist() for n in (4, 150, 2, 6, 3, 140, 5)]
+    lengths = [len(r) - 20 for r in rows]
+    assert suffix_passes(lengths) == [[1, 5], [3, 6, 0, 4, 2]]  # two passes, rows out of order
+    width = max(map(len, rows))
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    valid = mask[:, 1:].bool()
+    weights = torch.randn(valid.shape, generator=g)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    plain, plain_h = token_logprobs(logits, ids[:, 1:]), entropy_from_logits(logits)
+    want = torch.autograd.grad(((weights * plain + plain_h) * valid).sum(), list(model.parameters()))
+    shared, shared_h = shared_prefix_logprobs(model, ids, mask, 20, with_entropy=True)
+    got = torch.autograd.grad(((weights * shared + shared_h) * valid).sum(), list(model.parameters()))
+    assert torch.allclose(shared[valid], plain[valid], atol=1e-5)
+    assert torch.allclose(shared_h[valid], plain_h[valid], atol=1e-5)
+    assert not shared.detach()[~valid].any()  # past each row's end: 0
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)

@@ -83,6 +83,7 @@ def _config(model_dir: Path, **training: Any) -> Config:
 
 
 def _lora_policy(model_dir: Path) -> QwenPolicy:
+    torch.manual_seed(0)  # the same adapters (peft draws lora_A) whichever tests ran before
     policy = QwenPolicy.from_config(_config(model_dir).model, mode="lora")
     with torch.no_grad():  # adapters away from zero, so the policy differs from the reference
         for name, p in policy.model.named_parameters():
@@ -192,6 +193,90 @@ def test_update_equals_the_plain_full_batch_objective(model_dir: Path, tmp_path:
         assert stats[key] == pytest.approx(want[key], abs=1e-5), key
     for got, exp in zip(trainer.grads, want_grads, strict=True):
         assert torch.allclose(got, exp, atol=1e-5, rtol=1e-4)
+
+
+def _batch_with_copies(policy: QwenPolicy) -> TrainBatch:
+    """`_batch` whose rows 4 and 6 are episodes sampled twice (rows 0 and 2 again, as a confident
+    policy's group does), each copy with its own old log-probs and advantage; row 5 the first
+    tokens of row 1 (a prefix of another row, not a copy)."""
+    batch = _batch(policy)
+    for copy, row in ((4, 0), (6, 2)):
+        for field in (batch.input_ids, batch.attention_mask, batch.loss_mask):
+            field[copy] = field[row]
+    batch.input_ids[5, :LENGTHS[5]] = batch.input_ids[1, :LENGTHS[5]]
+    return batch
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["shared_prefix", "checkpointed"])
+def test_identical_episodes_are_scored_once_and_the_update_is_unchanged(model_dir: Path, tmp_path: Path,
+                                                                         recompute: bool) -> None:
+    """Rows that are the same episode run through the model once (the forwards see fewer rows),
+    and the step's loss, KL, entropy and gradient still equal the plain objective over every row
+    from the full logits, within 1e-5 in fp32."""
+    config = _config(model_dir, micro_batch_size=len(LENGTHS))
+    config.model.gradient_checkpointing = recompute
+    policy = _lora_policy(model_dir)
+    batch = _batch_with_copies(policy)
+    g = config.grpo
+    model = policy.model
+    with recompute_activations(model, recompute):
+        with torch.no_grad(), model.disable_adapter():
+            ref, _ = _plain_logits_stats(model, batch)
+        logp, entropy = _plain_logits_stats(model, batch)
+        norm = loss_normalizer(batch.loss_mask, g.loss_aggregation)
+        want_loss, want = grpo_loss(logp, batch.old_logp, batch.advantages, batch.loss_mask, ref_logp=ref,
+                                    kl_coef=g.kl_coef, entropy=entropy, entropy_coef=g.entropy_coef,
+                                    eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, normalizer=norm)
+        want_grads = torch.autograd.grad(want_loss, policy.trainable_parameters())
+    rows_seen: list[int] = []
+    hook = model.get_base_model().model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: rows_seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    trainer = _GradientsKept(config, policy, None, None, [], output_dir=tmp_path)  # type: ignore[arg-type]
+    stats = trainer._update(batch)
+    hook.remove()
+    assert rows_seen and max(rows_seen) == len(LENGTHS) - 2  # rows 4 and 6 never ran
+    for key in ("loss", "kl", "entropy", "clip_frac", "ratio_mean"):
+        assert stats[key] == pytest.approx(want[key], abs=1e-5), key
+    for got, exp in zip(trainer.grads, want_grads, strict=True):
+        assert torch.allclose(got, exp, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["shared_prefix", "checkpointed"])
+def test_a_score_mask_scores_its_positions_only(model_dir: Path, recompute: bool) -> None:
+    """With `score_mask` (the update passes its loss mask) the scored positions equal the full
+    logits' log-probs and entropies, with gradients, and every other position is 0: the prompt's positions, the
+    copies' (a copy scored where it alone needs it) and those past each row's end."""
+    policy = _lora_policy(model_dir)
+    batch = _batch_with_copies(policy).slice([0, 1, 2, 4, 5, 6])  # rows 3 and 5 copy rows 0 and 2
+    batch.input_ids[:, :17] = batch.input_ids[0, :17]  # 17 shared ids: the shared-prefix path
+    score = batch.loss_mask.clone()
+    score[3] = False  # row 3, a copy of row 0: nothing wanted of it
+    score[0, :PREFIX + 3] = False
+    score[3, PREFIX + 1] = True  # ... but one prefix position row 0 does not want
+    score[2, 20] = False  # a hole
+    weights = torch.randn(score.shape, generator=torch.Generator().manual_seed(6))
+    params = policy.trainable_parameters()
+    passes: list[int] = []
+    hook = policy.model.get_base_model().model.register_forward_pre_hook(lambda *a: passes.append(1))
+    with recompute_activations(policy.model, recompute):
+        want_lp, want_h = _plain_logits_stats(policy.model, batch)
+        want = torch.autograd.grad(((weights * want_lp + want_h) * score).sum(), params)
+        passes.clear()
+        logp, entropy = policy.token_logprobs(batch.input_ids, batch.attention_mask, with_entropy=True,
+                                              score_mask=score)
+        got = torch.autograd.grad(((weights * logp + entropy) * score).sum(), params)
+    hook.remove()
+    assert (len(passes) > 1) == (not recompute)  # the shared prefix's path (prefix, then suffix passes)
+    assert torch.allclose(logp[score], want_lp[score], atol=1e-5)
+    assert torch.allclose(entropy[score], want_h[score], atol=1e-5)
+    assert not logp.detach()[~score].any() and not entropy.detach()[~score].any()
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    distinct = [0, 1, 2, 4]  # no copies: row 0's unwanted prefix positions still 0
+    logp, _ = policy.token_logprobs(batch.input_ids[distinct], batch.attention_mask[distinct],
+                                    score_mask=score[distinct])
+    assert torch.allclose(logp[score[distinct]], want_lp[distinct][score[distinct]], atol=1e-5)
+    assert not logp.detach()[~score[distinct]].any()
 
 
 # ------------------------------------------------------------------ bf16 adapters

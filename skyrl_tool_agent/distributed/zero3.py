@@ -134,9 +134,12 @@ class DeepSpeedPolicy(QwenPolicy):
 
     # -------------------------------------------------------------- training
     def token_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
+        score_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs of `input_ids[:, 1:]` from one engine forward ([B, L-1]; entropy if asked)."""
+        """Log-probs of `input_ids[:, 1:]` from one engine forward ([B, L-1]; entropy if asked).
+        `score_mask` is accepted for `QwenPolicy`'s signature: every position is computed here
+        (the full logits), the loss masks them."""
         with recompute_activations(self.model, self.gradient_checkpointing and torch.is_grad_enabled()):
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
         temperature = logprob_temperature(temperature)
@@ -152,9 +155,11 @@ class DeepSpeedPolicy(QwenPolicy):
 
     @torch.no_grad()
     def reference_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
+        score_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Log-probs of `input_ids[:, 1:]` under the frozen reference ([B, L-1])."""
+        """Log-probs of `input_ids[:, 1:]` under the frozen reference ([B, L-1]; `score_mask` as in
+        `token_logprobs`)."""
         with self.reference() as ref:
             logits = ref(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
         return token_logprobs(logits, input_ids[:, 1:], logprob_temperature(temperature))

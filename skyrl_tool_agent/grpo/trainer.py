@@ -272,7 +272,7 @@ class GRPOTrainer:
                 for step in steps:
                     for mb in step:
                         mb.ref_logp = self.policy.reference_logprobs(mb.input_ids, mb.attention_mask,
-                                                                     temperature=g.temperature)
+                                                                     temperature=g.temperature, score_mask=mb.loss_mask)
             with recompute_activations(self.policy.model, self.config.model.gradient_checkpointing):
                 for _ in range(t.update_epochs):
                     for step, norm in zip(steps, norms, strict=True):
@@ -299,8 +299,9 @@ class GRPOTrainer:
     def _micro_batch_loss(self, mb: TrainBatch, norm: float, fixed_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         """One micro-batch's share of its optimizer step's loss (divided by the step's `norm`)."""
         g = self.config.grpo
+        # Only the loss's positions are scored: the prompt's and the tools' tokens cost no head projection.
         logp, entropy = self.policy.token_logprobs(mb.input_ids, mb.attention_mask, temperature=g.temperature,
-                                                   with_entropy=True)
+                                                   with_entropy=True, score_mask=mb.loss_mask)
         if g.entropy_coef == 0:
             entropy = entropy.detach()
         return grpo_loss(

@@ -7,8 +7,9 @@ once and broadcasting its key/value cache across the batch cuts the log-prob for
 
 Layout: rows are `prefix + suffix_i`. The prefix KV is computed once (with gradient when
 training, so LoRA/full updates still flow through it), expanded over the batch, and the suffixes
-run on top of it with explicit position ids, so results equal a plain full-sequence forward up to
-float rounding.
+run on top of it with explicit position ids, in passes of similar lengths (`suffix_passes`: one long
+episode does not pad the others), so results equal a plain full-sequence forward up to float
+rounding. Rows that are the same episode are computed once (`batch_logprobs`).
 """
 
 from __future__ import annotations
@@ -75,11 +76,11 @@ def _head_stats(weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor
 
 def shared_prefix_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_len: int,
-    *, temperature: float = 1.0, with_entropy: bool = False,
+    *, temperature: float = 1.0, with_entropy: bool = False, score_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Right-padded rows sharing their first `prefix_len` ids -> log-probs of ids[:, 1:] ([B, L-1]),
-    as a plain forward would give (position t scores token t+1), and entropies if asked. The model
-    must have an `output_head`."""
+    as a plain forward would give (position t scores token t+1), and entropies if asked; only at
+    `score_mask`'s positions when given (`batch_logprobs`). The model must have an `output_head`."""
     head = output_head(model)
     if head is None:
         raise ValueError("shared_prefix_logprobs needs a model with a plain output head (output_head)")
@@ -88,43 +89,113 @@ def shared_prefix_logprobs(
     out = body(input_ids=input_ids[:1, :prefix_len], use_cache=True)
     kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
     pre_hidden = out.last_hidden_state  # [1, P, H]
-    suffix_mask = attention_mask[:, prefix_len:]
-    positions = prefix_len + (suffix_mask.cumsum(1) - 1).clamp(min=0)
-    attention = torch.cat([torch.ones(batch, prefix_len, dtype=suffix_mask.dtype, device=input_ids.device), suffix_mask], 1)
-    suf_hidden = body(input_ids=input_ids[:, prefix_len:], attention_mask=attention, position_ids=positions,
-                      past_key_values=expand_cache(kv, batch), use_cache=False).last_hidden_state
     # Prefix positions predict the same next ids in every row: scored once, broadcast. Position P-1
     # predicts each row's first own id; the suffix's positions the rest.
+    scored = attention_mask[:, 1:].bool() if score_mask is None else attention_mask[:, 1:].bool() & score_mask.bool()
     pre_lp, pre_h = _head_stats(weight, pre_hidden[:, :-1], input_ids[:1, 1:prefix_len],
-                                attention_mask[:1, 1:prefix_len].bool(), temperature, with_entropy)
-    own = torch.cat([pre_hidden[:, -1:].expand(batch, -1, -1), suf_hidden[:, :-1]], dim=1)
-    own_lp, own_h = _head_stats(weight, own, input_ids[:, prefix_len:], attention_mask[:, prefix_len:].bool(),
-                                temperature, with_entropy)
-    logp = torch.cat([pre_lp.expand(batch, -1), own_lp], dim=1)
-    entropy = None if pre_h is None or own_h is None else torch.cat([pre_h.expand(batch, -1), own_h], dim=1)
+                                scored[:, :prefix_len - 1].any(0, keepdim=True), temperature, with_entropy)
+    own_lengths = attention_mask[:, prefix_len:].sum(1).tolist()
+    parts: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
+    for rows in suffix_passes(own_lengths):  # each pass padded to its own longest row only
+        ids = input_ids[rows, prefix_len:prefix_len + max(own_lengths[r] for r in rows)]
+        suffix_mask = attention_mask[rows, prefix_len:prefix_len + ids.shape[1]]
+        positions = prefix_len + (suffix_mask.cumsum(1) - 1).clamp(min=0)
+        ones = torch.ones(len(rows), prefix_len, dtype=suffix_mask.dtype, device=input_ids.device)
+        suf_hidden = body(input_ids=ids, attention_mask=torch.cat([ones, suffix_mask], 1), position_ids=positions,
+                          past_key_values=expand_cache(kv, len(rows)), use_cache=False).last_hidden_state
+        own = torch.cat([pre_hidden[:, -1:].expand(len(rows), -1, -1), suf_hidden[:, :-1]], dim=1)
+        own_lp, own_h = _head_stats(weight, own, ids, scored[rows, prefix_len - 1:prefix_len - 1 + ids.shape[1]],
+                                    temperature, with_entropy)
+        parts.append((rows, own_lp, own_h))
+
+    def assembled(pre: torch.Tensor, own: list[torch.Tensor]) -> torch.Tensor:
+        """[B, L-1]: the prefix's values in every row, each pass's own values in its rows, 0 past the ends."""
+        pad = width - prefix_len
+        rows = torch.cat([torch.nn.functional.pad(o, (0, pad - o.shape[1])) for o in own])  # in pass order
+        order = torch.tensor([r for part in parts for r in part[0]], device=input_ids.device)
+        rows = rows.index_select(0, torch.argsort(order))
+        return torch.cat([pre.expand(batch, -1), rows], dim=1)
+
+    logp = assembled(pre_lp, [lp for _, lp, _ in parts])
+    entropy = None if pre_h is None else assembled(pre_h, [h for _, _, h in parts])  # type: ignore[misc]
+    if score_mask is not None:  # a prefix position another row wanted: 0 in the rows that did not
+        logp = logp.where(scored, 0.0)
+        entropy = None if entropy is None else entropy.where(scored, 0.0)
     assert logp.shape == (batch, width - 1)
     return logp, entropy
 
 
+# What one more suffix pass costs, in padded token positions (its launches and Python, beside its rows' work).
+SUFFIX_PASS_COST = 64
+
+
+def suffix_passes(lengths: Sequence[int], pass_cost: int = SUFFIX_PASS_COST) -> list[list[int]]:
+    """Rows (indices into `lengths`, each row's own tokens after the shared prefix) of each suffix
+    pass: the split, by length, that minimises the padded positions computed plus `pass_cost` a
+    pass. A group's suffixes are short but one episode that runs long would pad every row to its
+    length: ~4x the positions (and the update's activations) at 8 rows of ~100 and one of 1,100."""
+    order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
+    best = [0] + [0] * len(order)  # best[i]: the cheapest split of the i longest rows
+    cut = [0] * (len(order) + 1)
+    for i in range(1, len(order) + 1):  # the last pass holds rows j..i-1 of `order`, padded to the j-th's length
+        best[i], cut[i] = min((best[j] + (i - j) * lengths[order[j]] + pass_cost, j) for j in range(i))
+    passes, i = [], len(order)
+    while i > 0:
+        passes.append(order[cut[i]:i])
+        i = cut[i]
+    return passes[::-1]
+
+
 def batch_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
-    with_entropy: bool = False,
+    with_entropy: bool = False, score_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `input_ids[:, 1:]` ([B, L-1], right-padded rows; position t scores token t+1),
     sharing the rows' common prefix when it is long enough; entropies if asked. Positions past a
-    row's end score 0. With an `output_head` the logits are never materialised (`head_token_stats`)."""
+    row's end score 0, and so do those outside `score_mask` ([B, L-1], when given), whose head
+    projection is skipped: the update needs only its loss positions, not the prompt's. With an
+    `output_head` the logits are never materialised (`head_token_stats`).
+    Identical rows are computed once: a GRPO group of a confident policy often samples the same
+    episode several times (the default CPU job's groups: 2-5 distinct of 8), and a copied row's
+    gradient flows back through `index_select`, summed as if it had been computed twice."""
     temperature = logprob_temperature(temperature)
+    rows = [tuple(r[: int(m.sum())]) for r, m in zip(input_ids.tolist(), attention_mask)]
+    first: dict[tuple[int, ...], int] = {}
+    copy_of = [first.setdefault(row, len(first)) for row in rows]  # each row's distinct row
+    if len(first) == len(rows):
+        return _distinct_logprobs(model, input_ids, attention_mask, list(first), temperature, with_entropy, score_mask)
+    distinct = torch.tensor([copy_of.index(i) for i in range(len(first))], device=input_ids.device)
+    width = max(map(len, first))
+    spread = torch.tensor(copy_of, device=input_ids.device)
+    given_mask = score_mask
+    if score_mask is not None:  # a distinct row is scored where any of its copies needs it
+        score_mask = torch.zeros((len(first), score_mask.shape[1]), dtype=torch.int32, device=input_ids.device) \
+            .index_add_(0, spread, score_mask.int())[:, :width - 1] > 0
+    logp, entropy = _distinct_logprobs(model, input_ids[distinct, :width], attention_mask[distinct, :width],
+                                       list(first), temperature, with_entropy, score_mask)
+
+    def copied(values: torch.Tensor) -> torch.Tensor:
+        values = torch.nn.functional.pad(values, (0, input_ids.shape[1] - width)).index_select(0, spread)
+        return values if given_mask is None else values.where(given_mask.bool(), 0.0)  # another copy's positions: 0
+
+    return copied(logp), (copied(entropy) if entropy is not None else None)
+
+
+def _distinct_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[tuple[int, ...]],
+    temperature: float, with_entropy: bool, score_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`batch_logprobs` of rows that are all different (`rows`: their ids without padding)."""
     head = output_head(model)
-    rows = [r[: int(m.sum())] for r, m in zip(input_ids.tolist(), attention_mask)]
-    prefix_len = common_prefix_length(rows)
+    prefix_len = common_prefix_length(rows) if len(rows) > 1 else 0  # one row: nothing to share
     if head is not None and prefix_len >= MIN_SHARED_PREFIX and not recomputing(model):  # checkpointing drops the prefix's cache
         return shared_prefix_logprobs(model, input_ids, attention_mask, prefix_len, temperature=temperature,
-                                      with_entropy=with_entropy)
+                                      with_entropy=with_entropy, score_mask=score_mask)
+    scored = attention_mask[:, 1:].bool() if score_mask is None else attention_mask[:, 1:].bool() & score_mask.bool()
     if head is not None:
         body, weight = head
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        return _head_stats(weight, hidden[:, :-1], input_ids[:, 1:], attention_mask[:, 1:].bool(), temperature,
-                           with_entropy)
+        return _head_stats(weight, hidden[:, :-1], input_ids[:, 1:], scored, temperature, with_entropy)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    logp = token_logprobs(logits, input_ids[:, 1:], temperature) * attention_mask[:, 1:]
-    return logp, (entropy_from_logits(logits, temperature) * attention_mask[:, 1:] if with_entropy else None)
+    logp = token_logprobs(logits, input_ids[:, 1:], temperature) * scored
+    return logp, (entropy_from_logits(logits, temperature) * scored if with_entropy else None)

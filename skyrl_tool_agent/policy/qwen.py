@@ -225,16 +225,19 @@ class QwenPolicy:
 
     # -------------------------------------------------------------- training
     def token_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
+        score_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of `input_ids[:, 1:]` given the prefix, shape [B, L-1] (and entropy if asked).
 
         Right-padded batches; position t of the output scores token t+1. Rows sharing a long
-        prefix (the system prompt) run it once (see `policy.prefix`).
+        prefix (the system prompt) run it once (see `policy.prefix`). `score_mask` ([B, L-1]): the
+        positions wanted; the others score 0 and cost no head projection.
         """
         if self.is_4bit and torch.is_grad_enabled():
             check_4bit_training_layout(self.model)
-        return batch_logprobs(self.model, input_ids, attention_mask, temperature=temperature, with_entropy=with_entropy)
+        return batch_logprobs(self.model, input_ids, attention_mask, temperature=temperature, with_entropy=with_entropy,
+                              score_mask=score_mask)
 
     @contextlib.contextmanager
     def training_precision(self) -> Iterator[None]:
@@ -266,9 +269,10 @@ class QwenPolicy:
         yield self._reference
 
     @torch.no_grad()
-    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
+                           score_mask: torch.Tensor | None = None) -> torch.Tensor:
         with self.reference() as ref:
-            return batch_logprobs(ref, input_ids, attention_mask, temperature=temperature)[0]
+            return batch_logprobs(ref, input_ids, attention_mask, temperature=temperature, score_mask=score_mask)[0]
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
