@@ -188,39 +188,23 @@ class QwenPolicy:
     def _hf_generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """`model.generate` on a left-padded batch: the fallback for models the engine cannot run,
         and the tests' reference."""
-        pad_id = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-            attention[i, width - len(prompt) :] = 1
+        batch = self.tokenizer.pad({"input_ids": [list(p) for p in prompts]}, padding_side="left", return_tensors="pt")
+        width = batch["input_ids"].shape[1]
         greedy = is_greedy(params.temperature)
         out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            max_new_tokens=params.max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None,
-            eos_token_id=self.stop_token_ids,
-            pad_token_id=pad_id,
-            return_dict_in_generate=True,
-            output_logits=True,
+            **batch.to(self.device), max_new_tokens=params.max_new_tokens, do_sample=not greedy,
+            temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p, top_k=None,
+            eos_token_id=self.stop_token_ids, pad_token_id=self.tokenizer.pad_token_id,
+            return_dict_in_generate=True, output_logits=True,
         )
         new_ids = out.sequences[:, width:].cpu()
         temperature = logprob_temperature(params.temperature)
         logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V], raw (before warping)
         logprobs = token_logprobs(logits, new_ids.clamp(min=0), temperature)
         results = []
-        stop = set(self.stop_token_ids)
-        for i in range(len(prompts)):
-            ids = new_ids[i].tolist()
-            end = next((j + 1 for j, t in enumerate(ids) if t in stop), None)
-            finish = "stop" if end is not None else "length"
-            end = end if end is not None else len(ids)
-            results.append(Generation(ids[:end], logprobs[i, :end].tolist(), finish))
+        for ids, row_logprobs in zip(new_ids.tolist(), logprobs.tolist()):
+            end = next((j + 1 for j, t in enumerate(ids) if t in self.stop_token_ids), None)
+            results.append(Generation(ids[:end], row_logprobs[:end], "length" if end is None else "stop"))
         return results
 
     # -------------------------------------------------------------- training

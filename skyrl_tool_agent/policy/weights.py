@@ -171,22 +171,11 @@ class SamplingWeights:
         self.four_bit_matmul = four_bit_matmul
         # A sharded parameter's storage is freed after its gather: the snapshot owns copies.
         self.tensors = {name: t.clone() if self.sharded else t for name, t in self._components()}
-        self.device = self.tensors["embed"].device
+        # Refreshes copy into these tensors in place, so these names stay valid for the run.
+        self.embed, self.lm_head, self.final_norm = (self.tensors[k] for k in ("embed", "lm_head", "final_norm"))
+        self.device = self.embed.device
         self.version = weights_version(model)
         self.refreshes = 0  # how many times the weights were copied in (tests, logs)
-
-    # -------------------------------------------------------------- views
-    @property
-    def embed(self) -> Tensor:
-        return self.tensors["embed"]
-
-    @property
-    def lm_head(self) -> Tensor:
-        return self.tensors["lm_head"]
-
-    @property
-    def final_norm(self) -> Tensor:
-        return self.tensors["final_norm"]
 
     @property
     def layers(self) -> list[LayerWeights]:
