@@ -176,9 +176,20 @@ def test_update_equals_the_plain_full_batch_objective(model_dir: Path, tmp_path:
     config.grpo.entropy_coef = entropy_coef
     policy = _lora_policy(model_dir)
     batch = _batch(policy)
-    g = config.grpo
-    model = policy.model
-    with recompute_activations(model, True):
+    want, want_grads = _plain_objective(policy, batch, config, recompute=True)
+    trainer = _GradientsKept(config, policy, None, None, [], output_dir=tmp_path)  # type: ignore[arg-type]
+    stats = trainer._update(batch)
+    for key in ("loss", "kl", "entropy", "clip_frac", "ratio_mean"):
+        assert stats[key] == pytest.approx(want[key], abs=1e-5), key
+    for got, exp in zip(trainer.grads, want_grads, strict=True):
+        assert torch.allclose(got, exp, atol=1e-5, rtol=1e-4)
+
+
+def _plain_objective(policy: QwenPolicy, batch: TrainBatch, config, *, recompute: bool) -> tuple[dict, tuple]:
+    """The GRPO loss's statistics and gradients over the whole batch at once, from the full logits
+    (the reference scored with the adapters off): what every update path must equal."""
+    g, model = config.grpo, policy.model
+    with recompute_activations(model, recompute):
         with torch.no_grad(), model.disable_adapter():
             ref, _ = _plain_logits_stats(model, batch)
         logp, entropy = _plain_logits_stats(model, batch)
@@ -186,13 +197,7 @@ def test_update_equals_the_plain_full_batch_objective(model_dir: Path, tmp_path:
         want_loss, want = grpo_loss(logp, batch.old_logp, batch.advantages, batch.loss_mask, ref_logp=ref,
                                     kl_coef=g.kl_coef, entropy=entropy, entropy_coef=g.entropy_coef,
                                     eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, normalizer=norm)
-        want_grads = torch.autograd.grad(want_loss, policy.trainable_parameters())
-    trainer = _GradientsKept(config, policy, None, None, [], output_dir=tmp_path)  # type: ignore[arg-type]
-    stats = trainer._update(batch)
-    for key in ("loss", "kl", "entropy", "clip_frac", "ratio_mean"):
-        assert stats[key] == pytest.approx(want[key], abs=1e-5), key
-    for got, exp in zip(trainer.grads, want_grads, strict=True):
-        assert torch.allclose(got, exp, atol=1e-5, rtol=1e-4)
+        return want, torch.autograd.grad(want_loss, policy.trainable_parameters())
 
 
 def _batch_with_copies(policy: QwenPolicy) -> TrainBatch:
@@ -217,19 +222,9 @@ def test_identical_episodes_are_scored_once_and_the_update_is_unchanged(model_di
     config.model.gradient_checkpointing = recompute
     policy = _lora_policy(model_dir)
     batch = _batch_with_copies(policy)
-    g = config.grpo
-    model = policy.model
-    with recompute_activations(model, recompute):
-        with torch.no_grad(), model.disable_adapter():
-            ref, _ = _plain_logits_stats(model, batch)
-        logp, entropy = _plain_logits_stats(model, batch)
-        norm = loss_normalizer(batch.loss_mask, g.loss_aggregation)
-        want_loss, want = grpo_loss(logp, batch.old_logp, batch.advantages, batch.loss_mask, ref_logp=ref,
-                                    kl_coef=g.kl_coef, entropy=entropy, entropy_coef=g.entropy_coef,
-                                    eps_low=g.clip_eps_low, eps_high=g.clip_eps_high, normalizer=norm)
-        want_grads = torch.autograd.grad(want_loss, policy.trainable_parameters())
+    want, want_grads = _plain_objective(policy, batch, config, recompute=recompute)
     rows_seen: list[int] = []
-    hook = model.get_base_model().model.register_forward_pre_hook(
+    hook = policy.model.get_base_model().model.register_forward_pre_hook(
         lambda _m, _a, kwargs: rows_seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
     trainer = _GradientsKept(config, policy, None, None, [], output_dir=tmp_path)  # type: ignore[arg-type]
     stats = trainer._update(batch)
