@@ -28,15 +28,20 @@ def test_common_prefix_length_keeps_one_own_token():
     assert common_prefix_length([[5, 2], [1, 2]]) == 0
 
 
-def test_shared_prefix_logprobs_and_grads_equal_plain_forward():
-    model = _model()
-    rows = _rows()
-    width = max(map(len, rows))
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
+def _right_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids (pad 0) and their attention mask."""
+    ids = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r)
         mask[i, : len(r)] = 1
+    return ids, mask
+
+
+def test_shared_prefix_logprobs_and_grads_equal_plain_forward():
+    model = _model()
+    rows = _rows()
+    ids, mask = _right_padded(rows)
     plain_logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
     plain = token_logprobs(plain_logits, ids[:, 1:])
     plain_h = entropy_from_logits(plain_logits)
@@ -72,12 +77,7 @@ def test_suffixes_in_passes_equal_the_plain_forward_with_gradients():
     rows = [prefix + torch.randint(3, 97, (n,), generator=g).tolist() for n in (4, 150, 2, 6, 3, 140, 5)]
     lengths = [len(r) - 20 for r in rows]
     assert suffix_passes(lengths) == [[1, 5], [3, 6, 0, 4, 2]]  # two passes, rows out of order
-    width = max(map(len, rows))
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
+    ids, mask = _right_padded(rows)
     valid = mask[:, 1:].bool()
     weights = torch.randn(valid.shape, generator=g)
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
