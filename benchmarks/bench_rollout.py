@@ -16,11 +16,14 @@ Variants:
   `CompileConfig(mode="reduce-overhead", fullgraph=True)`;
 - engine: `RolloutEngine` (slot KV cache, continuous batching, CUDA graphs on CUDA).
 
+With an old variant and the engine, each rep's tokens/s ratio (the two ran back to back) and their
+geometric mean with a 95% bootstrap interval: on a shared 2-core VM one run varies by +-30%.
+
 The bound: one decode step reads every weight once plus each row's keys and values; at the
 measured copy bandwidth that gives the fastest possible step (`bound_tokens_per_s`).
 
     python benchmarks/bench_rollout.py                       # CPU, the embedded model
-    python benchmarks/bench_rollout.py --old .old --variants old:kernel,engine --rows 64 --reps 3
+    python benchmarks/bench_rollout.py --old .old --variants old:kernel,engine --rows 64 --reps 10
     python benchmarks/bench_rollout.py --model /tmp/q15 --rows 64,256 --new-tokens 512   # GPU
 """
 
@@ -36,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS_DIR, console, machine_info, print_table, write_json
+from common import RESULTS_DIR, Samples, console, machine_info, print_table, ratio_interval, write_json
 
 import torch  # noqa: E402
 
@@ -191,10 +194,11 @@ def main() -> None:
         for name in variants:  # untimed: compile, capture, warm-up (an old:NAME run warms itself up)
             if not name.startswith("old:"):
                 run_variant(name, model, prompts, min(tokens_of[name], 16), state)
-        # Reps interleaved across variants: a load that changes over the run hits every variant alike.
+        # Reps interleaved across variants, the order rotating each rep: a load that changes over the
+        # run hits every variant alike, and no variant always runs first.
         all_runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
-        for _ in range(args.reps):
-            for name in variants:
+        for rep in range(args.reps):
+            for name in variants[rep % len(variants):] + variants[:rep % len(variants)]:
                 all_runs[name].append(run_variant(name, model, prompts, tokens_of[name], state))
         for name in variants:
             new_tokens = tokens_of[name]
@@ -212,6 +216,15 @@ def main() -> None:
             table.append([name, rows, new_tokens, row["tokens_per_s"], step_ms, 1e3 * bound_step_s, row["bound_tokens_per_s"],
                           best["seconds"]])
             console.print(f"{name} @ {rows} rows: {row['tokens_per_s']:,.0f} tokens/s, {step_ms:.2f} ms/step", highlight=False)
+        for old in (v for v in variants if v.startswith("old:") and "engine" in variants):
+            # Tokens/s of the engine over the old variant, rep by rep (the two ran back to back).
+            paired = Samples([(tokens_of["engine"] / e["seconds"]) / (tokens_of[old] / o["seconds"])
+                              for e, o in zip(all_runs["engine"], all_runs[old])])
+            interval = ratio_interval(paired)
+            results[f"engine_over_{old}@{rows}"] = {**interval, "paired_ratios": paired.values}
+            console.print(f"engine / {old} tokens/s @ {rows} rows: {interval['ratio']:.2f}x "
+                          f"[{interval['low']:.2f}, {interval['high']:.2f}] (95% bootstrap over {interval['n']} paired reps)",
+                          highlight=False)
     for engine in state.values():
         if isinstance(engine, RolloutEngine):
             engine.close()

@@ -19,7 +19,7 @@ PACKAGES = ("skyrl_tool_agent", "mcp_tools")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("mcp_tools",),  # servers: they stand alone below the library (see the test below)
     ("config",),  # the one config schema; knows nothing else
-    ("kernels",),  # fused tensor ops (log-probs, LoRA linear, decode attention): no models, no config
+    ("kernels",),  # fused tensor ops (log-probs, LoRA linear, decode attention), their CPU threads: no models, no config
     ("data", "rewards", "mcp", "policy"),  # tasks, scoring, the MCP client pool, the model
     ("env",),  # the skyrl-gym environment
     ("rollout",),  # agents and the trajectory collector

@@ -9,7 +9,8 @@
 - the Triton decode attention (run by Triton's CPU interpreter) equals the torch reference, alone
   and inside the engine;
 - a retried episode (same key, a prompt that does not continue its slot) starts afresh;
-- rows moved between slots (packed, so the CPU attention reads them in place) keep their tokens.
+- rows moved between slots (packed, so the CPU attention reads them in place) keep their tokens;
+- threads that wait for the engine free their OpenMP threads (two pools slow every CPU op).
 (Through the env and the collector: tests/test_policy_sampling.py.)
 The CUDA-graph path and the speed are measured on a GPU by benchmarks/bench_rollout.py.
 """
@@ -24,7 +25,8 @@ import time
 import pytest
 import torch
 
-from skyrl_tool_agent.policy.engine import RolloutEngine
+from skyrl_tool_agent.kernels.cpu_threads import release_thread_pool
+from skyrl_tool_agent.policy.engine import IDLE_RELEASE_S, RolloutEngine
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
 from tests.fixtures.config_files import REPO
 from tests.fixtures.samplers import STOP, lora_qwen, teacher_forced
@@ -191,7 +193,8 @@ def test_a_weight_update_reaches_the_engine_in_place():
 _TRITON_CHECK = r"""
 import torch
 from skyrl_tool_agent.kernels.decode_attention import decode_attention, reference_decode_attention
-from skyrl_tool_agent.policy.engine import RolloutEngine
+from skyrl_tool_agent.kernels.cpu_threads import release_thread_pool
+from skyrl_tool_agent.policy.engine import IDLE_RELEASE_S, RolloutEngine
 from tests.fixtures.samplers import lora_qwen
 from tests.test_rollout_engine import _argmax_chain, _prompts, _turns
 torch.manual_seed(0)
@@ -235,4 +238,32 @@ def test_a_retried_episode_that_does_not_continue_its_slot_starts_afresh():
         again = _turns(engine, [other], [0], [0], max_new_tokens=8, temperature=0.0, top_p=1.0)[0][0]
         assert again == _argmax_chain(model, other, 8)
     finally:
+        engine.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts the process's threads in /proc (Linux)")
+def test_threads_that_wait_for_the_engine_free_their_openmp_threads():
+    """With two OpenMP pools on a 2-core machine GNU OpenMP wakes its workers through the kernel at
+    every parallel op (the engine's decode ran ~1.5x slower, kernels/cpu_threads.py): the thread
+    that submits a turn frees its pool, and so does the engine's thread once idle."""
+    if not release_thread_pool():
+        pytest.skip("torch's OpenMP runtime cannot free a thread's pool")
+    threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # before the engine's thread starts: it takes the count then
+    engine = RolloutEngine(lora_qwen(), slots=2, capacity=512, stop_ids=[STOP], pad_id=0)
+    try:
+        release_thread_pool()
+        alone = threads()  # no engine thread yet (it starts with the first turn), no pool
+        torch.randn(1 << 20).exp()  # a parallel op: this thread's pool
+        assert threads() == alone + 1
+        g = torch.Generator().manual_seed(0)
+        long = [torch.randint(3, 97, (400,), generator=g).tolist() for _ in range(2)]  # a prefill of parallel ops
+        engine.generate(long, max_new_tokens=4, temperature=1.0, top_p=1.0, seeds=[1, 2])
+        deadline = time.monotonic() + 10
+        while threads() != alone + 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert threads() == alone + 1  # the engine's thread, without workers; this thread's freed
+    finally:
+        torch.set_num_threads(torch_threads)
         engine.close()

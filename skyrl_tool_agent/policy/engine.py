@@ -38,6 +38,7 @@ import torch
 
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.config.base import default_of
+from skyrl_tool_agent.kernels.cpu_threads import release_thread_pool
 from skyrl_tool_agent.policy import memory_plan
 from skyrl_tool_agent.policy.prefix import MIN_SHARED_PREFIX, common_prefix_length
 from skyrl_tool_agent.policy.slot_model import SlotModel, default_prefill_tokens
@@ -46,6 +47,8 @@ from skyrl_tool_agent.policy.weights import SamplingWeights
 
 logger = logging.getLogger(__name__)
 
+# Seconds without work after which the worker thread frees its OpenMP threads (`cpu_threads`).
+IDLE_RELEASE_S = 0.05
 # What a finished turn resolves to: sampled ids, their log-probs, whether it ended on a stop id.
 TurnResult = tuple[list[int], list[float], bool]
 
@@ -159,6 +162,8 @@ class RolloutEngine:
                 f"({self.max_tokens} tokens per episode)"))
         else:
             self._start()
+            # The caller now waits for the engine: its OpenMP threads would only slow the engine's.
+            release_thread_pool()
             self._inbox.put(("turn", request))
         return request.future
 
@@ -214,7 +219,11 @@ class RolloutEngine:
     def _serve_inbox(self, block: bool) -> None:
         messages = []
         if block:
-            messages.append(self._inbox.get())
+            try:
+                messages.append(self._inbox.get(timeout=IDLE_RELEASE_S))
+            except queue.Empty:  # idle (e.g. between steps): free the OpenMP threads for the update's
+                release_thread_pool()
+                messages.append(self._inbox.get())
         while True:
             try:
                 messages.append(self._inbox.get_nowait())

@@ -28,18 +28,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import ModelConfig
-from skyrl_tool_agent.policy.engine import RolloutEngine
-from skyrl_tool_agent.policy.loading import (
-    check_4bit_training_layout,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-    resolve_model_path,
-)
+from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.kernels.logprobs import token_logprobs
+from skyrl_tool_agent.policy.engine import RolloutEngine
+from skyrl_tool_agent.policy.loading import (check_4bit_training_layout, load_model, load_tokenizer, resolve_device,
+                                             resolve_model_path)
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.token_sampling import is_greedy, logprob_temperature
-from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.policy.memory_plan import ModelDims, device_memory, format_bytes, snapshot_bytes
 from skyrl_tool_agent.policy.weights import SamplingWeights, base_model, unsupported_reason
 

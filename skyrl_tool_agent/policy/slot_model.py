@@ -27,13 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from skyrl_tool_agent.kernels.decode_attention import (
-    ReferenceDecodeAttention,
-    cascade_attention,
-    decode_attention,
-    reference_decode_attention,
-    triton_available,
-)
+from skyrl_tool_agent.kernels.decode_attention import (ReferenceDecodeAttention, cascade_attention, decode_attention,
+                                                       reference_decode_attention, triton_available)
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
 from skyrl_tool_agent.policy.weights import SamplingWeights, rotate
 
