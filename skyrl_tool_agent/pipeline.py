@@ -312,6 +312,18 @@ class LocalBackend:
         return GRPOTrainer(config, policy, runtime, loader, eval_tasks, output_dir=out)
 
 
+def set_probes(trainer: Any, config: Config, train_tasks: list[Task], splits: TaskSplits) -> None:
+    """The fixed sets `trainer` probes, the same at every probe and on every rank: `training.probe_tasks`
+    of the tasks it trains on, `training.probe_held_out_tasks` of the validation split (never trained on)."""
+    from skyrl_tool_agent.data.batching import fixed_subset
+
+    t = config.training
+    if t.probe_tasks:
+        trainer.probe_tasks = fixed_subset(train_tasks, t.probe_tasks, seed=t.seed + 1)
+    if t.probe_held_out_tasks:
+        trainer.held_out_probe_tasks = fixed_subset(splits.validation(), t.probe_held_out_tasks, seed=t.seed + 2)
+
+
 def sized_eval_tasks(eval_tasks: list[Task], count: int, seed: int) -> list[Task]:
     """The first evaluation's tasks when the job budget sized it to `count`: a stratified subset of
     the run's eval tasks (`fixed_subset`: the same for the same count and seed, so the evaluation
@@ -368,7 +380,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         train_tasks = splits.rl_train()
         if job is not None and ctx.is_main:
             logger.info(start_line(job, eval_tasks=len(eval_tasks), eval_split=t.eval_split,
-                                   episodes_per_task=1 + t.eval_samples, probe_tasks=t.probe_tasks))
+                                   episodes_per_task=1 + t.eval_samples,
+                                   probe_tasks=t.probe_tasks + t.probe_held_out_tasks))
         start = time.monotonic()
         runtime = EnvRuntime(config.env, splits.db_root)
         try:
@@ -376,10 +389,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             # a resumed run then restores the checkpoint's RNG states.
             seed_everything(t.seed)
             trainer = backend.build_trainer(config, runtime, build_loader(config, train_tasks), eval_tasks, out)
-            if t.probe_tasks:  # a fixed set: the same tasks at every probe, on every rank
-                from skyrl_tool_agent.data.batching import fixed_subset
-
-                trainer.probe_tasks = fixed_subset(train_tasks, t.probe_tasks, seed=t.seed + 1)
+            set_probes(trainer, config, train_tasks, splits)
             resumed = trainer.resume(resume)
             if progress is not None and ctx.is_main:  # evaluations report as they go (lines in a log file)
                 trainer.eval_progress = lambda done, total: progress("eval", (done, total))
@@ -393,10 +403,10 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 run_logger.truncate_after(trainer.step)
             else:
                 probe: dict[str, float] = {}
-                if job is not None and trainer.probe_tasks:  # step 0's probe first: its speed sizes the evaluations
+                if job is not None and trainer.probes:  # step 0's probe first: its speed sizes the evaluations
                     probe_started = time.monotonic()
                     probe = trainer.probe()
-                    episode_s = (time.monotonic() - probe_started) / len(trainer.probe_tasks)
+                    episode_s = (time.monotonic() - probe_started) / trainer.probes
                     fits = ctx.broadcast_object(job.eval_tasks_that_fit(len(eval_tasks), 1 + t.eval_samples, episode_s))
                     if fits < len(eval_tasks):
                         logger.info("main job: %d of the %d eval tasks fit its %.1f minutes at this machine's speed "
@@ -409,7 +419,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 if ctx.is_main:
                     before_path.write_text(json.dumps(before, indent=1) + "\n")
                 run_logger.truncate_after(0)
-                if trainer.probe_tasks and not probe:
+                if trainer.probes and not probe:
                     probe = trainer.probe()
                 run_logger.log({"step": 0, **eval_metrics(before), **probe})
             # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
@@ -534,7 +544,6 @@ class GRPOCurve:
 
     def __init__(self, config: Config, out: Path, *, splits: TaskSplits | None = None,
                  pool: list[Task] | None = None) -> None:
-        from skyrl_tool_agent.data.batching import fixed_subset
         from skyrl_tool_agent.env.pools import EnvRuntime
         from skyrl_tool_agent.grpo.checkpoint import seed_everything
         from skyrl_tool_agent.grpo.run_logging import RunLogger
@@ -553,8 +562,7 @@ class GRPOCurve:
             self.start_weights = weights_fingerprint(policy.model)
             self.trainer = GRPOTrainer(config, policy, self.runtime, build_loader(config, pool), splits.run_eval(),
                                        output_dir=out)
-            if t.probe_tasks:  # the same fixed set the main job probes
-                self.trainer.probe_tasks = fixed_subset(pool, t.probe_tasks, seed=t.seed + 1)
+            set_probes(self.trainer, config, pool, splits)  # the same fixed sets the main job probes
             self.run_logger = RunLogger(out, wandb_config=t.wandb)
         except BaseException:
             self.runtime.close()
@@ -567,7 +575,7 @@ class GRPOCurve:
         from skyrl_tool_agent.eval.metrics import eval_metrics
 
         before = self.trainer.evaluate()
-        probe = self.trainer.probe() if self.trainer.probe_tasks else {}
+        probe = self.trainer.probe() if self.trainer.probes else {}
         self.run_logger.log({"step": 0, **eval_metrics(before), **probe})
         return before
 

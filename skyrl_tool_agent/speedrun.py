@@ -431,7 +431,8 @@ class Speedrun:
                    "turns_per_episode": m["episode/turns_mean"], "tool_calls_per_episode": tool_calls.last,
                    "reward": m["reward/mean"], "train_execution_accuracy": m["train/execution_accuracy"],
                    "groups_dropped": m["train/groups_dropped"], "episodes": m["train/scored"],
-                   "gpu_peak_gib": m.get("memory/gpu_peak_gib"), "probe": m.get("probe/execution_accuracy")}
+                   "gpu_peak_gib": m.get("memory/gpu_peak_gib"), "probe": m.get("probe/execution_accuracy"),
+                   "probe_held_out": m.get("probe/held_out_execution_accuracy")}
             steps.append(row)
             logger.info("GRPO step %d: rollout %.1f s, update %.1f s, %.0f generated tokens/s, reward %.3f, "
                         "%.2f turns and %.2f tool calls per episode%s; %.0f s left", row["step"], row["rollout_s"],

@@ -211,6 +211,35 @@ def flip_probe(kit: Kit) -> None:
         assert trainer.calls.count((3, 1, 1.0)) == len(probed)  # the probe's collects: 3 tasks x 1
 
 
+def flip_probe_held_out(kit: Kit) -> None:
+    """`probe_held_out_tasks` of the validation split (never trained on; `pipeline.set_probes`, on the
+    real built-in splits) join the probe's one collection, after the training tasks, reported apart."""
+    from skyrl_tool_agent.pipeline import set_probes
+
+    validation = None
+    for held_out in (0, 2):
+        config = kit.config(training__max_steps=2, training__tasks_per_step=3, grpo__group_size=2,
+                            training__probe_tasks=3, training__probe_every=2, training__probe_held_out_tasks=held_out)
+        trainer = kit.trainer(config, build_loader(config, TASKS[:3]), ScriptedEpisodes)
+        splits = TaskSplits.load(config)
+        set_probes(trainer, config, TASKS[:3], splits)
+        validation = validation or {t.task_id for t in splits.validation()}
+        assert [t.task_id for t in trainer.probe_tasks] == [t.task_id for t in TASKS[:3]]
+        assert len(trainer.held_out_probe_tasks) == held_out
+        assert {t.task_id for t in trainer.held_out_probe_tasks} <= validation
+        trainer.calls = []
+        history = trainer.train(RunLogger(trainer.output_dir))
+        probes = [m for m in history if "probe/execution_accuracy" in m]
+        assert [m["step"] for m in probes] == [2]
+        assert trainer.calls.count((3 + held_out, 1, 1.0)) == 1  # one collection: training tasks, then held-out
+        assert probes[0]["probe/execution_accuracy"] == pytest.approx(2 / 3)  # scripted: tasks 0, 1, 2 -> 0, 1, 1
+        if held_out:
+            assert probes[0]["probe/held_out_execution_accuracy"] == pytest.approx(1 / 2)  # tasks 3, 4 -> 0, 1
+            assert probes[0]["probe/held_out_tasks"] == held_out
+        else:
+            assert "probe/held_out_execution_accuracy" not in probes[0]
+
+
 def flip_checkpoint_every(kit: Kit) -> None:
     for every, kept in ((0, [4]), (1, [3, 4])):  # keep_checkpoints 2
         _, out = kit.loop(training__checkpoint_every=every)
@@ -499,6 +528,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     "training.eval_split": flip_eval_split,
     "training.eval_samples": flip_eval_samples,
     **dict.fromkeys(("training.probe_tasks", "training.probe_every"), flip_probe),
+    "training.probe_held_out_tasks": flip_probe_held_out,
     "training.eval_every": flip_eval_every,
     "training.checkpoint_every": flip_checkpoint_every,
     "training.keep_checkpoints": flip_keep_checkpoints,

@@ -265,7 +265,15 @@ class TrainingConfig(Section):
         "same revisited tasks over time (probe/execution_accuracy, drawn in training_curves.png); "
         "0 = no probe.", ge=0,
     )
-    probe_every: int = knob(15, "Steps between probes of the probe_tasks (see there).", ge=1)
+    probe_held_out_tasks: int = knob(
+        64,
+        "A fixed, stratified set of this many held-out tasks the run never trains on (the validation "
+        "split: the generated pool's held-out questions, on Spider a fixed part of dev), probed "
+        "beside probe_tasks in the same way: probe/held_out_execution_accuracy, the line of "
+        "training_curves.png that says whether what the run learns on its own tasks carries over; 0 = none.",
+        ge=0,
+    )
+    probe_every: int = knob(15, "Steps between probes of the probe_tasks and probe_held_out_tasks (see there).", ge=1)
     checkpoint_every: int = knob(10, "Save a checkpoint every N steps; 0 = only at the end.", h100=50, ge=0)
     keep_checkpoints: int = knob(2, "Most recent checkpoints kept (older ones are deleted).", h100=3, ge=1)
     log_every: int = knob(1, "Log metrics every N steps.", ge=1)

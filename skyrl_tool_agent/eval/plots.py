@@ -22,6 +22,8 @@ PANELS = [
                             ("eval/reward_mean", "{eval_split} (greedy)", "eval")]),
     ("execution accuracy", (0.0, 1.0), [("train/execution_accuracy", "train (sampled, per step)", "step"),
                                         ("probe/execution_accuracy", "probe: the same training tasks (sampled)", "probe"),
+                                        ("probe/held_out_execution_accuracy", "probe: held-out tasks, never trained on (sampled)",
+                                         "probe"),
                                         ("eval/execution_accuracy", "{eval_split} (greedy)", "eval"),
                                         ("eval/avg@", "{eval_split} ({key}, sampled)", "eval")]),
     ("KL to reference", None, [("train/kl", "k-estimator mean", "step")]),
@@ -56,7 +58,7 @@ def plot_training_curves(metrics_path: Path, out_png: Path, *, eval_split: str =
             ax.set_xticks([])
             ax.set_yticks([])
             series = []
-        eval_colors = iter(("#c44e52", "#dd8452"))
+        eval_colors, probe_colors = iter(("#c44e52", "#dd8452")), iter(("#55a868", "#8172b2"))
         for key, label, kind in series:
             if key.endswith("@"):
                 key = next((k for r in rows for k in r if k.startswith(key)), key)
@@ -68,7 +70,7 @@ def plot_training_curves(metrics_path: Path, out_png: Path, *, eval_split: str =
             if kind == "eval":
                 ax.plot(xs, ys, marker="o", markersize=5, linewidth=2, label=label, color=next(eval_colors))
             elif kind == "probe":
-                ax.plot(xs, ys, marker="s", markersize=4, linewidth=2, label=label, color="#55a868")
+                ax.plot(xs, ys, marker="s", markersize=4, linewidth=2, label=label, color=next(probe_colors))
             else:
                 ax.plot(xs, ys, linewidth=0.8, alpha=0.35, color="#4c72b0")
                 ax.plot(xs, _rolling_mean(list(ys), 5), linewidth=1.8, color="#4c72b0",

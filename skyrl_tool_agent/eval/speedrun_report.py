@@ -107,6 +107,9 @@ def plot_speedrun(record: dict[str, Any], out_png: Path) -> Path:
     probe = [(s["step"], s["probe"]) for s in steps if s["probe"] is not None]
     if probe:
         ax.plot(*zip(*probe), marker="o", color="#8172b2", label="probe: revisited training tasks")
+    held_out = [(s["step"], s["probe_held_out"]) for s in steps if s.get("probe_held_out") is not None]
+    if held_out:
+        ax.plot(*zip(*held_out), marker="s", color="#55a868", label="probe: held-out tasks, never trained on")
     ax.set(xlabel="GRPO step", ylabel="reward / success", title="GRPO training", ylim=(0, 1))
     ax.legend(fontsize=8)
     ax = axes[2]

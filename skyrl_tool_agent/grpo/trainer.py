@@ -90,8 +90,10 @@ class GRPOTrainer:
         self.runtime = runtime
         self.loader = loader
         self.eval_tasks = list(eval_tasks)
-        #: Training tasks probed every `training.probe_every` steps (`probe`); set by the pipeline.
+        #: Training tasks, and held-out tasks never trained on, probed every `training.probe_every`
+        #: steps (`probe`); set by the pipeline (`set_probes`).
         self.probe_tasks: list[Task] = []
+        self.held_out_probe_tasks: list[Task] = []
         self.output_dir = output_dir
         self.checkpoint_dir = output_dir / "checkpoints"
         self.optimizer, self.scheduler = build_optimizer(policy, config)
@@ -209,13 +211,27 @@ class GRPOTrainer:
                                                        on_episode_done=episode_done, collect=self.collect)
         return run.record
 
+    @property
+    def probes(self) -> int:
+        """Episodes one probe samples (0: no probe)."""
+        return len(self.probe_tasks) + len(self.held_out_probe_tasks)
+
     def probe(self) -> dict[str, float]:
-        """One sampled episode of each `probe_tasks` task (the same tasks every time, the same
-        seed): the success of revisited training tasks over the run (`training.probe_tasks`)."""
-        record = sampled_evaluation(self.policy, self.runtime, self.probe_tasks, 1, self.sampling,
-                                    self.collector_settings, seed=self.config.training.seed + 104729,
+        """One sampled episode of each probe task (the same tasks every time, the same seed), in one
+        collection: the success of revisited training tasks over the run (`training.probe_tasks`),
+        and of held-out tasks it never trains on (`training.probe_held_out_tasks`): whether what it
+        learns carries over."""
+        record = sampled_evaluation(self.policy, self.runtime, [*self.probe_tasks, *self.held_out_probe_tasks], 1,
+                                    self.sampling, self.collector_settings, seed=self.config.training.seed + 104729,
                                     collect=self.collect)
-        return {"probe/execution_accuracy": record["avg@k"], "probe/tasks": float(len(self.probe_tasks))}
+        out: dict[str, float] = {}
+        split = len(self.probe_tasks)
+        for prefix, fractions in (("probe/", record["per_task"][:split]), ("probe/held_out_", record["per_task"][split:])):
+            scored = [f for f in fractions if f is not None]
+            if fractions:
+                out[f"{prefix}execution_accuracy"] = mean(scored) if scored else None  # type: ignore[assignment]
+                out[f"{prefix}tasks"] = float(len(fractions))
+        return out
 
     # --------------------------------------------------------------- update
     # The four hooks below are the optimizer "engine": plain torch here; the DeepSpeed trainer
@@ -441,7 +457,7 @@ class GRPOTrainer:
                     self.stop_reason = (f"time budget reached after {self.step} of {t.max_steps} steps "
                                         f"({(time.monotonic() - started) / 60:.1f} min)")
                 last = self.step >= t.max_steps or out_of_time or interrupted is not None
-                if self.probe_tasks and not interrupted and (self.step % t.probe_every == 0 or last):
+                if self.probes and not interrupted and (self.step % t.probe_every == 0 or last):
                     metrics.update(self.probe())
                 if not interrupted and ((t.eval_every and self.step % t.eval_every == 0) or last):
                     t_eval = time.monotonic()
