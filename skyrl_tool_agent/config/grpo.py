@@ -50,9 +50,10 @@ class CurriculumConfig(Section):
     or below `adaptive_low` (never solved; GRPO advantages all zero) gets `adaptive_min_weight`.
     The weights act only on tasks drawn again, i.e. once a bucket has been gone through: on the
     whole generated pool (10,383 tasks) a CPU run draws none twice, so there adaptive samples
-    exactly what linear does; on the frontier (`training.data.frontier_tasks`, 128 by default) a
-    CPU main job visits each task about 4 times, and a task that became always or never solved
-    (an exponential moving average, alpha 0.5 by default, of its recent groups) fades.
+    exactly what linear does; on the frontier (`training.data.frontier_tasks`: all 632 mixed tasks
+    by default, 128 to revisit each ~6 times) a CPU main job draws a task again after its bucket is
+    gone through, and a task that became always or never solved (an exponential moving average,
+    alpha 0.5 by default, of its recent groups) fades.
     """
 
     mode: Literal["linear", "uniform", "adaptive"] = knob(
