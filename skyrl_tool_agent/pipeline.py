@@ -321,7 +321,12 @@ def set_probes(trainer: Any, config: Config, train_tasks: list[Task], splits: Ta
     if t.probe_tasks:
         trainer.probe_tasks = fixed_subset(train_tasks, t.probe_tasks, seed=t.seed + 1)
     if t.probe_held_out_tasks:
-        trainer.held_out_probe_tasks = fixed_subset(splits.validation(), t.probe_held_out_tasks, seed=t.seed + 2)
+        held_out = splits.validation_at_hand()
+        if held_out is None:
+            logger.info("no held-out probe (training.probe_held_out_tasks): GRPO trains on the training file, "
+                        "so the generated pool's validation split is not built")
+        else:
+            trainer.held_out_probe_tasks = fixed_subset(held_out, t.probe_held_out_tasks, seed=t.seed + 2)
 
 
 def sized_eval_tasks(eval_tasks: list[Task], count: int, seed: int) -> list[Task]:

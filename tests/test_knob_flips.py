@@ -238,6 +238,11 @@ def flip_probe_held_out(kit: Kit) -> None:
             assert probes[0]["probe/held_out_tasks"] == held_out
         else:
             assert "probe/held_out_execution_accuracy" not in probes[0]
+    # Training on the built-in training file, the run never generates the pool, nor its validation split.
+    config = kit.config(training__probe_held_out_tasks=2, training__data__train_pool="file")
+    trainer = kit.trainer(config)
+    set_probes(trainer, config, TASKS[:3], TaskSplits.load(config))
+    assert trainer.held_out_probe_tasks == []
 
 
 def flip_checkpoint_every(kit: Kit) -> None:

@@ -273,7 +273,9 @@ class TrainingConfig(Section):
         "A fixed, stratified set of this many held-out tasks the run never trains on (the validation "
         "split: the generated pool's held-out questions, on Spider a fixed part of dev), probed "
         "beside probe_tasks in the same way: probe/held_out_execution_accuracy, the line of "
-        "training_curves.png that says whether what the run learns on its own tasks carries over; 0 = none.",
+        "training_curves.png that says whether what the run learns on its own tasks carries over; 0 = none. "
+        "Not with train_pool file on the built-in data unless eval_split is validation (the pool, and so "
+        "its validation split, is then not generated; the log says so).",
         ge=0,
     )
     probe_every: int = knob(15, "Steps between probes of the probe_tasks and probe_held_out_tasks (see there).", ge=1)

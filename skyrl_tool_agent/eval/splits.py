@@ -213,6 +213,16 @@ class TaskSplits:
             return self.pool_and_validation()[1]
         return fixed_subset(self.dev, SPIDER_VALIDATION_TASKS, seed=self.config.training.seed + 1)
 
+    def validation_at_hand(self) -> list[Task] | None:
+        """`validation()` where this run has it without generating anything more: Spider's (a part
+        of dev), or the generated pool's when GRPO trains on that pool or evaluates on it; None for
+        the built-in data's training file (the pool, which needs every built-in database, is then
+        never generated)."""
+        t = self.config.training
+        if t.data.dataset != "builtin" or train_pool_kind(self.config) != "file" or t.eval_split == "validation":
+            return self.validation()
+        return None
+
     def rl_train(self) -> list[Task]:
         """The tasks GRPO samples (`training.data.train_pool`): the training file's, the generated
         pool less the validation split, or that pool's frontier (`frontier`)."""
