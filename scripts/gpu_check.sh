@@ -98,7 +98,7 @@ common=(--set model.name_or_path="$MODEL_DIR" --set training.max_steps=1 --set t
         --set training.checkpoint_every=0)
 stage_lora_step() {
   "$PY" training/scripts/train_grpo.py --mode lora --profile gpu "${common[@]}" \
-    --set training.eval_num_tasks=1 --set training.eval_samples=0 --set training.probe_tasks=0 --output-dir /tmp/run_lora
+    --set training.eval_num_tasks=1 --set training.eval_samples=0 --set training.probe_tasks=0 --set training.probe_held_out_tasks=0 --output-dir /tmp/run_lora
   local rc=$?
   cp /tmp/run_lora/metrics.jsonl "$OUT/lora_metrics.jsonl" 2>/dev/null
   return $rc

@@ -46,7 +46,7 @@ stage lora7b 180 "$PY" training/scripts/train_grpo.py --mode lora --profile gpu 
   --set training.max_steps=1 --set training.time_budget_minutes=null --set grpo.batcher.enabled=false \
   --set grpo.filter_uniform_groups=false --set training.checkpoint_every=0 --set grpo.max_turns=1 \
   --set grpo.max_new_tokens_per_turn=64 --set training.eval_num_tasks=1 --set training.eval_samples=0 \
-  --set training.probe_tasks=0 --output-dir /tmp/run_lora7b
+  --set training.probe_tasks=0 --set training.probe_held_out_tasks=0 --output-dir /tmp/run_lora7b
 grep -h "rollout engine:" "$OUT/lora7b.log" >> "$OUT/stages.txt"
 cp /tmp/run_lora7b/metrics.jsonl "$OUT/lora7b_metrics.jsonl" 2>/dev/null
 cat "$OUT/stages.txt"

@@ -204,7 +204,7 @@ def test_two_grpo_steps_on_a_third_party_server_leave_its_data_untouched(shop):
                 "--set", "env.schema_in_prompt=false", "--set", f"env.mcp_servers.0.error_pattern={json.dumps(TEXT_ERRORS)}",
                 "--max-steps", "2", "--output-dir", str(out), "--set", "training.time_budget_minutes=null",
                 "--set", "training.tasks_per_step=1", "--set", "grpo.group_size=2", "--set", "training.eval_num_tasks=1",
-                "--set", "training.eval_samples=1", "--set", "training.probe_tasks=0", timeout=300)
+                "--set", "training.eval_samples=1", "--set", "training.probe_tasks=0", "--set", "training.probe_held_out_tasks=0", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]

@@ -50,7 +50,7 @@ def test_installed_command_trains_and_evaluates_from_an_empty_directory(installe
     assert all(line.startswith(str(installed)) for line in where.stdout.split()), where.stdout  # not the checkout
 
     train = _run(installed, work, "train", "--max-steps", "2", "--set", "training.eval_num_tasks=4",
-                 "--set", "training.eval_samples=0", "--set", "training.probe_tasks=0",
+                 "--set", "training.eval_samples=0", "--set", "training.probe_tasks=0", "--set", "training.probe_held_out_tasks=0",
                  "--set", "training.wandb.mode=disabled",
                  "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=2", "--output-dir", "run")
     assert train.returncode == 0, train.stderr[-3000:] + train.stdout[-2000:]

@@ -67,7 +67,7 @@ def test_one_file_evaluates_and_trains_two_steps(tmp_path):
     trained = _cli("train", "--task-file", str(EXAMPLE), "--max-steps", "2", "--output-dir", str(out),
                    "--set", "training.time_budget_minutes=null", "--set", "training.tasks_per_step=2",
                    "--set", "grpo.group_size=2", "--set", "training.eval_num_tasks=3",
-                   "--set", "training.eval_samples=0", "--set", "training.probe_tasks=0",
+                   "--set", "training.eval_samples=0", "--set", "training.probe_tasks=0", "--set", "training.probe_held_out_tasks=0",
                    "--set", "grpo.max_new_tokens_per_turn=32",  # a price answer is a few tokens
                    "--set", "training.wandb.mode=disabled")  # else an offline W&B run (auto), its own process
     assert trained.returncode == 0, trained.stderr[-3000:]

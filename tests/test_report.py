@@ -279,7 +279,7 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
         "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
         "training.data.db_root": root / "dbs", "training.data.train_pool": "file", "training.mode": "lora",
         "training.max_steps": 2, "training.tasks_per_step": 2, "training.checkpoint_every": 0, "training.eval_every": 0,
-        "training.eval_num_tasks": 3, "training.eval_samples": 0, "training.probe_tasks": 0, "training.rollouts_every": 1, "training.rollout_groups_per_step": 1,
+        "training.eval_num_tasks": 3, "training.eval_samples": 0, "training.probe_tasks": 0, "training.probe_held_out_tasks": 0, "training.rollouts_every": 1, "training.rollout_groups_per_step": 1,
         "training.wandb.mode": "disabled", "training.output_dir": out, "grpo.group_size": 2, "grpo.max_turns": 3,
         "grpo.max_new_tokens_per_turn": 32, "grpo.max_total_tokens": 1000,
     }

@@ -354,7 +354,7 @@ def test_readme_example_term_is_logged_by_a_real_training_run(tmp_path: Path, mo
         "training.data.dev_file": tmp_path / "tasks.json", "training.data.db_root": tmp_path / "dbs",
         "training.data.train_pool": "file", "training.max_steps": 2, "training.tasks_per_step": 2,
         "training.checkpoint_every": 0, "training.eval_every": 0, "training.eval_num_tasks": 2,
-        "training.eval_samples": 0, "training.probe_tasks": 0,
+        "training.eval_samples": 0, "training.probe_tasks": 0, "training.probe_held_out_tasks": 0,
         "training.wandb.mode": "disabled", "grpo.group_size": 2, "grpo.max_turns": 3,
         "grpo.max_new_tokens_per_turn": 40, "grpo.max_total_tokens": 1000,
     }

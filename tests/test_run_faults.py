@@ -29,7 +29,7 @@ def _sets(root: Path, model_dir: Path, db_root: Path | None = None, **extra) -> 
         "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
         "training.data.db_root": db_root or root / "dbs", "training.data.train_pool": "file",
         "training.max_steps": 2, "training.tasks_per_step": 2, "training.checkpoint_every": 1,
-        "training.eval_every": 0, "training.eval_num_tasks": 3, "training.eval_samples": 0, "training.probe_tasks": 0, "training.learning_rate": 0.01,
+        "training.eval_every": 0, "training.eval_num_tasks": 3, "training.eval_samples": 0, "training.probe_tasks": 0, "training.probe_held_out_tasks": 0, "training.learning_rate": 0.01,
         "training.wandb.mode": "disabled", "training.seed": 7, "training.mode": "lora",
         "grpo.group_size": 2, "grpo.max_turns": 4, "grpo.max_new_tokens_per_turn": 40,
         "grpo.max_total_tokens": 1200, "grpo.filter_uniform_groups": False, "env.collector.max_episode_retries": 0,

@@ -45,7 +45,7 @@ def _train(root: Path, model_dir: Path, out: Path, log: Path, *extra: str) -> in
             "training.data.train_file": root / "tasks.json", "training.data.dev_file": root / "tasks.json",
             "training.data.db_root": root / "dbs", "training.data.train_pool": "file", "training.max_steps": 2,
             "training.tasks_per_step": 2, "training.checkpoint_every": 1, "training.keep_checkpoints": 2,
-            "training.eval_every": 0, "training.eval_num_tasks": 3, "training.probe_tasks": 0, "training.time_budget_minutes": 30,
+            "training.eval_every": 0, "training.eval_num_tasks": 3, "training.probe_tasks": 0, "training.probe_held_out_tasks": 0, "training.time_budget_minutes": 30,
             "training.wandb.mode": "offline", "training.rollout_groups_per_step": 1, "grpo.group_size": 2, "grpo.max_turns": 2,
             "grpo.max_new_tokens_per_turn": 16}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]

@@ -188,7 +188,8 @@ def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> 
     cmd = [sys.executable, str(REPO / "training" / "scripts" / "train_grpo.py"), "--mode", "lora", "--output-dir", str(out),
            "--max-steps", "2", "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=4",
            "--set", "training.eval_num_tasks=3", "--set", "training.wandb.mode=disabled",
-           "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3", "--set", "training.probe_every=2",
+           "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3", "--set", "training.probe_held_out_tasks=3",
+           "--set", "training.probe_every=2",
            "--set", "grpo.max_new_tokens_per_turn=64"]  # half the CPU default: decoding is most of the run's time
     env = {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -202,7 +203,8 @@ def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> 
     # avg@2 beside greedy (two samples per task at the training temperature), with its paired interval
     assert record["before"]["sampled"]["k"] == 2 and len(record["after"]["sampled"]["per_task"]) == 3
     assert record["avg_at_k_delta"]["n"] == 3 and "avg@2 (T=1)" in res.stdout
-    # the probe: the same 3 training tasks before training and at step 2 (the last)
+    # the probe: the same 3 training tasks before training and at step 2 (the last), 3 held-out ones beside them
     assert [r["step"] for r in rows if "probe/execution_accuracy" in r] == [0, 2]
+    assert [r["probe/held_out_tasks"] for r in rows if "probe/held_out_execution_accuracy" in r] == [3, 3]
     assert (out / "final" / "adapter_config.json").is_file()
     assert "training stopped: max_steps (2) reached" in res.stdout

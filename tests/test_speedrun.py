@@ -23,7 +23,7 @@ TINY = ["--hidden-size", "64", "--layers", "2", "--heads", "2", "--kv-heads", "1
         "--set", "training.eval_num_tasks=4", "--set", "training.eval_samples=2", "--set", "grpo.group_size=4",
         "--set", "training.tasks_per_step=2", "--set", "grpo.max_turns=2", "--set", "grpo.max_new_tokens_per_turn=12",
         "--set", "env.collector.concurrency=16", "--set", "env.sessions_per_server=1",
-        "--set", "training.probe_tasks=2", "--set", "training.probe_every=1", "--set", "training.max_steps=2"]
+        "--set", "training.probe_tasks=2", "--set", "training.probe_held_out_tasks=2", "--set", "training.probe_every=1", "--set", "training.max_steps=2"]
 
 
 @pytest.fixture(scope="module")

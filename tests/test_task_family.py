@@ -118,7 +118,7 @@ def test_two_grpo_steps_on_the_example_family_log_its_terms(runtime: EnvRuntime,
         "training.mode": "lora", "training.output_dir": out, "training.data.train_file": TASKS_FILE,
         "training.data.dev_file": TASKS_FILE, "training.data.db_root": runtime.db_root,
         "training.max_steps": 2, "training.tasks_per_step": 2, "training.checkpoint_every": 0,
-        "training.eval_every": 0, "training.eval_num_tasks": 2, "training.eval_samples": 0, "training.probe_tasks": 0,
+        "training.eval_every": 0, "training.eval_num_tasks": 2, "training.eval_samples": 0, "training.probe_tasks": 0, "training.probe_held_out_tasks": 0,
         "training.wandb.mode": "disabled",
         "grpo.group_size": 2, "grpo.max_turns": 2, "grpo.max_new_tokens_per_turn": 32, "grpo.max_total_tokens": 900,
     }
