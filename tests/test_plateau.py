@@ -54,18 +54,26 @@ def test_continuation_settings_are_the_warm_starts_tail_rate_held_constant() -> 
     assert (s.warmup_steps, s.seed, s.eval_every, s.time_budget_minutes) == (0, 5, 300, None)
 
 
-def test_a_run_stopped_at_an_evaluation_and_resumed_matches_the_uninterrupted_run() -> None:
-    tokenizer = train_tokenizer(CORPUS, 300)
-    examples = _examples(tokenizer)
+
+def _resumable_run(tokenizer):  # noqa: ANN001, ANN202
+    """Settings of a short run evaluated every 4 steps, a tiny model, and an untouched copy of it."""
     settings = SFTSettings(steps=12, batch_size=5, learning_rate=5e-3, warmup_steps=2, eval_every=4,
                            time_budget_minutes=None, bf16_autocast=False)
     fresh = new_tiny_qwen2(tokenizer, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, seed=3)
-    first = copy.deepcopy(fresh)
+    return settings, fresh, copy.deepcopy(fresh)
 
-    def evaluate(step: int) -> dict:
-        return {"execution_accuracy": step / 100}
 
-    whole = supervised_finetune(fresh, examples, tokenizer.pad_token_id, settings, evaluate=evaluate)
+def _step_curve(step: int) -> dict:
+    """A stand-in validation curve (the step, scaled): what the resume must replay exactly."""
+    return {"execution_accuracy": step / 100}
+
+
+def test_a_run_stopped_at_an_evaluation_and_resumed_matches_the_uninterrupted_run() -> None:
+    tokenizer = train_tokenizer(CORPUS, 300)
+    examples = _examples(tokenizer)
+    settings, fresh, first = _resumable_run(tokenizer)
+
+    whole = supervised_finetune(fresh, examples, tokenizer.pad_token_id, settings, evaluate=_step_curve)
 
     saved: list[bytes] = []
 
@@ -75,12 +83,12 @@ def test_a_run_stopped_at_an_evaluation_and_resumed_matches_the_uninterrupted_ru
         saved.append(buf.getvalue())
         return history.evals[-1]["step"] == 8
 
-    part = supervised_finetune(first, examples, tokenizer.pad_token_id, settings, evaluate=evaluate,
+    part = supervised_finetune(first, examples, tokenizer.pad_token_id, settings, evaluate=_step_curve,
                                after_eval=stop_at_step_8)
     assert [s for s, _ in part.loss] == list(range(1, 9))  # stopped right after step 8's evaluation
     state = torch.load(io.BytesIO(saved[-1]), weights_only=True)
     assert state["step"] == 8
-    rest = supervised_finetune(first, examples, tokenizer.pad_token_id, settings, evaluate=evaluate, resume=state)
+    rest = supervised_finetune(first, examples, tokenizer.pad_token_id, settings, evaluate=_step_curve, resume=state)
     assert [s for s, _ in rest.loss] == list(range(1, 13))
     torch.testing.assert_close(torch.tensor([v for _, v in rest.loss]), torch.tensor([v for _, v in whole.loss]))
     assert [e["step"] for e in rest.evals] == [e["step"] for e in whole.evals] == [4, 8, 12]
@@ -116,15 +124,9 @@ def test_each_epoch_trains_on_its_own_examples_and_a_resumed_run_rebuilds_its_ep
         return real_loss(model, batch, bf16=bf16)
 
     monkeypatch.setattr(sft, "token_loss", spy)
-    settings = SFTSettings(steps=12, batch_size=5, learning_rate=5e-3, warmup_steps=2, eval_every=4,
-                           time_budget_minutes=None, bf16_autocast=False)
-    fresh = new_tiny_qwen2(tokenizer, hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, seed=3)
-    first = copy.deepcopy(fresh)
+    settings, fresh, first = _resumable_run(tokenizer)
 
-    def evaluate(step: int) -> dict:
-        return {"execution_accuracy": step / 100}
-
-    whole = supervised_finetune(fresh, variant(0), tokenizer.pad_token_id, settings, evaluate=evaluate,
+    whole = supervised_finetune(fresh, variant(0), tokenizer.pad_token_id, settings, evaluate=_step_curve,
                                 epoch_examples=epoch_examples)
     assert built == [1, 2, 3]  # 15 examples in batches of 5: a new epoch every 3 steps
     for epoch in range(4):
@@ -139,12 +141,12 @@ def test_each_epoch_trains_on_its_own_examples_and_a_resumed_run_rebuilds_its_ep
         saved.append(buf.getvalue())
         return history.evals[-1]["step"] == 8
 
-    supervised_finetune(first, variant(0), tokenizer.pad_token_id, settings, evaluate=evaluate,
+    supervised_finetune(first, variant(0), tokenizer.pad_token_id, settings, evaluate=_step_curve,
                         after_eval=stop_at_step_8, epoch_examples=epoch_examples)
     state = torch.load(io.BytesIO(saved[-1]), weights_only=True)
     assert (state["step"], state["epochs"]) == (8, 3)  # stopped in the third epoch (steps 7-9)
     built.clear()
-    rest = supervised_finetune(first, variant(0), tokenizer.pad_token_id, settings, evaluate=evaluate, resume=state,
+    rest = supervised_finetune(first, variant(0), tokenizer.pad_token_id, settings, evaluate=_step_curve, resume=state,
                                epoch_examples=epoch_examples)
     assert built == [2, 3]  # the epoch it stopped in, rebuilt, then the next
     torch.testing.assert_close(torch.tensor([v for _, v in rest.loss]), torch.tensor([v for _, v in whole.loss]))
