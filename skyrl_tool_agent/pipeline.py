@@ -386,7 +386,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         if job is not None and ctx.is_main:
             logger.info(start_line(job, eval_tasks=len(eval_tasks), eval_split=t.eval_split,
                                    episodes_per_task=1 + t.eval_samples,
-                                   probe_tasks=t.probe_tasks + t.probe_held_out_tasks))
+                                   probe_tasks=t.probe_tasks + (t.probe_held_out_tasks if splits.validation_at_hand() else 0)))
         start = time.monotonic()
         runtime = EnvRuntime(config.env, splits.db_root)
         try:
