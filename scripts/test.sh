@@ -5,4 +5,14 @@ cd "$(dirname "$0")/.."
 export WANDB_MODE=offline WEAVE_DISABLED=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Two workers (pytest-xdist): many tests wait on server processes and launched runs, so two share
 # two cores well (13.7 -> 9.4 min on a 2-core VM, 2026-11-27). TEST_WORKERS=0 runs in one process.
-exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-2}" "$@"
+workers=${TEST_WORKERS:-2}
+# Each worker's torch (and every process it launches) gets its share of the cores. Two workers with
+# an OpenMP pool of one thread per core each hold twice the cores' threads, and GNU OpenMP then wakes
+# its workers through the kernel at every op (kernels/cpu_threads.py): six of the heaviest test files
+# took 171 s that way and 85 s with one thread each (2-core AMD EPYC, 2026-11-28). A value already
+# set is kept.
+if [ "$workers" -gt 0 ] && [ -z "${OMP_NUM_THREADS:-}" ]; then
+  per_worker=$(( $(nproc) / workers ))
+  export OMP_NUM_THREADS=$(( per_worker > 0 ? per_worker : 1 ))
+fi
+exec .venv/bin/python -m pytest -q -n "$workers" "$@"

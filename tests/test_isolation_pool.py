@@ -89,7 +89,10 @@ def test_interleaved_episodes_never_see_each_others_writes_on_shared_processes(t
         async def together() -> list[tuple[str, bool]]:  # two calls at once: a second process, if allowed
             return await asyncio.gather(b.call("read_query", {"query": PARIS}), c.call("read_query", {"query": PARIS}))
 
-        (b_text, _), (c_text, _) = asyncio.run(together())
+        # Gathered on the servers' own loop, both calls reach the pool in one turn of it, so c's always
+        # finds b's process busy. Gathered on another thread's loop, a loaded machine could finish b's
+        # call before c's arrived, and no second process was ever needed (a CI failure, 2026-11-28).
+        (b_text, _), (c_text, _) = b.shared.run(together(), timeout_s=120)
         assert "'n': 4" in b_text and "'n': 2" in c_text
         warm = runtime.warm["shop"]
         deadline = time.monotonic() + 120  # the second process starts aside (the calls need not wait for it)
