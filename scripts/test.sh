@@ -11,8 +11,9 @@ workers=${TEST_WORKERS:-2}
 # its workers through the kernel at every op (kernels/cpu_threads.py): six of the heaviest test files
 # took 171 s that way and 85 s with one thread each (2-core AMD EPYC, 2026-11-28). A value already
 # set is kept.
-if [ "$workers" -gt 0 ] && [ -z "${OMP_NUM_THREADS:-}" ]; then
-  per_worker=$(( $(nproc) / workers ))
+if [[ "$workers" =~ ^[1-9][0-9]*$ ]] && [ -z "${OMP_NUM_THREADS:-}" ]; then  # not for 0 or "auto"
+  cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)  # Linux and macOS alike
+  per_worker=$(( cores / workers ))
   export OMP_NUM_THREADS=$(( per_worker > 0 ? per_worker : 1 ))
 fi
 exec .venv/bin/python -m pytest -q -n "$workers" "$@"
