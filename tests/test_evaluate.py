@@ -277,6 +277,43 @@ def test_compare_table_and_warnings(tmp_path):
         load_results(tmp_path / "missing.json")
 
 
+def test_compare_interval_pairs_each_questions_samples_not_its_first(tmp_path):
+    """With k samples per question the table's execution accuracy is avg@k, and the paired interval
+    printed under it is of that same change: each question's solved share on each side (a sample
+    lost to infrastructure left out), never only its first sample's outcome. The baseline's
+    per-question samples are read from the JSONL its results.json names, as `--compare` reads them."""
+    from rich.console import Console
+
+    from skyrl_tool_agent.eval.compare import paired_change
+
+    def record(task_id: str, outcomes: list[bool | None]) -> dict:  # None: lost to infrastructure
+        samples = [{"solved": bool(o), "done_reason": "error" if o is None else "answered"} for o in outcomes]
+        return {"task_id": task_id, "num_samples": len(samples), "num_correct": sum(map(bool, outcomes)),
+                "solved": bool(outcomes[0]), "scored": outcomes[0] is not None, "samples": samples}
+
+    # first samples: 2/3 solved before, 1/3 after (-33 points); all samples: 5/12 before, 8/12 after (+25)
+    before = [record("q1", [True, False, False, False]), record("q2", [False] * 4), record("q3", [True] * 4)]
+    after = [record("q1", [False, True, True, True]), record("q2", [False, True, False, False]),
+             record("q3", [True, True, True, None])]  # q3's lost sample: 3 of 3 scored solved
+    (tmp_path / "base_trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in before))
+    base = {"execution_accuracy": 5 / 12, "n": 3, "num_samples": 4, "files": {"trajectories": "base_trajectories.jsonl"}}
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    base = load_results(tmp_path / "base.json")  # finds the JSONL beside it
+    current = {"execution_accuracy": 8 / 11, "n": 3, "num_samples": 4}
+
+    change = paired_change(base, after)
+    assert change.n == 3 and change.before == pytest.approx(5 / 12)
+    assert change.delta == pytest.approx((0.75 + 0.25 + 1.0) / 3 - 5 / 12) == pytest.approx(0.25)
+    console = Console(record=True, width=200)
+    print_comparison(base, current, console=console, records=after)
+    text = console.export_text()
+    assert "execution accuracy change (this run - baseline): +25.0 points" in text, text
+    assert "each the mean of its 4 samples" in text
+    # a greedy baseline from a training run's lists: one outcome per question
+    greedy = paired_change({"task_ids": ["q1", "q2", "q3"], "solved": [True, None, False]}, after)
+    assert greedy.n == 2 and greedy.delta == pytest.approx(((0.75 - 1.0) + (1.0 - 0.0)) / 2)
+
+
 def test_cli_user_errors_exit_2(tmp_path, capsys):
     import runpy
 

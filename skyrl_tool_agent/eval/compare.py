@@ -73,21 +73,62 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def baseline_outcomes(baseline: Mapping[str, Any]) -> dict[str, bool] | None:
-    """Whether the baseline solved each question, by task id: from its `task_ids` and `solved`
-    lists (a training run's evaluation) or else from the per-question JSONL its results.json
-    names (`files.trajectories`); None when neither is there."""
-    ids, solved = baseline.get("task_ids"), baseline.get("solved")
-    if isinstance(ids, list) and isinstance(solved, list) and len(ids) == len(solved):
-        return {str(t): bool(s) for t, s in zip(ids, solved) if s is not None}  # None: never scored
+def _baseline_records(baseline: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The per-question records of the JSONL the baseline's results.json names
+    (`files.trajectories`); None when it is not there or not readable."""
     path = (baseline.get("files") or {}).get("trajectories")
     if not isinstance(path, str) or not Path(path).is_file():
         return None
     try:
         records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-        return {str(r["task_id"]): bool(r.get("solved")) for r in records if r.get("scored", True)}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deeply
+        if not all(isinstance(r, dict) and "task_id" in r for r in records):
+            return None
+        return records
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
+
+
+def _listed(baseline: Mapping[str, Any]) -> list[tuple[Any, Any]] | None:
+    """(task id, solved) from the baseline's `task_ids` and `solved` lists (a training run's
+    evaluation: greedy, one episode per question); None when it has no such lists."""
+    ids, solved = baseline.get("task_ids"), baseline.get("solved")
+    if isinstance(ids, list) and isinstance(solved, list) and len(ids) == len(solved):
+        return list(zip(ids, solved))
+    return None
+
+
+def baseline_outcomes(baseline: Mapping[str, Any]) -> dict[str, bool] | None:
+    """Whether the baseline solved each question (its first sample), by task id: from its
+    `task_ids` and `solved` lists (a training run's evaluation) or else from the per-question JSONL
+    its results.json names (`files.trajectories`); None when neither is there."""
+    if (listed := _listed(baseline)) is not None:
+        return {str(t): bool(s) for t, s in listed if s is not None}  # None: never scored
+    records = _baseline_records(baseline)
+    if records is None:
+        return None
+    return {str(r["task_id"]): bool(r.get("solved")) for r in records if r.get("scored", True)}
+
+
+def success_rate(record: Mapping[str, Any]) -> float | None:
+    """The share of a question's scored samples that solved it: with k samples (avg@k), what the
+    execution accuracy averages; None when none was scored (infrastructure errors)."""
+    samples = record.get("samples")
+    if isinstance(samples, list) and samples and all(isinstance(s, Mapping) for s in samples):
+        scored = [bool(s.get("solved")) for s in samples if s.get("done_reason") != "error"]
+        return sum(scored) / len(scored) if scored else None
+    return float(bool(record.get("solved"))) if record.get("scored", True) is not False else None
+
+
+def baseline_success_rates(baseline: Mapping[str, Any]) -> dict[str, float] | None:
+    """`success_rate` of each question of the baseline, by task id (from the same sources as
+    `baseline_outcomes`); None when it has no per-question outcomes."""
+    if (listed := _listed(baseline)) is not None:
+        return {str(t): float(bool(s)) for t, s in listed if s is not None}
+    records = _baseline_records(baseline)
+    if records is None:
+        return None
+    rates = {str(r["task_id"]): success_rate(r) for r in records}
+    return {t: rate for t, rate in rates.items() if rate is not None}
 
 
 @dataclass(frozen=True)
@@ -171,14 +212,18 @@ def run_labels(base_path: str | Path, current_path: str | Path) -> tuple[str, st
 
 
 def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, seed: int = 0) -> Any:
-    """The change of the solved rate on the questions both runs have (`records`: this run's
-    per-question records), with its 95% paired-bootstrap interval (`stats.PairedDelta`); None when
-    the baseline's per-question outcomes are not there or no question is shared."""
+    """The change of the execution accuracy on the questions both runs scored (`records`: this
+    run's per-question records), paired by question, each question's `success_rate` on each side
+    (so k samples per question give the avg@k change, the table's, not the first sample's), with
+    its 95% paired-bootstrap interval (`stats.PairedDelta`); None when the baseline's per-question
+    outcomes are not there or no question is shared."""
     from skyrl_tool_agent.eval.stats import paired_bootstrap
 
-    outcomes = baseline_outcomes(base)
-    pairs = [(float(outcomes[str(r["task_id"])]), float(bool(r.get("solved")))) for r in records
-             if outcomes is not None and str(r.get("task_id")) in outcomes]
+    rates = baseline_success_rates(base)
+    if rates is None:
+        return None
+    pairs = [(rates[str(r.get("task_id"))], rate) for r in records
+             if str(r.get("task_id")) in rates and (rate := success_rate(r)) is not None]
     if not pairs:
         return None
     return paired_bootstrap([b for b, _ in pairs], [a for _, a in pairs], seed=seed)
@@ -208,7 +253,9 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
     if change is not None:
         console.print(f"{vocabulary_of(current).accuracy_label} change ({current_label} - {base_label}): "
                       f"{100 * change.delta:+.1f} points, {100 * change.confidence:.0f}% paired-bootstrap interval "
-                      f"[{100 * change.low:+.1f}, {100 * change.high:+.1f}] over {change.n} questions in both")
+                      f"[{100 * change.low:+.1f}, {100 * change.high:+.1f}] over {change.n} questions in both"
+                      + (f", each the mean of its {samples} samples" if (samples := current.get("num_samples") or 1) > 1
+                         else ""))
     elif records is not None:
         console.print(f"no paired interval: {base_label} has no per-question outcomes for these questions")
     for warning in comparison_warnings(base, current):
