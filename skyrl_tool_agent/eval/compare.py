@@ -4,7 +4,7 @@ the questions newly solved and newly broken (from the baseline's per-question ou
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,25 +88,24 @@ def _baseline_records(baseline: Mapping[str, Any]) -> list[dict[str, Any]] | Non
         return None
 
 
-def _listed(baseline: Mapping[str, Any]) -> list[tuple[Any, Any]] | None:
-    """(task id, solved) from the baseline's `task_ids` and `solved` lists (a training run's
-    evaluation: greedy, one episode per question); None when it has no such lists."""
+def _per_question(baseline: Mapping[str, Any], value: Callable[[Mapping[str, Any]], Any]) -> dict[str, Any] | None:
+    """`value` of each of the baseline's per-question records, by task id (a None value left out):
+    the records of its `task_ids` and `solved` lists (a training run's evaluation: greedy, one
+    episode per question, None = never scored) or else of the JSONL its results.json names
+    (`files.trajectories`); None when neither is there."""
     ids, solved = baseline.get("task_ids"), baseline.get("solved")
     if isinstance(ids, list) and isinstance(solved, list) and len(ids) == len(solved):
-        return list(zip(ids, solved))
-    return None
+        records = [{"task_id": t, "solved": bool(s), "scored": s is not None} for t, s in zip(ids, solved)]
+    elif (records := _baseline_records(baseline)) is None:
+        return None
+    values = {str(r["task_id"]): value(r) for r in records}
+    return {task_id: v for task_id, v in values.items() if v is not None}
 
 
 def baseline_outcomes(baseline: Mapping[str, Any]) -> dict[str, bool] | None:
-    """Whether the baseline solved each question (its first sample), by task id: from its
-    `task_ids` and `solved` lists (a training run's evaluation) or else from the per-question JSONL
-    its results.json names (`files.trajectories`); None when neither is there."""
-    if (listed := _listed(baseline)) is not None:
-        return {str(t): bool(s) for t, s in listed if s is not None}  # None: never scored
-    records = _baseline_records(baseline)
-    if records is None:
-        return None
-    return {str(r["task_id"]): bool(r.get("solved")) for r in records if r.get("scored", True)}
+    """Whether the baseline solved each question it scored (its first sample), by task id
+    (`_per_question`)."""
+    return _per_question(baseline, lambda r: bool(r.get("solved")) if r.get("scored", True) else None)
 
 
 def success_rate(record: Mapping[str, Any]) -> float | None:
@@ -120,15 +119,8 @@ def success_rate(record: Mapping[str, Any]) -> float | None:
 
 
 def baseline_success_rates(baseline: Mapping[str, Any]) -> dict[str, float] | None:
-    """`success_rate` of each question of the baseline, by task id (from the same sources as
-    `baseline_outcomes`); None when it has no per-question outcomes."""
-    if (listed := _listed(baseline)) is not None:
-        return {str(t): float(bool(s)) for t, s in listed if s is not None}
-    records = _baseline_records(baseline)
-    if records is None:
-        return None
-    rates = {str(r["task_id"]): success_rate(r) for r in records}
-    return {t: rate for t, rate in rates.items() if rate is not None}
+    """`success_rate` of each question of the baseline, by task id (`_per_question`)."""
+    return _per_question(baseline, success_rate)
 
 
 @dataclass(frozen=True)
