@@ -54,7 +54,6 @@ def test_continuation_settings_are_the_warm_starts_tail_rate_held_constant() -> 
     assert (s.warmup_steps, s.seed, s.eval_every, s.time_budget_minutes) == (0, 5, 300, None)
 
 
-
 def _resumable_run(tokenizer):  # noqa: ANN001, ANN202
     """Settings of a short run evaluated every 4 steps, a tiny model, and an untouched copy of it."""
     settings = SFTSettings(steps=12, batch_size=5, learning_rate=5e-3, warmup_steps=2, eval_every=4,
