@@ -152,8 +152,8 @@ def test_repacked_4bit_layout_fails_training_with_a_clear_message(model_dir):
     assert torch.isfinite(logp).all()
 
 
-@pytest.mark.parametrize("four_bit_matmul", [False, True])
-def test_qlora_samples_through_the_engine_what_the_4bit_model_says(model_dir, four_bit_matmul, caplog):
+@pytest.mark.parametrize("through_modules", [False, True])
+def test_qlora_samples_through_the_engine_what_the_4bit_model_says(model_dir, through_modules, caplog):
     """The rollout engine samples a QLoRA policy from its 4-bit weights dequantized once with the
     adapters folded in, or (where that copy does not fit) through bitsandbytes' 4-bit matmul and
     the adapters (compute in float32 here): greedy tokens are the 4-bit model's own argmax chain
@@ -169,11 +169,11 @@ def test_qlora_samples_through_the_engine_what_the_4bit_model_says(model_dir, fo
     raw["model"]["quantization"]["compute_dtype"] = "float32"
     policy = QwenPolicy.from_config(Config.model_validate(raw).model, mode="lora")
     assert policy.is_4bit and policy.sampler() == "engine"
-    if four_bit_matmul:  # a device whose engine budget a dequantized copy would overflow
+    if through_modules:  # a device whose engine budget a dequantized copy would overflow
         policy.update_reserve_bytes = int(qwen_module.device_memory(policy.device).total)
     with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.policy.qwen"):
-        assert policy.sampling_weights().four_bit_matmul is four_bit_matmul
-    assert ("4-bit matmul" if four_bit_matmul else "bf16 copy dequantized once per step") in caplog.text
+        assert policy.sampling_weights().through_modules is through_modules
+    assert ("4-bit matmul" if through_modules else "bf16 copy dequantized once per step") in caplog.text
     policy.update_reserve_bytes = 0
 
     def perturb() -> None:

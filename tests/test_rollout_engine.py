@@ -6,6 +6,8 @@
   decodes, and with another stop-check interval (counter-based per-episode draws);
 - the draws are unbiased (frequencies match the distribution) and top-p keeps only the nucleus;
 - a weight update reaches the engine in place (the tensors a CUDA graph holds stay the same);
+- sampled through the model's own modules (no folded copy), a LoRA model draws what the folded
+  snapshot draws, before and after an optimizer step;
 - the Triton decode attention (run by Triton's CPU interpreter) equals the torch reference, alone
   and inside the engine;
 - a retried episode (same key, a prompt that does not continue its slot) starts afresh;
@@ -26,8 +28,11 @@ import pytest
 import torch
 
 from skyrl_tool_agent.kernels.cpu_threads import release_thread_pool
+from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.policy.engine import IDLE_RELEASE_S, RolloutEngine
+from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
+from skyrl_tool_agent.policy.weights import SamplingWeights
 from tests.fixtures.config_files import REPO
 from tests.fixtures.samplers import STOP, lora_qwen, teacher_forced
 
@@ -188,6 +193,67 @@ def test_a_weight_update_reaches_the_engine_in_place():
         assert engine.weights.refreshes == 1
     finally:
         engine.close()
+
+
+def _optimizer_step(model: torch.nn.Module, prompt: list[int]) -> None:
+    """One Adam step on the adapters (a loss that moves them: the prompt's own log-likelihood)."""
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(adapters, lr=0.05)
+    logits = model(input_ids=torch.tensor([prompt])).logits[0, :-1]
+    torch.nn.functional.cross_entropy(logits, torch.tensor(prompt[1:])).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def test_sampling_through_the_modules_equals_the_folded_snapshot_and_copies_no_projection():
+    """A LoRA model sampled through its own modules (the adapters applied beside the base weights,
+    no folded copy) draws the folded snapshot's tokens with its log-probs (1e-5), which are the
+    model's own, before and after an optimizer step on the adapters (the step reaches the engine:
+    the root's keys, computed with the old adapters, are recomputed); and it holds no copy of the
+    projections (a float32 model: nothing at all) where the folded snapshot holds all of them."""
+    model = lora_qwen()
+    folded = RolloutEngine(SamplingWeights(model), slots=8, capacity=120, stop_ids=[STOP], pad_id=0)
+    through = RolloutEngine(SamplingWeights(model, through_modules=True), slots=8, capacity=120, stop_ids=[STOP],
+                            pad_id=0)
+    projections = sum(t.numel() * t.element_size() for name, t in folded.weights.tensors.items()
+                      if name.rsplit(".", 1)[-1] in ("qkv_w", "o_w", "gate_up_w", "down_w"))
+    assert folded.weights.nbytes() >= projections > 0
+    assert through.weights.nbytes() == 0
+    try:
+        prompts = _prompts(n_tasks=2, per_task=2)  # a shared system prefix: the root holds it
+        keys, seeds = list(range(len(prompts))), [7 * k + 1 for k in range(len(prompts))]
+        for step in range(2):
+            params = dict(max_new_tokens=10, temperature=0.9, top_p=1.0)
+            expected = _turns(folded, prompts, keys, seeds, **params)
+            got = _turns(through, prompts, keys, seeds, **params)
+            assert through.root_tokens
+            for prompt, (ids, logps, stopped), (want_ids, want_logps, want_stopped) in zip(prompts, got, expected):
+                assert ids == want_ids and stopped == want_stopped
+                assert torch.allclose(torch.tensor(logps), torch.tensor(want_logps), atol=1e-5)
+                assert torch.allclose(torch.tensor(logps), teacher_forced(model, prompt, ids, 0.9), atol=1e-5)
+            for engine in (folded, through):
+                for key in keys:
+                    engine.release(key)
+            assert through.weights.refreshes == step  # refreshed once, after the step
+            if step == 0:
+                _optimizer_step(model, prompts[0])
+                assert not through.weights.is_current()
+        assert through.weights.nbytes() == 0
+    finally:
+        folded.close()
+        through.close()
+
+
+def test_the_policy_samples_through_the_modules_when_its_plan_says_so():
+    """`QwenPolicy.sample_through_modules` (set by the memory plan) decides how the engine reads a
+    LoRA model; unset, LoRA folds its adapters into a copy."""
+    loaded = QwenPolicy.from_config(ModelConfig(), mode="lora")
+    assert loaded.sample_through_modules is None and not loaded.sampling_weights().through_modules
+    for through in (True, False):
+        policy = QwenPolicy(loaded.model, loaded.tokenizer)
+        policy.sample_through_modules = through
+        assert policy.sampling_weights().through_modules is through
+        assert (policy.sampling_weights().nbytes() == 0) is through
 
 
 _TRITON_CHECK = r"""

@@ -6,8 +6,10 @@ importance ratio compares against). The trainer recomputes log-probs on the same
 `token_logprobs`; nothing is ever re-tokenised from text.
 
 Every mode samples through one engine, `engine.RolloutEngine`, on CPU and CUDA alike: LoRA from the
-model with its adapters folded in, QLoRA from its 4-bit weights dequantized once per step, full
-mode (ZeRO-3) from a snapshot its ranks gather once per step (`weights.SamplingWeights`). The
+model with its adapters folded in, QLoRA from its 4-bit weights dequantized once per step (either
+of them, where that copy costs episodes, through the model's own modules with the adapters beside
+the base weights), full mode (ZeRO-3) from a snapshot its ranks gather once per step
+(`weights.SamplingWeights`). The
 engine is built once per run and its weights refreshed in place. `model.generate` runs only for an
 architecture the engine does not implement (`weights.unsupported_reason`), and the log says so.
 
@@ -76,6 +78,10 @@ class QwenPolicy:
         self.engine_memory_fraction = engine_memory_fraction  # `model.engine_memory_fraction` (None: its default)
         #: Memory the engine's plan leaves free for the update (the trainer sets it: `grpo.memory`).
         self.update_reserve_bytes = 0
+        #: Whether the engine samples through the model's own projection modules (the adapters beside
+        #: the base weights, no copy) rather than from a folded or dequantized copy; the memory plan
+        #: sets it. None: a 4-bit model decides by its engine budget, any other folds.
+        self.sample_through_modules: bool | None = None
         #: Why the engine cannot sample this model (None: it does).
         self.engine_blocker: str | None = unsupported_reason(model)
         if self.engine_blocker:
@@ -109,12 +115,19 @@ class QwenPolicy:
         return "engine" if self.engine_blocker is None else f"model.generate ({self.engine_blocker})"
 
     def sampling_weights(self) -> SamplingWeights:
-        """The engine's weight snapshot (taken on first use; the engine refreshes it after each step).
-        A 4-bit model's projections are dequantized once per step into a bf16 copy where that copy
+        """The engine's weight snapshot (taken on first use; the engine refreshes it after each step):
+        through the model's own modules or a folded copy as `sample_through_modules` says; unset, a
+        4-bit model's projections are dequantized once per step into a bf16 copy where that copy
         takes at most half of the engine's memory budget, else sampled through bitsandbytes' 4-bit
-        matmul; the log says which and why."""
+        matmul (the log says which and why), and a LoRA model's adapters are folded in."""
         if self._weights is None:
-            self._weights = SamplingWeights(self.model, four_bit_matmul=self._sample_4bit_directly())
+            through = self.sample_through_modules
+            if through is None:
+                through = self._sample_4bit_directly()
+            else:
+                logger.info("the rollout engine samples %s", "through the model's modules, the adapters beside the "
+                            "base weights" if through else "from a copy with the adapters folded in")
+            self._weights = SamplingWeights(self.model, through_modules=through)
         return self._weights
 
     def _sample_4bit_directly(self) -> bool:

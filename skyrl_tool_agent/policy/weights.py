@@ -8,6 +8,13 @@ shards gathered layer by layer (what TRL, OpenRLHF and verl do when they feed vL
 is `Qwen2ForCausalLM`'s in eval mode: RMSNorm in float32, the model's own rotary embedding, GQA
 attention (scale head_dim^-0.5), a SiLU-gated MLP, a tied or untied LM head.
 
+That folded copy is a second copy of every projection (13 GB for a 7B in bf16). Where it would cost
+episodes in flight, a LoRA or QLoRA model is sampled `through_modules` instead: the engine calls the
+model's own projection modules, the base weights as they are (bf16, or bitsandbytes' 4-bit matmul)
+with peft's adapters applied beside them, as vLLM's and S-LoRA's LoRA serving does. The projections
+then cost no bytes and nothing to refresh (an optimizer step writes the adapters the engine reads);
+each costs two small extra matmuls per token instead.
+
 The snapshot is refreshed *in place* (`refresh_`): a CUDA graph captured over its tensors stays
 valid. Where a weight needs no change for sampling (no adapter, not sharded, not quantized, already
 in the sampling dtype) the snapshot holds a view of the parameter itself, which is current by
@@ -33,8 +40,8 @@ _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "dow
 
 @dataclass
 class LayerWeights:
-    """One decoder layer's projections: fused weights, or (sampling from 4-bit weights) the model's
-    own q, k, v, o, gate, up and down modules (bitsandbytes' matmul and peft's adapters)."""
+    """One decoder layer's projections: fused weights, or (sampling `through_modules`) the model's
+    own q, k, v, o, gate, up and down modules (the base matmul, bf16 or 4-bit, and peft's adapters)."""
 
     norm1: Tensor
     norm2: Tensor
@@ -149,14 +156,17 @@ def sampling_dtype(model: torch.nn.Module) -> torch.dtype:
 
 class SamplingWeights:
     """The weights of a Qwen2 `model` as of the last `refresh_` (module docstring). With
-    `four_bit_matmul` a 4-bit model's projections are not dequantized: the engine calls the
-    model's own modules (bitsandbytes' 4-bit matmul plus the adapters), for a device where a
-    dequantized copy does not fit (`QwenPolicy.sampling_weights` decides)."""
+    `through_modules` the projections are neither folded nor copied: the engine calls the model's
+    own modules (the base weights, bf16 or 4-bit, and the adapters beside them), for a device where
+    the folded copy would cost episodes (`QwenPolicy.sampling_weights` decides). Only what is not in
+    the sampling dtype (a QLoRA model's float32 norms) is copied."""
 
-    def __init__(self, model: torch.nn.Module, *, four_bit_matmul: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, *, through_modules: bool = False) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the rollout engine cannot run this model: {reason}")
+        if through_modules and is_sharded(model):  # a partitioned module's weight exists only inside its forward
+            raise ValueError("a ZeRO-3 sharded model is sampled from a gathered snapshot, not through its modules")
         self.model = model
         base = base_model(model)
         cfg = base.config
@@ -168,7 +178,7 @@ class SamplingWeights:
         self.eps = base.model.norm.variance_epsilon
         self.dtype = sampling_dtype(model)
         self.sharded = is_sharded(model)
-        self.four_bit_matmul = four_bit_matmul
+        self.through_modules = through_modules
         # A sharded parameter's storage is freed after its gather: the snapshot owns copies.
         self.tensors = {name: t.clone() if self.sharded else t for name, t in self._components()}
         # Refreshes copy into these tensors in place, so these names stay valid for the run.
@@ -182,7 +192,7 @@ class SamplingWeights:
         if getattr(self, "_layers", None) is None:
             t, fields = self.tensors, [f for f in LayerWeights.__dataclass_fields__ if f != "modules"]
             self._layers = [LayerWeights(**{f: t.get(f"layers.{i}.{f}") for f in fields}, modules=_modules(layer)
-                                         if self.four_bit_matmul else None)
+                                         if self.through_modules else None)
                             for i, layer in enumerate(base_model(self.model).model.layers)]
         return self._layers
 
@@ -202,7 +212,7 @@ class SamplingWeights:
             yield "lm_head", effective_weight(base.lm_head, dtype)[0]
         for i, layer in enumerate(inner.layers):
             with torch.no_grad(), gathered(layer):
-                fused = _fuse(layer, dtype, norms_only=self.four_bit_matmul)
+                fused = _fuse(layer, dtype, norms_only=self.through_modules)
                 yield from ((f"layers.{i}.{name}", tensor) for name, tensor in fused.items() if tensor is not None)
 
     def is_current(self) -> bool:
