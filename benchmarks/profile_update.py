@@ -99,7 +99,7 @@ def variant(name: str, policy: QwenPolicy, config: Any) -> Iterator[None]:
         if name == "casts":
             policy.training_precision = contextlib.nullcontext  # type: ignore[method-assign]
         elif name == "logits":
-            prefix.output_head = lambda model: None  # type: ignore[assignment]
+            prefix.output_head = lambda model, **_: None  # type: ignore[assignment]
         elif name == "rows":
             config.training.micro_batch_tokens = None
         elif name.startswith("no_ckpt:"):

@@ -6,7 +6,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
-from skyrl_tool_agent.policy.prefix import common_prefix_length, shared_prefix_logprobs, suffix_passes
+from skyrl_tool_agent.policy.prefix import (common_prefix_length, plain_forward_logprobs, shared_prefix_logprobs,
+                                            suffix_passes)
 
 
 def _model() -> Qwen2ForCausalLM:
@@ -90,3 +91,32 @@ def test_suffixes_in_passes_equal_the_plain_forward_with_gradients():
     assert not shared.detach()[~valid].any()  # past each row's end: 0
     for a, b in zip(got, want, strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_the_plain_forward_runs_the_head_in_chunks_inside_lm_head_with_its_gradients():
+    """Full mode's forward (`plain_forward_logprobs`, what `DeepSpeedPolicy` runs through its ZeRO-3
+    engine): the log-probs, entropies and every gradient (lm_head's included) are the whole-logits
+    computation's (fp32, 1e-6), 0 outside the score mask, and they come out of lm_head's own forward
+    (where ZeRO-3's hooks gather its weight, forward and backward) as [B, L-1, 2], never logits."""
+    model = _model()
+    g = torch.Generator().manual_seed(4)
+    rows = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (9, 23, 4)]
+    ids, mask = _right_padded(rows)
+    score = torch.rand(ids[:, 1:].shape, generator=g) < 0.7
+    scored = mask[:, 1:].bool() & score
+    weights = torch.randn(scored.shape, generator=g)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    plain, plain_h = token_logprobs(logits, ids[:, 1:], 0.7), entropy_from_logits(logits, 0.7)
+    want = torch.autograd.grad(((weights * plain + plain_h) * scored).sum(), list(model.parameters()))
+    outputs = []
+    model.lm_head.register_forward_hook(lambda module, args, out: outputs.append(out))
+    logp, entropy = plain_forward_logprobs(model, ids, mask, temperature=0.7, with_entropy=True, score_mask=score)
+    got = torch.autograd.grad(((weights * logp + entropy) * scored).sum(), list(model.parameters()))
+    assert [tuple(o.shape) for o in outputs] == [(3, 22, 2)] and outputs[0].grad_fn is not None
+    assert "forward" not in vars(model.lm_head)  # the module is as it was
+    assert torch.allclose(logp[scored], plain[scored], atol=1e-6)
+    assert torch.allclose(entropy[scored], plain_h[scored], atol=1e-6)
+    assert not logp.detach()[~scored].any() and not entropy.detach()[~scored].any()
+    for (name, _), a, b in zip(model.named_parameters(), got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert want[-1].abs().max() > 1e-3  # lm_head's gradient is there to compare

@@ -35,9 +35,8 @@ from skyrl_tool_agent.policy.loading import (
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.policy.memory_plan import format_bytes
 from skyrl_tool_agent.policy.weights import SamplingWeights
-from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
+from skyrl_tool_agent.policy.prefix import plain_forward_logprobs
 from skyrl_tool_agent.policy.qwen import QwenPolicy
-from skyrl_tool_agent.policy.token_sampling import logprob_temperature
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +136,13 @@ class DeepSpeedPolicy(QwenPolicy):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
         score_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs of `input_ids[:, 1:]` from one engine forward ([B, L-1]; entropy if asked).
-        `score_mask` is accepted for `QwenPolicy`'s signature: every position is computed here
-        (the full logits), the loss masks them."""
+        """Log-probs of `input_ids[:, 1:]` from one engine forward ([B, L-1]; entropy if asked; 0
+        outside `score_mask` and past a row's end), the head run chunk by chunk inside lm_head's
+        forward, where ZeRO-3 gathers its weight (`prefix.plain_forward_logprobs`): the
+        [rows, tokens, vocabulary] logits and their gradient never exist whole."""
         with recompute_activations(self.model, self.gradient_checkpointing and torch.is_grad_enabled()):
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-        temperature = logprob_temperature(temperature)
-        logp = token_logprobs(logits, input_ids[:, 1:], temperature)
-        return logp, (entropy_from_logits(logits, temperature) if with_entropy else None)
+            return plain_forward_logprobs(self.model, input_ids, attention_mask, temperature=temperature,
+                                          with_entropy=with_entropy, score_mask=score_mask)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
@@ -158,11 +156,11 @@ class DeepSpeedPolicy(QwenPolicy):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
         score_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Log-probs of `input_ids[:, 1:]` under the frozen reference ([B, L-1]; `score_mask` as in
-        `token_logprobs`)."""
+        """Log-probs of `input_ids[:, 1:]` under the frozen reference ([B, L-1]; `score_mask` and the
+        chunked head as in `token_logprobs`)."""
         with self.reference() as ref:
-            logits = ref(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-        return token_logprobs(logits, input_ids[:, 1:], logprob_temperature(temperature))
+            return plain_forward_logprobs(ref, input_ids, attention_mask, temperature=temperature,
+                                          score_mask=score_mask)[0]
 
     # ---------------------------------------------------------------- export
     def save(self, path: str | Path) -> None:

@@ -14,6 +14,7 @@ rounding. Rows that are the same episode are computed once (`batch_logprobs`).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 
 import torch
@@ -22,6 +23,7 @@ from transformers import DynamicCache
 from skyrl_tool_agent.policy.checkpointing import recomputing
 from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, head_token_stats, token_logprobs
 from skyrl_tool_agent.policy.token_sampling import logprob_temperature
+from skyrl_tool_agent.policy.weights import base_model
 
 # Below this many shared tokens the plain full-sequence path is used (nothing worth sharing).
 MIN_SHARED_PREFIX = 16
@@ -42,21 +44,23 @@ def expand_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], batch: int) -> Dyn
     return DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in kv])
 
 
-def output_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor] | None:
-    """(the decoder body, the output projection's weight) of a causal LM whose log-probs can be taken
-    from the body's hidden states by `head_token_stats` (never materialising the logits): a plain
-    bias-free `lm_head` with nothing after it. None for other heads (logit soft-capping or scaling,
-    an adapter on the head, a ZeRO-3 partitioned weight): their log-probs come from the logits."""
-    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+def output_head(model: torch.nn.Module, *, partitioned: bool = False) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(the decoder body, the output projection) of a causal LM (under a peft wrapper or a DeepSpeed
+    engine) whose log-probs can be taken from the body's hidden states by `head_token_stats` (never
+    materialising the logits): a plain bias-free `lm_head` with nothing after it. None for other
+    heads (logit soft-capping or scaling, an adapter on the head): their log-probs come from the
+    logits. A ZeRO-3 partitioned head counts only where `partitioned`: its weight exists only inside
+    lm_head's forward and backward, where `plain_forward_logprobs` runs the chunks."""
+    causal = base_model(model)
     body, head = getattr(causal, "model", None), getattr(causal, "lm_head", None)
     config = getattr(causal, "config", None)
     if body is None or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         return None
-    if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3: the weight is gathered only inside lm_head's forward
+    if hasattr(head.weight, "ds_id") and not partitioned:
         return None
-    return body, head.weight
+    return body, head
 
 
 def _head_stats(weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor,
@@ -84,7 +88,7 @@ def shared_prefix_logprobs(
     head = output_head(model)
     if head is None:
         raise ValueError("shared_prefix_logprobs needs a model with a plain output head (output_head)")
-    body, weight = head
+    body, weight = head[0], head[1].weight
     batch, width = input_ids.shape
     out = body(input_ids=input_ids[:1, :prefix_len], use_cache=True)
     kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
@@ -191,11 +195,38 @@ def _distinct_logprobs(
     if head is not None and prefix_len >= MIN_SHARED_PREFIX and not recomputing(model):  # checkpointing drops the prefix's cache
         return shared_prefix_logprobs(model, input_ids, attention_mask, prefix_len, temperature=temperature,
                                       with_entropy=with_entropy, score_mask=score_mask)
+    return plain_forward_logprobs(model, input_ids, attention_mask, temperature=temperature, with_entropy=with_entropy,
+                                  score_mask=score_mask)
+
+
+def plain_forward_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
+    with_entropy: bool = False, score_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`batch_logprobs` of right-padded rows from one plain forward of `model` (a causal LM, or a
+    DeepSpeed engine around one), nothing shared: [B, L-1], 0 past a row's end and outside
+    `score_mask`. With an `output_head` the head's own module computes the log-probs chunk by chunk
+    from the final hidden states (`head_token_stats`) instead of its logits, so the logits never
+    exist whole; running inside lm_head's forward is what lets a ZeRO-3 partitioned head weight
+    be gathered by DeepSpeed's hooks around that forward and again for its backward, and its
+    gradient reduced as lm_head's always is. The module's output is then the [B, L-1, 1 or 2]
+    log-probs (and entropies), not logits."""
+    temperature = logprob_temperature(temperature)
     scored = attention_mask[:, 1:].bool() if score_mask is None else attention_mask[:, 1:].bool() & score_mask.bool()
-    if head is not None:
-        body, weight = head
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        return _head_stats(weight, hidden[:, :-1], input_ids[:, 1:], scored, temperature, with_entropy)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    logp = token_logprobs(logits, input_ids[:, 1:], temperature) * scored
-    return logp, (entropy_from_logits(logits, temperature) * scored if with_entropy else None)
+    head = output_head(model, partitioned=True)
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+        logp = token_logprobs(logits, input_ids[:, 1:], temperature) * scored
+        return logp, (entropy_from_logits(logits, temperature) * scored if with_entropy else None)
+    lm_head = head[1]
+
+    def head_stats(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+        logp, entropy = _head_stats(self.weight, hidden[:, :-1], input_ids[:, 1:], scored, temperature, with_entropy)
+        return torch.stack([logp, entropy], -1) if entropy is not None else logp.unsqueeze(-1)
+
+    lm_head.forward = types.MethodType(head_stats, lm_head)  # the module's hooks (ZeRO-3's gathers) still run
+    try:
+        stats = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    finally:
+        del lm_head.forward
+    return stats[..., 0], (stats[..., 1] if with_entropy else None)
