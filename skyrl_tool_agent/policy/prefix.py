@@ -9,7 +9,9 @@ Layout: rows are `prefix + suffix_i`. The prefix KV is computed once (with gradi
 training, so LoRA/full updates still flow through it), expanded over the batch, and the suffixes
 run on top of it with explicit position ids, in passes of similar lengths (`suffix_passes`: one long
 episode does not pad the others), so results equal a plain full-sequence forward up to float
-rounding. Rows that are the same episode are computed once (`batch_logprobs`).
+rounding. Rows that are the same episode are computed once (`batch_logprobs`). Without a prefix
+worth sharing, and in full mode's ZeRO-3 engine, one plain forward runs with the output head chunked
+inside lm_head's own forward (`plain_forward_logprobs`).
 """
 
 from __future__ import annotations
