@@ -71,23 +71,6 @@ def check_device(device: torch.device) -> tuple[str, str]:
                   f"{props.multi_processor_count} SMs, {torch.cuda.device_count()} GPU(s) visible")
 
 
-def gpu_profile_need_gib() -> float:
-    """GiB of device memory the gpu profile's LoRA update of Qwen2.5-1.5B needs by the memory plan
-    (`config.gpu_sizing`: bf16 weights + checkpointed activations of `training.micro_batch_tokens`
-    tokens, within its `UPDATE_MEMORY_FRACTION`); the engine's KV cache is sized to what is left."""
-    from skyrl_tool_agent.config import load_config
-    from skyrl_tool_agent.config.gpu_sizing import UPDATE_MEMORY_FRACTION, ModelShape
-    from skyrl_tool_agent.distributed.memory import QWEN25
-
-    q = QWEN25["Qwen2.5-1.5B"]
-    shape = ModelShape(q["hidden_size"], q["intermediate_size"], q["num_hidden_layers"], q["num_attention_heads"],
-                       q["num_key_value_heads"], q["vocab_size"], q["tie_word_embeddings"], "Qwen2.5-1.5B")
-    t = load_config(profile="gpu").training
-    tokens = t.micro_batch_tokens or t.micro_batch_size * load_config(profile="gpu").grpo.max_total_tokens
-    need = 2 * shape.params + tokens * shape.activation_bytes_per_token
-    return _gib(need / UPDATE_MEMORY_FRACTION)
-
-
 def check_memory(device: torch.device) -> tuple[str, str]:
     if device.type != "cuda":
         import psutil
@@ -96,12 +79,37 @@ def check_memory(device: torch.device) -> tuple[str, str]:
         status = PASS if vm.available >= 2 * 1024**3 else WARN
         return status, f"RAM {_gib(vm.available):.1f} GiB available of {_gib(vm.total):.1f} (the embedded model needs < 1)"
     free, total = torch.cuda.mem_get_info(device)
-    detail = f"{_gib(free):.1f} GiB free of {_gib(total):.1f}"
-    need = gpu_profile_need_gib()
-    if _gib(free) < need:
-        return WARN, (f"{detail}: under the {need:.1f} GiB the gpu profile's LoRA update of a 1.5B needs by the memory "
-                      "plan; --profile auto sizes training.micro_batch_tokens to this device")
-    return PASS, f"{detail} (the gpu profile's 1.5B LoRA update needs {need:.1f} GiB by the memory plan)"
+    return PASS, f"{_gib(free):.1f} GiB free of {_gib(total):.1f} (the memory plan below says what a run of yours gets)"
+
+
+def memory_plan_check(config: Any, *, device_kind: str, device_bytes: int, world: int) -> Check:
+    """The memory plan train would make for `config` (its model, mode and knobs) on one of `world`
+    devices of `device_bytes` ('cuda' or 'cpu'): PASS with the plan's line, FAIL with what would fit
+    where not even one episode does (`memory.plan`), WARN where the model's shape cannot be read."""
+    from skyrl_tool_agent.config.base import h100_value
+    from skyrl_tool_agent.config.training import TrainingConfig
+    from skyrl_tool_agent.memory.plan import PlanError
+    from skyrl_tool_agent.memory.shape import shape_of
+    from skyrl_tool_agent.memory.sizing import plan_for
+    from skyrl_tool_agent.policy.loading import resolve_model_path
+
+    start = time.perf_counter()
+    name = "memory plan"
+    model = config.model.name_or_path
+    shape = shape_of(str(resolve_model_path(config.model)) if model == "embedded" else model)
+    if shape is None:
+        return Check(WARN, name, f"the config.json of {model} could not be read (offline and not cached?): no plan",
+                     time.perf_counter() - start)
+    t = config.training
+    choose = device_kind == "cuda" and t.micro_batch_tokens == h100_value(TrainingConfig.model_fields["micro_batch_tokens"])
+    try:
+        plan = plan_for(config, shape, device_bytes=device_bytes, world=world, device_kind=device_kind,
+                        choose_update=choose)
+    except PlanError as error:
+        return Check(FAIL, name, str(error), time.perf_counter() - start)
+    where = f"{world} x " if world > 1 else ""
+    return Check(PASS, name, f"{t.mode} {model} on {where}{_gib(device_bytes):.0f} GiB: {plan.describe()}",
+                 time.perf_counter() - start)
 
 
 def check_bf16_matmul(device: torch.device) -> tuple[str, str]:

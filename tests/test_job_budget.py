@@ -117,6 +117,9 @@ def test_a_run_sizes_its_evaluations_and_evaluates_the_same_tasks_after(shop, tm
         summary = run_training(config)
     text = caplog.text
     assert "main job: at most 0.1 min in all" in text and "up to 3 dev tasks" in text, text
+    # The run shows its memory plan before the first step: episodes in flight and why, the update's tokens.
+    plan = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("memory plan: "))
+    assert "4 of 4 episodes in flight (bound by all the step's episodes" in plan and "update of" in plan, plan
     assert "main job: 2 of the 3 eval tasks fit" in text and "main job: GRPO gets 0.0 min" in text, text
     assert len(summary.before["solved"]) == len(summary.after["solved"]) == 2
     assert summary.steps == 1 and "time budget" in summary.stop_reason

@@ -445,9 +445,11 @@ def flip_lockstep(kit: Kit) -> None:
 def flip_engine_memory_fraction(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     """model.engine_memory_fraction: the engine holds the episodes that fit that share of the memory
     (the others wait for a slot); a share without room for one episode is a clear error."""
-    from skyrl_tool_agent.policy import memory_plan
+    from skyrl_tool_agent.memory.device import DeviceMemory
+    from skyrl_tool_agent.memory.plan import SlotPlan
+    from skyrl_tool_agent.policy import engine as engine_module
 
-    def engine_slots(fraction: float) -> memory_plan.SlotPlan:
+    def engine_slots(fraction: float) -> SlotPlan:
         policy = kit.trainer(kit.config(model__engine_memory_fraction=fraction)).policy
         try:
             return policy.rollout_engine(slots=64, capacity=96).plan
@@ -457,8 +459,8 @@ def flip_engine_memory_fraction(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> No
     plan = engine_slots(0.9)  # the machine's RAM: every episode gets a slot
     assert plan.slots == 64
     # A memory of twice the working set and 10.5 slots: half of it holds 8 (and the scratch and root slots).
-    memory = memory_plan.DeviceMemory(int(2 * (plan.reserved_bytes + 10.5 * plan.bytes_per_slot)), 0, "of a test")
-    monkeypatch.setattr(memory_plan, "device_memory", lambda device: memory)
+    memory = DeviceMemory(int(2 * (plan.reserved_bytes + 10.5 * plan.bytes_per_slot)), 0, "of a test")
+    monkeypatch.setattr(engine_module, "device_memory", lambda device: memory)
     assert engine_slots(0.5).slots == 8 and engine_slots(1.0).slots > 8
     with pytest.raises(UserInputError, match="engine_memory_fraction"):
         engine_slots(0.25)

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("mcp_tools",),  # servers: they stand alone below the library (see the test below)
     ("config",),  # the one config schema; knows nothing else
     ("kernels",),  # fused tensor ops (log-probs, LoRA linear, decode attention), their CPU threads: no models, no config
+    ("memory",),  # the memory model: a model's shape, each quantity once, the engine and update planned together
     ("data", "rewards", "mcp", "policy"),  # tasks, scoring, the MCP client pool, the model
     ("env",),  # the skyrl-gym environment
     ("rollout",),  # agents and the trajectory collector

@@ -61,21 +61,21 @@ def test_cli_profile_flag_and_auto_choice_without_cuda():
     assert rc == 0 and shown["training"]["learning_rate"] == pytest.approx(2e-5), err
 
 
-def test_gpu_profile_micro_batch_fits_an_h100_by_the_memory_estimate():
-    """The gpu profile's micro-batch at its longest episodes (rows padded to max_total_tokens) fits
-    80 GB with 15% to spare for the CUDA context and fragmentation, for the profile's model in LoRA
-    and in full ZeRO-3 on 8 GPUs (the estimate of grpo/memory.py; the profile's old 16
-    episodes needed 75-76 GiB)."""
-    from skyrl_tool_agent.distributed.memory import GB, shapes
-    from skyrl_tool_agent.grpo.memory import update_bytes as estimate
+def test_gpu_profile_fits_an_80gb_gpu_with_every_episode_in_flight_by_the_memory_plan():
+    """The gpu profile as configured (its 49,152-token update, 256 episodes in flight per GPU, KL,
+    checkpointing) on the profile's model: the memory plan holds every episode beside the update on
+    one 80 GB GPU in LoRA, and full mode's share on each of 8 (the plan, not the update alone)."""
+    from skyrl_tool_agent.memory.device import GIB
+    from skyrl_tool_agent.memory.shape import qwen25
+    from skyrl_tool_agent.memory.sizing import plan_for
 
     gpu = load_config(profile="gpu")
     assert gpu.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct" and gpu.model.gradient_checkpointing
-    tokens = gpu.training.micro_batch_size * gpu.grpo.max_total_tokens
-    s = shapes("Qwen2.5-1.5B", lora_r=gpu.model.lora.r)
-    for mode, gpus in (("lora", 1), ("full", 8)):
-        total = estimate(s, mode=mode, tokens=tokens, gpus=gpus, kl=gpu.grpo.kl_coef > 0, checkpointing=True)["total"]
-        assert total < 0.85 * 80e9, (mode, total / GB)
+    lora = plan_for(gpu, qwen25("Qwen2.5-1.5B"), device_bytes=80 * GIB, world=1, device_kind="cuda")
+    assert lora.update_tokens == 49152 and lora.slots == lora.demand == 256, lora.describe()
+    full = gpu.model_copy(update={"training": gpu.training.model_copy(update={"mode": "full"})})
+    sharded = plan_for(full, qwen25("Qwen2.5-1.5B"), device_bytes=80 * GIB, world=8, device_kind="cuda")
+    assert sharded.slots == sharded.demand == 64, sharded.describe()  # 32 tasks x 16 episodes over 8 GPUs
 
 
 # ---------------------------------------------------------------- auto decides from the model loaded
@@ -198,52 +198,64 @@ def _shape_dir(path, shape: dict) -> str:
     return str(path)
 
 
-def test_gpu_values_scale_to_the_models_size_and_the_devices_memory(tmp_path):
-    """The 1.5B on 80 GB keeps the profile; a 7B takes the large model's learning rate; a 7B on a
-    24 GB card gets the micro-batch tokens that fit it, in whole rows (before: the 1.5B-on-80-GB
-    values for both, by the model's name)."""
-    from skyrl_tool_agent.config.gpu_sizing import GIB, gpu_values, model_shape
+def test_the_gpu_profile_is_sized_to_the_models_size_and_the_device_by_the_plan(tmp_path):
+    """The 1.5B on 80 GB keeps its learning rate and gets the update the plan chooses beside every
+    episode; a 7B takes the large model's learning rate, also on a first run whose config.json is
+    read from its directory; a 7B LoRA run on a 24 GB card stops with one line naming what would
+    fit (before: the 1.5B's values, and on 24 GB an engine with no episode). A knob the user set
+    is not sized."""
+    from skyrl_tool_agent.memory.device import GIB
+    from skyrl_tool_agent.memory.plan import PlanError
+    from skyrl_tool_agent.memory.shape import shape_of
+    from skyrl_tool_agent.memory.sizing import size_gpu_profile
 
     gpu = load_config(profile="gpu")
-    values = {"training.learning_rate": gpu.training.learning_rate, "training.micro_batch_tokens": 49152,
-              "grpo.max_total_tokens": gpu.grpo.max_total_tokens, "training.mode": "lora",
-              "model.quantization.load_in_4bit": False}
-    small, big = model_shape(_shape_dir(tmp_path / "s", QWEN_1_5B)), model_shape(_shape_dir(tmp_path / "b", QWEN_7B))
+    knobs = {"training.learning_rate", "training.micro_batch_tokens"}
+    small, big = shape_of(_shape_dir(tmp_path / "s", QWEN_1_5B)), shape_of(_shape_dir(tmp_path / "b", QWEN_7B))
     assert small is not None and big is not None
     assert abs(small.params - 1.54e9) < 0.02e9 and abs(big.params - 7.6e9) < 0.05e9  # the published counts
-    assert gpu_values(small, 80 * GIB, values)[0] == {}
-    changes, why = gpu_values(big, 80 * GIB, values)
-    assert changes == {"training.learning_rate": 1e-5} and "7.6 B parameters" in why[0]
-    changes, why = gpu_values(big, 24 * GIB, values)
-    row = gpu.grpo.max_total_tokens
-    assert changes["training.learning_rate"] == 1e-5 and 0 < changes["training.micro_batch_tokens"] < 49152
-    assert changes["training.micro_batch_tokens"] % row == 0 and "24.0 GiB device" in why[1]
-    assert gpu_values(small, 24 * GIB, values)[0] == {}  # the 1.5B's update fits a 24 GB card
-    # no config.json at hand (a hub name not cached): nothing scaled, and said
-    assert model_shape("nobody/not-cached-anywhere") is None
-    assert gpu_values(None, 80 * GIB, values)[0] == {}
+    changes, why, plan = size_gpu_profile(gpu, small, device_bytes=80 * GIB, world=1, at_profile=knobs)
+    assert changes == {"training.micro_batch_tokens": 12288} and plan.slots == 256, (changes, why)
+    changes, why, plan = size_gpu_profile(gpu, big, device_bytes=80 * GIB, world=1, at_profile=knobs)
+    assert changes["training.learning_rate"] == 1e-5 and "7.6 B parameters" in why[0]
+    assert changes["training.micro_batch_tokens"] % gpu.grpo.max_total_tokens == 0 and plan.slots >= 96
+    changes, _, _ = size_gpu_profile(gpu, big, device_bytes=80 * GIB, world=1, at_profile=set())
+    assert changes == {}  # the user's values stay
+    with pytest.raises(PlanError, match=r"would fit: .*load_in_4bit=true"):
+        size_gpu_profile(gpu, big, device_bytes=24 * GIB, world=1, at_profile=knobs)
+    # no config.json at hand (a hub name, offline and not cached): nothing scaled, and said
+    assert shape_of("nobody/not-cached-anywhere") is None
+    assert size_gpu_profile(gpu, None, device_bytes=80 * GIB, world=1, at_profile=knobs)[0] == {}
 
 
-def test_auto_on_a_gpu_sizes_the_profile_and_applies_it_to_a_config_dir(tmp_path, monkeypatch, caplog):
-    """`--profile auto --config-dir configs` on a 24 GB CUDA device loading a 7B: the gpu values on
-    top of the directory, scaled (lr 1e-5, micro-batch tokens that fit), one line saying what and why;
+def test_train_on_a_gpu_sizes_the_profile_before_loading_and_a_users_set_wins(tmp_path, monkeypatch, caplog):
+    """`train`'s `--profile auto --config-dir configs` on an 80 GB CUDA device loading a 7B: the gpu
+    values on top of the directory, sized (lr 1e-5, the plan's update), one line saying what and why;
     a --set of the user's still wins. The device is the one thing simulated (no GPU on CI)."""
     import argparse
     import logging
+    import types
 
+    import torch
+
+    from skyrl_tool_agent.commands.train import sized_to_device
     from skyrl_tool_agent.config import cli
-    from skyrl_tool_agent.config.gpu_sizing import GIB
 
     monkeypatch.setattr(cli, "_cuda_available", lambda: True)
-    monkeypatch.setattr(cli, "_cuda_memory", lambda: 24 * GIB)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * 2**30))
     model = _shape_dir(tmp_path / "coder7b", QWEN_7B)
     parser = cli.add_config_args(argparse.ArgumentParser(allow_abbrev=False))
-    with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.config"):
-        config = cli.config_from_args(parser.parse_args(["--config-dir", "configs", "--set", f"model.name_or_path={model}"]))
+
+    def train_config(*flags: str):
+        args = parser.parse_args(["--config-dir", "configs", "--set", f"model.name_or_path={model}", *flags])
+        config = cli.config_from_args(args)
+        assert args.resolved_profile == "gpu"
+        return sized_to_device(args, config)
+
+    with caplog.at_level(logging.INFO):
+        config = train_config()
     assert config.training.learning_rate == 1e-5 and config.grpo.max_new_tokens_per_turn == 512
     assert config.training.time_budget_minutes is None and config.training.micro_batch_tokens < 49152
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile gpu: ")]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile gpu sized")]
     assert "training.learning_rate 2e-05 -> 1e-05" in line and "training.micro_batch_tokens 49152 ->" in line, line
-    config = cli.config_from_args(parser.parse_args(["--config-dir", "configs", "--set", f"model.name_or_path={model}",
-                                                     "--set", "training.learning_rate=3e-5"]))
-    assert config.training.learning_rate == 3e-5
+    assert train_config("--set", "training.learning_rate=3e-5").training.learning_rate == 3e-5

@@ -254,7 +254,8 @@ def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_pat
 
 
 #: Metrics that measure time or memory, not what was learned: the only ones two identical runs may differ in.
-TIMING_KEYS = ("tokens_per_s", "time/rollout_s", "time/update_s", "time/elapsed_s", "memory/peak_rss_gib")
+TIMING_KEYS = ("tokens_per_s", "time/rollout_s", "time/update_s", "time/elapsed_s", "memory/peak_rss_gib",
+               "rollout/slot_wait_s")
 
 
 def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
@@ -276,6 +277,8 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
         runs.append([{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(tmp_path / name)])
     assert [r["step"] for r in runs[0]] == [0, 1, 2]
     assert runs[0] == runs[1]
+    # The memory plan at work: every step's episodes fit the engine at once (this machine's RAM), none waited.
+    assert all(r["rollout/episodes_in_flight"] >= 4 and r["rollout/slot_waits"] == 0 for r in runs[0][1:]), runs[0]
     # Each step's row gives the process's peak resident memory so far (GiB): what a laptop's RAM must hold.
     peaks = [row["memory/peak_rss_gib"] for row in _metrics(tmp_path / "b")[1:]]
     assert all(0.05 < p < 64 for p in peaks) and peaks == sorted(peaks), peaks

@@ -58,7 +58,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="measure the model's frontier on the generated pool into its frontier.json")
     p.add_argument("--frontier-tasks", type=int, help="with --frontier: a stratified subset of N pool tasks (default all)")
     p.add_argument("--frontier-samples", type=int, default=8, help="with --frontier: episodes per task (default 8)")
-    from skyrl_tool_agent.distributed.memory import RANDOM_SHAPES
+    from skyrl_tool_agent.policy.random_shapes import RANDOM_SHAPES
 
     p.add_argument("--random-shape", choices=sorted(RANDOM_SHAPES),
                    help="write a model of this architecture with random bf16 weights into --output-dir and exit")
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             if not args.output_dir:
                 raise UserInputError("--random-shape needs --output-dir DIR")
             from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
-            from skyrl_tool_agent.distributed.memory import write_random_model
+            from skyrl_tool_agent.policy.random_shapes import write_random_model
 
             params = write_random_model(args.random_shape, Path(args.output_dir).expanduser(), SHIPPED_EMBEDDED_DIR)
             print(f"{args.output_dir}: {args.random_shape} shape, {params / 1e9:.2f}B parameters, random bf16 weights")

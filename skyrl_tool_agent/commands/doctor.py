@@ -3,6 +3,12 @@ capture and one tiny GRPO training step, one line each (PASS / WARN / FAIL / SKI
 
     skyrl-tool-agent doctor                 # CUDA if there is one, else the CPU (GPU-only checks skipped)
     skyrl-tool-agent doctor --device cpu
+    skyrl-tool-agent doctor --mode lora --set model.name_or_path=Qwen/Qwen2.5-7B-Instruct --gpu-memory 24
+
+The last line is the memory plan a `train` with the same flags would make (episodes in flight and
+what bounds them, the update's tokens, the snapshot, the cache): for this machine's GPU, or for a
+card of `--gpu-memory` GiB (x `--gpus`) you do not have yet. It fails where not even one episode fits,
+naming the knobs that would.
 
 Needs nothing outside the package (the embedded model ships in it). Exit status 1 when a check
 fails, else 0.
@@ -10,7 +16,9 @@ fails, else 0.
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Any
 
 from skyrl_tool_agent.commands._args import new_parser
 
@@ -19,6 +27,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p = new_parser(__doc__, prog)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where the checks run (auto: cuda when available)")
+    p.add_argument("--mode", choices=["lora", "full"], help="training.mode of the run to plan (as train's --mode)")
+    p.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="plan for a GPU of this many GiB instead of this machine's device (the gpu profile, as "
+                        "--profile auto would take on it)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="GPUs of the run to plan (full mode shards over them; default: WORLD_SIZE, else 1)")
+    from skyrl_tool_agent.config import add_config_args
+
+    add_config_args(p)
     args = p.parse_args(argv)
     from skyrl_tool_agent.cli import setup_logging
 
@@ -38,10 +55,37 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         wanted = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         device = resolve_device(wanted)
         results = run_checks(device, emit=lambda check: print(check.line(), flush=True))
+        results.append(planned(args, device))
+        print(results[-1].line(), flush=True)
     failed = [c.name for c in results if c.status == FAIL]
     print(f"doctor: {len(results) - len(failed)} of {len(results)} checks without failure"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
+
+
+def planned(args: argparse.Namespace, device: Any) -> Any:
+    """The memory plan check of the run train's flags describe (module docstring)."""
+    import os
+
+    import torch
+
+    from skyrl_tool_agent.config import config_from_args
+    from skyrl_tool_agent.doctor import memory_plan_check
+
+    if args.mode:
+        args.overrides = [f"training.mode={args.mode}", *args.overrides]
+    if args.gpu_memory is not None and args.profile == "auto":
+        args.profile = "gpu"  # what --profile auto takes on such a card
+    config = config_from_args(args)
+    world = args.gpus or int(os.environ.get("WORLD_SIZE", "1"))
+    if args.gpu_memory is not None:
+        return memory_plan_check(config, device_kind="cuda", device_bytes=int(args.gpu_memory * 2**30), world=world)
+    if device.type == "cuda":
+        return memory_plan_check(config, device_kind="cuda", device_bytes=int(torch.cuda.get_device_properties(device).total_memory),
+                                 world=world)
+    import psutil
+
+    return memory_plan_check(config, device_kind="cpu", device_bytes=psutil.virtual_memory().available, world=world)
 
 
 if __name__ == "__main__":

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(json.dumps(run_worker(args.worker, args)))
         return 0
     if args.estimate:
-        from skyrl_tool_agent.distributed.memory import print_estimates
+        from skyrl_tool_agent.memory.table import print_estimates
 
         print_estimates()
         return 0

@@ -28,7 +28,7 @@ from skyrl_tool_agent.commands._args import (
     new_parser,
     task_file_args,
 )
-from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
+from skyrl_tool_agent.config import Config, UserInputError, add_config_args, cli_main_guard, config_from_args
 
 
 #: Errors of the output file system that a user fixes (not bugs): one `error:` line, exit 2.
@@ -72,6 +72,33 @@ def resume_command(argv: list[str] | None, prog: str | None) -> str:
     return shlex.join([*head, *args, "--resume", "auto"])
 
 
+def sized_to_device(args: argparse.Namespace, config: Config) -> Config:
+    """`--profile auto` on a GPU, before anything is loaded: the knobs still at their H100 value
+    (a value set by `--set` or in a file is the user's) sized to the model and the device by the
+    memory plan (`memory.sizing.size_gpu_profile`); nothing fits: one `error:` line naming what would."""
+    import logging
+
+    import torch
+
+    from skyrl_tool_agent.config.base import h100_value
+    from skyrl_tool_agent.config.training import TrainingConfig
+    from skyrl_tool_agent.memory.shape import shape_of
+    from skyrl_tool_agent.memory.sizing import size_gpu_profile
+
+    t = config.training
+    at_profile = {f"training.{k}" for k in ("learning_rate", "micro_batch_tokens")
+                  if getattr(t, k) == h100_value(TrainingConfig.model_fields[k])}
+    changes, why, plan = size_gpu_profile(config, shape_of(config.model.name_or_path),
+                                          device_bytes=int(torch.cuda.get_device_properties(0).total_memory),
+                                          world=int(os.environ.get("WORLD_SIZE", "1")), at_profile=at_profile)
+    logging.getLogger(__name__).info("profile gpu sized to the model and the device: %s", "; ".join(why))
+    if not changes:
+        return config
+    args.overrides = [*(f"{k}={v}" for k, v in changes.items()), *args.overrides]  # the user's --set wins
+    args.profile = "gpu"
+    return config_from_args(args)
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parse_args(argv, prog)
     from skyrl_tool_agent.cli import setup_logging, training_progress
@@ -94,6 +121,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         args.overrides = [*extra, *args.overrides]  # explicit --set wins over the shortcuts
         task_file_args(args)
         config = config_from_args(args)
+        if getattr(args, "resolved_profile", None) == "gpu":
+            config = sized_to_device(args, config)
         repo = config.training.push_to_hub.repo_id
         if repo:
             from huggingface_hub import get_token  # HF_TOKEN, else the token `hf auth login` cached

@@ -54,8 +54,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "knob's H100 value, e.g. lr 2e-5, 512 tokens per turn, no time budget; the data section is kept). "
         "auto: gpu when the model the command loads (model.name_or_path, or eval's --model-path; an adapter or "
         "checkpoint counts as its base) is not the embedded one and a CUDA device is there, else cpu; on a GPU "
-        "the learning rate and the update's token budget are then sized to the model's size and the device's "
-        "memory (config/gpu_sizing.py). With --config-dir, the gpu values replace the files' values left at "
+        "train then sizes the learning rate and the update's token budget to the model's size and the device's "
+        "memory, beside the rollout engine's episodes (skyrl_tool_agent/memory/sizing.py). With --config-dir, the gpu values replace the files' values left at "
         "their CPU default (edited ones are kept). The choice, the values and the reasons are logged at start",
     )
     group.add_argument(
@@ -98,15 +98,10 @@ def config_from_args(args: argparse.Namespace, *, model_path: str | None = None)
     config = load("cpu")
     model = model_path or config.model.name_or_path
     choice, reason = auto_profile(model, device=config.model.device, cuda=None)
+    args.resolved_profile = choice  # the train command sizes a gpu choice to the model and the device
     if choice == "gpu":
-        gpu = load("gpu")  # on a --config-dir too: its values left at the CPU default take the gpu ones
-        changes, why = sized_for_device(gpu, model)
-        logger.info("profile gpu: %s (each knob's H100 value, sized to the model and the device: %s); "
-                    "--profile cpu keeps the CPU ones", reason, "; ".join(why))
-        if not changes:
-            return gpu
-        args.overrides = [*(f"{k}={v}" for k, v in changes.items()), *args.overrides]  # the user's --set wins
-        return load("gpu")
+        logger.info("profile gpu: %s (each knob's H100 value); --profile cpu keeps the CPU ones", reason)
+        return load("gpu")  # on a --config-dir too: its values left at the CPU default take the gpu ones
     if is_embedded_model(model):
         logger.info("profile cpu: %s", reason)
     else:
@@ -114,30 +109,6 @@ def config_from_args(args: argparse.Namespace, *, model_path: str | None = None)
                        "--profile gpu takes each knob's H100 value", reason, config.training.learning_rate,
                        config.grpo.max_new_tokens_per_turn)
     return config
-
-
-def sized_for_device(config: Config, model: str) -> tuple[dict[str, object], list[str]]:
-    """The gpu profile's values scaled to `model`'s size and the CUDA device's memory
-    (`gpu_sizing.gpu_values`), for the knobs still at their H100 value (a value the user set, by
-    `--set` or in a file, is theirs); with the reasons, for the log line."""
-    from skyrl_tool_agent.config.base import h100_value
-    from skyrl_tool_agent.config.gpu_sizing import gpu_values, model_shape
-    from skyrl_tool_agent.config.training import TrainingConfig
-
-    t = config.training
-    values = {"training.learning_rate": t.learning_rate, "training.micro_batch_tokens": t.micro_batch_tokens,
-              "grpo.max_total_tokens": config.grpo.max_total_tokens, "training.mode": t.mode,
-              "model.quantization.load_in_4bit": config.model.quantization.load_in_4bit}
-    changes, why = gpu_values(model_shape(model), _cuda_memory(), values)
-    at_profile = {f"training.{k}" for k in ("learning_rate", "micro_batch_tokens")
-                  if getattr(t, k) == h100_value(TrainingConfig.model_fields[k])}
-    return {k: v for k, v in changes.items() if k in at_profile}, why
-
-
-def _cuda_memory() -> int:
-    import torch  # late: the config package does not import torch otherwise
-
-    return int(torch.cuda.get_device_properties(0).total_memory)
 
 
 def auto_profile(model: str, *, device: str = "auto", cuda: bool | None = None) -> tuple[str, str]:

@@ -215,8 +215,8 @@ class TrainingConfig(Section):
     )
     micro_batch_size: int = knob(
         8, "Sequences per forward/backward pass (per GPU). H100: 8 episodes at grpo.max_total_tokens need "
-        "~13 GiB for Qwen2.5-1.5B and ~35 GiB for 7B by the estimate of grpo/memory.py (a formula; "
-        "measured on random 1.5B weights, H200, 2026-11-27: 13.3 GiB); 16 would need ~22 / ~54 GiB (estimated).",
+        "13.3 GiB for Qwen2.5-1.5B (measured on random weights, H200, 2026-11-27); skyrl_tool_agent/memory/ "
+        "plans the update beside the rollout engine (docs/distributed.md, Memory).",
         h100=8, ge=1
     )
     micro_batch_tokens: int | None = knob(

@@ -33,7 +33,7 @@ from skyrl_tool_agent.policy.loading import (
     resolve_model_path,
 )
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
-from skyrl_tool_agent.policy.memory_plan import format_bytes
+from skyrl_tool_agent.memory.device import format_bytes
 from skyrl_tool_agent.policy.weights import SamplingWeights
 from skyrl_tool_agent.policy.prefix import plain_forward_logprobs
 from skyrl_tool_agent.policy.qwen import QwenPolicy

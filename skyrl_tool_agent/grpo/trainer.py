@@ -36,14 +36,15 @@ from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
 from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
-from skyrl_tool_agent.grpo.memory import update_reserve_bytes
 from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.kernels.fused_lora import fused_lora
-from skyrl_tool_agent.policy.memory_plan import ModelDims
+from skyrl_tool_agent.memory.device import device_memory
+from skyrl_tool_agent.memory.shape import ModelShape
+from skyrl_tool_agent.memory.sizing import plan_for
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
-from skyrl_tool_agent.policy.weights import base_model
+from skyrl_tool_agent.policy.weights import base_model, is_sharded, sampling_dtype
 from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
@@ -97,14 +98,16 @@ class GRPOTrainer:
         self.output_dir = output_dir
         self.checkpoint_dir = output_dir / "checkpoints"
         self.optimizer, self.scheduler = build_optimizer(policy, config)
-        # The rollout engine is built once and keeps its cache through every update: its plan leaves room for one.
-        t = config.training
-        policy.update_reserve_bytes = update_reserve_bytes(
-            ModelDims.from_config(base_model(policy.model).config, config.model.lora.r), mode=t.mode,
-            tokens=t.micro_batch_tokens or t.micro_batch_size * config.grpo.max_total_tokens,
-            gpus=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
-            kl=config.grpo.kl_coef > 0, four_bit=policy.is_4bit, checkpointing=config.model.gradient_checkpointing,
-            dtype_bytes=next(policy.model.parameters()).element_size())
+        # The rollout engine is built once and keeps its cache through every update: the memory plan
+        # sizes both together on this device, and the run shows it before its first step.
+        self.memory_plan = plan_for(
+            config, ModelShape.from_config(base_model(policy.model).config, "the loaded model"),
+            device_bytes=device_memory(policy.device).total,
+            world=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
+            device_kind="cuda" if policy.device.type == "cuda" else "cpu",
+            dtype_bytes=sampling_dtype(policy.model).itemsize, zero3=is_sharded(policy.model))
+        policy.use_plan(self.memory_plan)
+        logger.info("%s", self.memory_plan.describe())
         self.step = 0
         self.last_eval: dict[str, Any] | None = None  # the latest `evaluate()` made by `train`
         self.last_eval_trajectories: list[Trajectory] = []  # the latest `evaluate()`'s episodes (for report.html)
@@ -335,6 +338,7 @@ class GRPOTrainer:
         if on_cuda:  # memory/gpu_peak_gib is this step's peak (rollout's KV cache, update's activations)
             torch.cuda.reset_peak_memory_stats(self.policy.device)
         tasks = self.loader.next_batch()
+        engine_before = self.policy.engine_stats()
         trajectories = self.collect(tasks, g.group_size, self.sampling)
         decided = self._decide(trajectories)
         target, refills = len(tasks), 0
@@ -345,6 +349,7 @@ class GRPOTrainer:
             trajectories = [*trajectories, *self.collect(extra, g.group_size, self.sampling)]
             decided = self._decide(trajectories)
         rollout_s = time.monotonic() - t0
+        engine_after = self.policy.engine_stats()
         groups = [trajectories[i * g.group_size:(i + 1) * g.group_size] for i in range(len(tasks))]
         # Infrastructure failures (done_reason "error") were never scored: no attempts for the curriculum.
         self.loader.record_results({
@@ -394,6 +399,10 @@ class GRPOTrainer:
             "policy_tokens": policy_tokens,
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
+            # The memory plan at work: episodes the engine holds at once, and how many waited for a slot, how long.
+            "rollout/episodes_in_flight": engine_after.get("slots", 0),
+            "rollout/slot_waits": engine_after.get("waited", 0) - engine_before.get("waited", 0),
+            "rollout/slot_wait_s": engine_after.get("wait_s", 0.0) - engine_before.get("wait_s", 0.0),
         }
         metrics["memory/peak_rss_gib"] = peak_rss_gib()
         if on_cuda:

@@ -20,7 +20,7 @@ model's weights changed and no row is in flight (once per optimizer step), so ca
 valid: the engine is built once per run.
 
 The engine is asked for a slot per episode in flight and gets what fits its memory budget
-(`memory_plan`); the log says how many and why. A fresh episode that finds every slot taken waits,
+(`memory.plan`); the log says how many and why. A fresh episode that finds every slot taken waits,
 in arrival order, for the slot of an episode that ends, and draws the tokens it would have drawn.
 """
 
@@ -39,7 +39,9 @@ import torch
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.kernels.cpu_threads import release_thread_pool
-from skyrl_tool_agent.policy import memory_plan
+from skyrl_tool_agent.memory import model as memory_model
+from skyrl_tool_agent.memory.device import device_memory, format_bytes
+from skyrl_tool_agent.memory.plan import SlotPlan, plan_slots
 from skyrl_tool_agent.policy.prefix import MIN_SHARED_PREFIX, common_prefix_length
 from skyrl_tool_agent.policy.slot_model import SlotModel, default_prefill_tokens
 from skyrl_tool_agent.policy.token_sampling import is_greedy
@@ -63,6 +65,7 @@ class _Request:
     seed: int
     future: Future = field(default_factory=Future)
     waiting: bool = False  # found every slot taken
+    waited_since: float = 0.0  # when it first found every slot taken (perf_counter)
 
 
 @dataclass
@@ -98,7 +101,7 @@ class RolloutEngine:
         stop_check_interval: decode steps between reads of the sampled tokens (a row may run up to
             this many steps past its stop id; those tokens are dropped). Default: 8 on CUDA, 1 on CPU.
         memory_fraction: the share of the device's memory (CUDA) or of the available RAM (CPU)
-            the process may fill with the engine's cache (`model.engine_memory_fraction`, `memory_plan`).
+            the process may fill with the engine's cache (`model.engine_memory_fraction`, `memory.plan`).
         cuda_graphs, attention, prefill_tokens: how the forward runs (`slot_model.SlotModel`).
     """
 
@@ -122,6 +125,7 @@ class RolloutEngine:
                               cuda_graphs=cuda_graphs, attention=attention, prefill_tokens=prefill_tokens)
         self.stats = self.step.stats  # counters for benchmarks and logs (prefill_s: admission, synchronised)
         self.stats["waited"] = 0  # fresh episodes that found every slot taken and waited for one
+        self.stats["wait_s"] = 0.0  # the seconds they waited, summed
         self.stats["slot_moves"] = 0  # rows moved to pack the rows being decoded (`_pack_rows`)
         self._slots = [_Slot(i) for i in range(slots)]
         self._free = list(reversed(self._slots))
@@ -134,19 +138,18 @@ class RolloutEngine:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def _plan_slots(self, demand: int, fraction: float, prefill_tokens: int, update_bytes: int) -> memory_plan.SlotPlan:
-        memory = memory_plan.device_memory(self.weights.device)
-        dims, item = self.weights.dims, self.weights.dtype.itemsize
-        working = dims.working_set_bytes(rows=demand, capacity=self.capacity, prefill_tokens=prefill_tokens,
-                                         dtype_bytes=item)
-        size = memory_plan.format_bytes
+    def _plan_slots(self, demand: int, fraction: float, prefill_tokens: int, update_bytes: int) -> SlotPlan:
+        memory = device_memory(self.weights.device)
+        setup = memory_model.Setup(self.weights.shape, dtype_bytes=self.weights.dtype.itemsize)
+        working = int(memory_model.engine_working_bytes(setup, rows=demand, capacity=self.capacity,
+                                                        chunk_tokens=prefill_tokens))
+        size = format_bytes
         explanation = (f"{fraction:g} x {size(memory.total)} {memory.where} - {size(memory.in_use)} in use "
                        f"- {size(working)} forward working set"
                        + (f" - {size(update_bytes)} reserved for the update" if update_bytes else ""))
-        return memory_plan.plan_slots(demand=demand, capacity=self.capacity,
-                                      bytes_per_token=dims.kv_bytes_per_token(item),
-                                      memory_bytes=memory.total, fraction=fraction,
-                                      reserved_bytes=memory.in_use + working + update_bytes, explanation=explanation)
+        return plan_slots(demand=demand, capacity=self.capacity, bytes_per_token=memory_model.kv_bytes_per_token(setup),
+                          memory_bytes=memory.total, fraction=fraction,
+                          reserved_bytes=memory.in_use + working + update_bytes, explanation=explanation)
 
     # ------------------------------------------------------------------ public API (any thread)
     def submit(self, prompt: Sequence[int], *, max_new_tokens: int, temperature: float, top_p: float,
@@ -271,10 +274,13 @@ class RolloutEngine:
                 continuing.append((request, slot))
                 continue
             if not self._free:  # every slot taken: wait (in arrival order) for an episode to end
-                self.stats["waited"] += not request.waiting
-                request.waiting = True
+                if not request.waiting:
+                    self.stats["waited"] += 1
+                    request.waiting, request.waited_since = True, time.perf_counter()
                 self._waiting.append(request)
                 continue
+            if request.waiting:
+                self.stats["wait_s"] += time.perf_counter() - request.waited_since
             slot = self._free.pop()
             slot.key, slot.tokens = request.key, []
             self._by_key[request.key] = slot

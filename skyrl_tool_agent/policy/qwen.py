@@ -32,12 +32,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.kernels.logprobs import token_logprobs
+from skyrl_tool_agent.memory.plan import RunPlan
 from skyrl_tool_agent.policy.engine import RolloutEngine
 from skyrl_tool_agent.policy.loading import (check_4bit_training_layout, load_model, load_tokenizer, resolve_device,
                                              resolve_model_path)
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.token_sampling import is_greedy, logprob_temperature
-from skyrl_tool_agent.policy.memory_plan import ModelDims, device_memory, format_bytes, snapshot_bytes
 from skyrl_tool_agent.policy.weights import SamplingWeights, base_model, unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -76,12 +76,13 @@ class QwenPolicy:
         self._weights: SamplingWeights | None = None
         self._engine: RolloutEngine | None = None
         self.engine_memory_fraction = engine_memory_fraction  # `model.engine_memory_fraction` (None: its default)
-        #: Memory the engine's plan leaves free for the update (the trainer sets it: `grpo.memory`).
+        # What the run's memory plan chose (`use_plan`; `memory.plan`): the memory the engine leaves
+        # free for the update, whether it samples through the model's own projection modules (the
+        # adapters beside the base weights, no copy) rather than a folded or dequantized copy (None:
+        # a 4-bit model does, any other folds), and its prefill chunk (None: the device's default).
         self.update_reserve_bytes = 0
-        #: Whether the engine samples through the model's own projection modules (the adapters beside
-        #: the base weights, no copy) rather than from a folded or dequantized copy; the memory plan
-        #: sets it. None: a 4-bit model decides by its engine budget, any other folds.
         self.sample_through_modules: bool | None = None
+        self.prefill_tokens: int | None = None
         #: Why the engine cannot sample this model (None: it does).
         self.engine_blocker: str | None = unsupported_reason(model)
         if self.engine_blocker:
@@ -114,35 +115,23 @@ class QwenPolicy:
         """What samples, for logs and records: 'engine', or 'model.generate (why)'."""
         return "engine" if self.engine_blocker is None else f"model.generate ({self.engine_blocker})"
 
+    def use_plan(self, plan: RunPlan) -> None:
+        """Sample as the run's memory plan says (before the engine is built)."""
+        self.update_reserve_bytes = int(plan.parts["update"])
+        self.sample_through_modules = plan.through_modules
+        self.prefill_tokens = plan.prefill_tokens
+
     def sampling_weights(self) -> SamplingWeights:
         """The engine's weight snapshot (taken on first use; the engine refreshes it after each step):
-        through the model's own modules or a folded copy as `sample_through_modules` says; unset, a
-        4-bit model's projections are dequantized once per step into a bf16 copy where that copy
-        takes at most half of the engine's memory budget, else sampled through bitsandbytes' 4-bit
-        matmul (the log says which and why), and a LoRA model's adapters are folded in."""
+        through the model's own modules or a folded copy as `sample_through_modules` says (the memory
+        plan: the copy where it costs no episode); unset, a 4-bit model is sampled through its
+        modules (bitsandbytes' 4-bit matmul and the adapters) and a LoRA model's adapters are folded in."""
         if self._weights is None:
-            through = self.sample_through_modules
-            if through is None:
-                through = self._sample_4bit_directly()
-            else:
-                logger.info("the rollout engine samples %s", "through the model's modules, the adapters beside the "
-                            "base weights" if through else "from a copy with the adapters folded in")
+            through = self.is_4bit if self.sample_through_modules is None else self.sample_through_modules
+            logger.info("the rollout engine samples %s", "through the model's modules, the adapters beside the "
+                        "base weights" if through else "from a copy with the adapters folded in")
             self._weights = SamplingWeights(self.model, through_modules=through)
         return self._weights
-
-    def _sample_4bit_directly(self) -> bool:
-        if not self.is_4bit:
-            return False
-        dims = ModelDims.from_config(base_model(self.model).config)
-        copy = snapshot_bytes(dims, mode="lora", four_bit=True)
-        memory = device_memory(self.device)
-        fraction = self.engine_memory_fraction or default_of(ModelConfig, "engine_memory_fraction")
-        budget = memory.total * fraction - memory.in_use - self.update_reserve_bytes
-        direct = copy > budget / 2
-        logger.info("QLoRA: the rollout engine samples %s: a dequantized copy takes %s of its %s budget",
-                    "through bitsandbytes' 4-bit matmul" if direct else "from a bf16 copy dequantized once per step",
-                    format_bytes(copy), format_bytes(int(max(budget, 0))))
-        return direct
 
     def prepare_sampling(self) -> None:
         """Called by every rank before a collection: nothing to do here (the engine refreshes the
@@ -165,8 +154,14 @@ class QwenPolicy:
             self._engine = RolloutEngine(self.sampling_weights(), slots=slots, capacity=capacity,
                                          stop_ids=self.stop_token_ids, pad_id=self.tokenizer.pad_token_id,
                                          memory_fraction=self.engine_memory_fraction,
-                                         reserved_bytes=self.update_reserve_bytes)
+                                         reserved_bytes=self.update_reserve_bytes, prefill_tokens=self.prefill_tokens)
         return self._engine
+
+    def engine_stats(self) -> dict[str, float]:
+        """The rollout engine's counters (its slots, episodes that waited for one and the seconds they
+        waited, ...); empty before it is built or where it cannot run."""
+        engine = self._engine
+        return {} if engine is None else {**engine.stats, "slots": engine.slots}
 
     def release_rollout_engine(self) -> None:
         """Free the engine's KV cache and graphs (the snapshot stays)."""

@@ -152,7 +152,8 @@ class SlotModel:
         return x
 
     def _logits(self, x: Tensor) -> Tensor:
-        return F.linear(self.weights.norm(x, self.weights.final_norm), self.weights.lm_head)
+        head = self.weights.lm_head  # in its own dtype when sampled through the modules (a QLoRA head: float32)
+        return F.linear(self.weights.norm(x, self.weights.final_norm).to(head.dtype), head)
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -210,7 +211,7 @@ class SlotModel:
             return out.view(rows, w.kv_heads, groups, width, w.head_dim).permute(0, 3, 1, 2, 4).reshape(
                 rows, width, w.heads, w.head_dim)
 
-        x = self._layers(F.embedding(ids, w.embed), cos, sin, attend)
+        x = self._layers(F.embedding(ids, w.embed).to(self.dtype), cos, sin, attend)
         if sample:
             last = x[torch.arange(rows, device=dev), counts - 1]
             self._draw(self._logits(last), slots, starts + counts, nucleus=nucleus)
@@ -243,7 +244,7 @@ class SlotModel:
             return attention(q.contiguous(), k_cache, v_cache)
 
         cos, sin = self.cos[lengths].unsqueeze(1), self.sin[lengths].unsqueeze(1)  # [B, 1, D]
-        x = self._layers(F.embedding(self.history[slots, lengths], w.embed), cos, sin, attend)
+        x = self._layers(F.embedding(self.history[slots, lengths], w.embed).to(self.dtype), cos, sin, attend)
         self._draw(self._logits(x), slots, valid, nucleus=nucleus)
         lengths.add_(1)
 

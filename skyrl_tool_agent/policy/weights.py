@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from skyrl_tool_agent.policy.memory_plan import ModelDims
+from skyrl_tool_agent.memory.shape import ModelShape
 
 # Modules peft may wrap that the snapshot folds into its fused weights.
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -158,8 +158,9 @@ class SamplingWeights:
     """The weights of a Qwen2 `model` as of the last `refresh_` (module docstring). With
     `through_modules` the projections are neither folded nor copied: the engine calls the model's
     own modules (the base weights, bf16 or 4-bit, and the adapters beside them), for a device where
-    the folded copy would cost episodes (`QwenPolicy.sampling_weights` decides). Only what is not in
-    the sampling dtype (a QLoRA model's float32 norms) is copied."""
+    the folded copy would cost episodes (the memory plan decides: `memory.plan`). The embedding and
+    the head are read in their own dtype; only the layers' norms, where not in the sampling dtype
+    (a QLoRA model's float32 ones), are copied."""
 
     def __init__(self, model: torch.nn.Module, *, through_modules: bool = False) -> None:
         reason = unsupported_reason(model)
@@ -173,7 +174,7 @@ class SamplingWeights:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.layers_n = cfg.num_hidden_layers
-        self.dims = ModelDims.from_config(cfg)
+        self.shape = ModelShape.from_config(cfg)
         self.rotary = base.model.rotary_emb
         self.eps = base.model.norm.variance_epsilon
         self.dtype = sampling_dtype(model)
@@ -206,10 +207,13 @@ class SamplingWeights:
         """Every tensor of the snapshot by name, each layer's computed while its shards are gathered."""
         base, dtype = base_model(self.model), self.dtype
         inner = base.model
+        # Through the modules, the embedding and the head stay as they are (QLoRA's are float32 after
+        # k-bit preparation: a bf16 copy of both is ~2 GB for a 7B); the engine casts at the edges.
+        keep = self.through_modules
         with torch.no_grad(), gathered(inner.embed_tokens, inner.norm, base.lm_head):
-            yield "embed", inner.embed_tokens.weight.detach().to(dtype)
+            yield "embed", inner.embed_tokens.weight.detach() if keep else inner.embed_tokens.weight.detach().to(dtype)
             yield "final_norm", inner.norm.weight.detach().to(dtype)
-            yield "lm_head", effective_weight(base.lm_head, dtype)[0]
+            yield "lm_head", effective_weight(base.lm_head, base.lm_head.weight.dtype if keep else dtype)[0]
         for i, layer in enumerate(inner.layers):
             with torch.no_grad(), gathered(layer):
                 fused = _fuse(layer, dtype, norms_only=self.through_modules)

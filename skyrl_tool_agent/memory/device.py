@@ -1,0 +1,42 @@
+"""The memory a plan is drawn from on this machine's device, and how bytes are written in logs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 2**30
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What a budget is drawn from: `total` bytes the fraction applies to, `in_use` of them taken."""
+
+    total: int
+    in_use: int
+    where: str  # "of cuda:0" or "of available RAM"
+
+
+def device_memory(device: Any) -> DeviceMemory:
+    """The memory a budget on `device` (a torch.device) is drawn from: on CUDA the device's total,
+    with this process's tensors and other processes' memory in use (the caching allocator's free
+    blocks count as free: the cache reuses them); on a CPU the RAM available now (what this
+    process holds is already outside it)."""
+    if device.type == "cuda":
+        import torch
+
+        free, total = torch.cuda.mem_get_info(device)
+        others = total - free - torch.cuda.memory_reserved(device)
+        return DeviceMemory(total, others + torch.cuda.memory_allocated(device), f"of {device}")
+    import psutil
+
+    return DeviceMemory(psutil.virtual_memory().available, 0, "of available RAM")
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes in GiB, MiB or KiB (the largest unit it fills)."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n / 1024:.1f} KiB"
