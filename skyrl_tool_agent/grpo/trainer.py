@@ -107,6 +107,7 @@ class GRPOTrainer:
             dtype_bytes=next(policy.model.parameters()).element_size())
         self.step = 0
         self.last_eval: dict[str, Any] | None = None  # the latest `evaluate()` made by `train`
+        self.last_eval_step = 0  # the step after which it was made
         self.last_eval_trajectories: list[Trajectory] = []  # the latest `evaluate()`'s episodes (for report.html)
         self.last_eval_seconds = 0.0  # how long it took (benchmarks keep evaluation off the clock)
         self.stop_reason = ""  # why `train` returned, in words (logged)
@@ -115,6 +116,9 @@ class GRPOTrainer:
         self.prior_elapsed_s = 0.0
         #: Called with (episodes done, total) as an evaluation's episodes finish (progress lines).
         self.eval_progress: Callable[[int, int], None] | None = None
+        #: Called after each evaluation or probe `train` makes before the last step, once its metrics
+        #: are logged (the pipeline rewrites the run's curves, table and report; rank 0 only).
+        self.after_measurement: Callable[[], None] | None = None
         self._clock_started: float | None = None  # monotonic time at which the clock read 0, while training
         g = config.grpo
         # Lockstep turns (deterministic): generation batches (hence sampling RNG use) do not depend on
@@ -457,11 +461,15 @@ class GRPOTrainer:
                     self.stop_reason = (f"time budget reached after {self.step} of {t.max_steps} steps "
                                         f"({(time.monotonic() - started) / 60:.1f} min)")
                 last = self.step >= t.max_steps or out_of_time or interrupted is not None
+                measured = False
                 if self.probes and not interrupted and (self.step % t.probe_every == 0 or last):
                     metrics.update(self.probe())
+                    measured = True
                 if not interrupted and ((t.eval_every and self.step % t.eval_every == 0) or last):
+                    measured = True
                     t_eval = time.monotonic()
                     ev = self.last_eval = self.evaluate()
+                    self.last_eval_step = self.step
                     self.last_eval_seconds = time.monotonic() - t_eval
                     metrics.update(eval_metrics(ev))
                 if self.step % t.log_every == 0 or last:
@@ -471,6 +479,8 @@ class GRPOTrainer:
                     run_logger.log_rollouts(rollout_records(self.step, out.tasks, out.trajectories, out.advantages,
                                                             out.kept, t.rollout_groups_per_step))
                 history.append(metrics)
+                if measured and not last and self.after_measurement is not None:  # the end writes its own
+                    self.after_measurement()
                 if on_step is not None:
                     on_step(metrics)
                 if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
