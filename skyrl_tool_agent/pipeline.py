@@ -241,6 +241,26 @@ def run_state(step: int, max_steps: int, minutes: float, stop_reason: str = "") 
         f"stopped: {stop_reason}" if stop_reason else "running")
 
 
+def training_weave(config: Config, run_logger: Any, eval_tasks: list[Task]) -> Any:
+    """The run's `eval.weave_training.TrainingWeave`: its evaluations as Weave Evaluations named
+    after the W&B run (else the output directory) when W&B is online; otherwise the one line that
+    says where they would have gone and the `eval` command that puts the trained model there."""
+    from skyrl_tool_agent.env.families import resolve_family
+    from skyrl_tool_agent.eval.vocabulary import vocabulary
+    from skyrl_tool_agent.eval.weave_setup import weave_mode
+    from skyrl_tool_agent.eval.weave_training import TrainingWeave
+
+    t = config.training
+    out = t.resolved_output_dir()
+    run_name = getattr(run_logger, "wandb_run_name", None) or out.name
+    subset = f" --limit {len(eval_tasks)} --seed {t.seed}" if t.eval_split == "dev" else ""
+    later = (f"WANDB_API_KEY=<key> skyrl-tool-agent eval --policy model --model-path {out / 'final'} "
+             f"--split {t.eval_split}{subset} --name {run_name}-final")
+    return TrainingWeave(mode=weave_mode(t.wandb.mode), wandb_mode=t.wandb.resolved_mode(),
+                         project=t.wandb.weave_project(), run_name=run_name,
+                         sql=vocabulary(resolve_family(config.env.task_family).name).sql, later=later)
+
+
 class RunOutputs:
     """A run's training_curves.png, metrics_table.md (the before/after table: the evaluation before
     GRPO against the latest one) and report.html (the latest evaluation's episodes against the one
@@ -499,10 +519,18 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                     probe = trainer.probe()
                 run_logger.log({"step": 0, **eval_metrics(before), **probe})
             outputs = RunOutputs(config, eval_tasks, before, splits.db_root) if ctx.is_main else None
-            if outputs is not None:  # the curves, table and report from the first evaluation on
+            weave_log = training_weave(config, run_logger, eval_tasks) if ctx.is_main else None
+            if outputs is not None and weave_log is not None:  # from the first evaluation on (rank 0)
                 if not resumed:
                     outputs.write_during_run(trainer)
-                trainer.after_measurement = lambda: outputs.write_during_run(trainer)
+                    weave_log.log(eval_tasks, trainer.last_eval_trajectories, 0)
+
+                def after_measurement() -> None:  # after each evaluation and probe during training
+                    outputs.write_during_run(trainer)
+                    if trainer.last_eval is not None and trainer.last_eval_step == trainer.step:
+                        weave_log.log(eval_tasks, trainer.last_eval_trajectories, trainer.step)
+
+                trainer.after_measurement = after_measurement
             # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
             # and a resumed run has spent what its checkpoint says. The whole job's budget may leave it less.
             deadline = trainer.deadline_for(t.time_budget_s)
@@ -525,6 +553,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 raise
             after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
             trainer.policy.save(out / "final")  # collective under a launcher (rank 0 writes; ZeRO-3 gathers shards)
+            if weave_log is not None:
+                weave_log.log(eval_tasks, trainer.last_eval_trajectories, trainer.step, model_path=out / "final")
             run_logger.finish()
         finally:
             runtime.close()

@@ -9,6 +9,7 @@ directory gets report.html with its rollouts. (In a real browser: tests/test_rep
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 from pathlib import Path
@@ -270,7 +271,7 @@ def tiny_model(tmp_path_factory):
 LIVE_FILES = ("training_curves.png", "metrics_table.md", "report.html")
 
 
-def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
+def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path, caplog):
     """A real three-step GRPO run: its output directory gets report.html with the final evaluation's
     episodes, the comparison with the evaluation before training, and the rollouts it logged.
 
@@ -305,7 +306,8 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
             held.append((open(out / name, "rb"), seen[value["step"]][name]))
 
     try:
-        summary = run_training(load_config(overrides=[f"{k}={v}" for k, v in sets.items()]), progress=progress)
+        with caplog.at_level(logging.INFO, logger="skyrl_tool_agent"):
+            summary = run_training(load_config(overrides=[f"{k}={v}" for k, v in sets.items()]), progress=progress)
         for f, then in held:
             assert f.read() == then, f.name  # replaced, not written over: the old file is whole
     finally:
@@ -326,6 +328,12 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
     assert b"stopped: max_steps (3) reached" in final["metrics_table.md"] and b"| after GRPO |" in final["metrics_table.md"]
     assert b"stopped: max_steps (3) reached" in final["report.html"] and b"evaluation after step 3" in final["report.html"]
     assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+    # W&B disabled: no Weave; one line says where the evaluations would have gone and what to run later.
+    [weave_line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Weave:")]
+    assert weave_line.startswith("Weave: W&B is disabled, so this run's evaluations are not traced"), weave_line
+    assert "Weave Evaluations run-step-<N> in project skyrl-tool-agent" in weave_line
+    assert f"skyrl-tool-agent eval --policy model --model-path {out / 'final'} --split dev --limit 3 --seed 42 " \
+           "--name run-final" in weave_line
     html = final["report.html"].decode("utf-8")
     rollouts = load_rollouts(out / "rollouts.jsonl")
     assert [(r["step"], r["group_member"]) for r in rollouts] == [(s, m) for s in (1, 2, 3) for m in (0, 1)]  # one whole group
@@ -342,3 +350,29 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
     outcomes = list(zip([e["data-task"] for e in evaluated], summary.before["solved"], summary.after["solved"]))
     for cls, changed in (("pos", [t for t, b, a in outcomes if a and not b]), ("neg", [t for t, b, a in outcomes if b and not a])):
         assert re.findall(r'<a href="#e\d+">([^<]*)</a>', lists[cls]) == changed
+
+
+def test_a_training_evaluation_is_a_weave_evaluation_of_its_episodes(report, monkeypatch, caplog):
+    """Issue 58: what a training run with W&B online sends to Weave for each of its evaluations,
+    run here with Weave local (no network): the Evaluation of the episodes the trainer already ran,
+    scored by `eval`'s scorers, agrees with the evaluation's own record. Then online for real
+    without a network: weave.init fails, one warning, no second try, and the run goes on."""
+    from skyrl_tool_agent.eval.weave_training import TrainingWeave, evaluation_name, replay_evaluation
+    from tests.fixtures.report_run import TASKS
+
+    results, trajectories = report.run.results, report.run.trajectories
+    summary = replay_evaluation(TASKS, trajectories, run_name="run-a", step=3, model_path=None, sql=True)
+    assert summary["execution_match"]["correct"]["true_fraction"] == pytest.approx(results["execution_accuracy"])
+    assert summary["exact_match"]["correct"]["true_fraction"] == pytest.approx(results["exact_match"])
+    assert evaluation_name("run-a", 3) == "run-a-step-3"
+
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.delenv("WEAVE_DISABLED", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: no network, wherever this runs
+    weave = TrainingWeave(mode="online", wandb_mode="online", project="someone/proj", run_name="run-a", sql=True,
+                          later="")
+    with caplog.at_level(logging.WARNING):
+        assert weave.log(TASKS, trajectories, 0) is None and weave.mode == "disabled"
+        assert weave.log(TASKS, trajectories, 3) is None
+    assert [r.getMessage().split(" (")[0] for r in caplog.records if "Weave" in r.getMessage()] == [
+        "Weave disabled for this evaluation"]
