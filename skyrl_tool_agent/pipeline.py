@@ -521,13 +521,10 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             outputs = RunOutputs(config, eval_tasks, before, splits.db_root) if ctx.is_main else None
             weave_log = training_weave(config, run_logger, eval_tasks) if ctx.is_main else None
             if outputs is not None and weave_log is not None:  # from the first evaluation on (rank 0)
-                if not resumed:
-                    outputs.write_during_run(trainer)
-                    weave_log.log(eval_tasks, trainer.last_eval_trajectories, 0)
 
-                def after_measurement() -> None:  # after each evaluation and probe during training
+                def after_measurement() -> None:  # at step 0, then after each evaluation and probe
                     outputs.write_during_run(trainer)
-                    if trainer.last_eval is not None and trainer.last_eval_step == trainer.step:
+                    if trainer.step == 0 or (trainer.last_eval is not None and trainer.last_eval_step == trainer.step):
                         weave_log.log(eval_tasks, trainer.last_eval_trajectories, trainer.step)
 
                 trainer.after_measurement = after_measurement

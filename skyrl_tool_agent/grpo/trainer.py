@@ -116,8 +116,10 @@ class GRPOTrainer:
         self.prior_elapsed_s = 0.0
         #: Called with (episodes done, total) as an evaluation's episodes finish (progress lines).
         self.eval_progress: Callable[[int, int], None] | None = None
-        #: Called after each evaluation or probe `train` makes before the last step, once its metrics
-        #: are logged (the pipeline rewrites the run's curves, table and report; rank 0 only).
+        #: Called when `train` starts from step 0 (for the evaluation and probe before GRPO) and after
+        #: each evaluation or probe it makes before the last step, once its metrics are logged (the
+        #: pipeline rewrites the run's curves, table and report; rank 0 only). Signals are caught by
+        #: then: a Ctrl-C during it stops at the safe point, with a checkpoint.
         self.after_measurement: Callable[[], None] | None = None
         self._clock_started: float | None = None  # monotonic time at which the clock read 0, while training
         g = config.grpo
@@ -440,6 +442,8 @@ class GRPOTrainer:
         checkpoint: Path | None = None
         saved_at: int | None = None
         with StopOnSignals() as stop:
+            if self.step == 0 and self.after_measurement is not None:
+                self.after_measurement()
             while self.step < t.max_steps:
                 interrupted = self._signal_received(stop)
                 if interrupted:  # it came during an evaluation or a save: stop before the next step
