@@ -221,23 +221,114 @@ class RunSummary:
     anatomy_delta: dict[str, dict[str, float]] | None = None
 
 
+def before_after_record(before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
+                        training_seconds: float) -> dict[str, Any]:
+    """before_after.json's record: both evaluations, the paired-bootstrap interval of the EX change
+    when both carry per-task outcomes, of the avg@k change when both sampled, and of each error
+    category's rate when both carry the error anatomy; the steps, the stop reason, the minutes."""
+    return {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
+            "training_minutes": training_seconds / 60,
+            "execution_accuracy_delta": paired_delta(before.get("solved"), after.get("solved")),
+            "avg_at_k_delta": paired_delta((before.get("sampled") or {}).get("per_task"),
+                                           (after.get("sampled") or {}).get("per_task")),
+            "error_anatomy_delta": anatomy_deltas(before, after)}
+
+
+def run_state(step: int, max_steps: int, minutes: float, stop_reason: str = "") -> str:
+    """A run's state in words, as its curves, table and report carry it: the step, the minutes of
+    GRPO, and "running" or why it stopped."""
+    return f"step {step} of {max_steps}, {minutes:.1f} min of GRPO, " + (
+        f"stopped: {stop_reason}" if stop_reason else "running")
+
+
+def training_weave(config: Config, run_logger: Any, eval_tasks: list[Task]) -> Any:
+    """The run's `eval.weave_training.TrainingWeave`: its evaluations as Weave Evaluations named
+    after the W&B run (else the output directory) when W&B is online; otherwise the one line that
+    says where they would have gone and the `eval` command that puts the trained model there."""
+    from skyrl_tool_agent.env.families import resolve_family
+    from skyrl_tool_agent.eval.vocabulary import vocabulary
+    from skyrl_tool_agent.eval.weave_setup import weave_mode
+    from skyrl_tool_agent.eval.weave_training import TrainingWeave
+
+    t = config.training
+    out = t.resolved_output_dir()
+    run_name = getattr(run_logger, "wandb_run_name", None) or out.name
+    subset = f" --limit {len(eval_tasks)} --seed {t.seed}" if t.eval_split == "dev" else ""
+    later = (f"WANDB_API_KEY=<key> skyrl-tool-agent eval --policy model --model-path {out / 'final'} "
+             f"--split {t.eval_split}{subset} --name {run_name}-final")
+    return TrainingWeave(mode=weave_mode(t.wandb.mode), wandb_mode=t.wandb.resolved_mode(),
+                         project=t.wandb.weave_project(), run_name=run_name,
+                         sql=vocabulary(resolve_family(config.env.task_family).name).sql, later=later)
+
+
+class RunOutputs:
+    """A run's training_curves.png, metrics_table.md (the before/after table: the evaluation before
+    GRPO against the latest one) and report.html (the latest evaluation's episodes against the one
+    before, the training rollouts so far, the curves), each with the run's state (`run_state`),
+    each replaced atomically: written by rank 0 after the first evaluation and probe, after every
+    evaluation and probe during training (`GRPOTrainer.after_measurement`), and at the end. One
+    writer for all of them, so a long run shows what it learns while it runs."""
+
+    def __init__(self, config: Config, eval_tasks: list[Task], before: dict[str, Any], db_root: Path) -> None:
+        self.config, self.eval_tasks, self.before, self.db_root = config, eval_tasks, before, db_root
+        self.out = config.training.resolved_output_dir()
+
+    def write(self, trainer: Any, *, after: dict[str, Any] | None = None, stop_reason: str = "",
+              grpo_seconds: float | None = None) -> None:
+        """Write the three files for `trainer`'s step and latest evaluation (`after`, default its
+        `last_eval`, the one before GRPO until there is another; its episodes are the trainer's
+        `last_eval_trajectories`); `stop_reason`: why the run stopped ("" while it runs);
+        `grpo_seconds`: the GRPO clock where training stopped (default: the trainer's clock now)."""
+        from skyrl_tool_agent.env.families import resolve_family
+        from skyrl_tool_agent.eval.plots import plot_training_curves
+        from skyrl_tool_agent.eval.report import TrainingRunView
+        from skyrl_tool_agent.eval.report_training import write_training_report
+        from skyrl_tool_agent.eval.vocabulary import vocabulary
+        from skyrl_tool_agent.reporting import write_metrics_table
+
+        t = self.config.training
+        if after is not None:
+            evaluated_at = trainer.step
+        else:
+            after, evaluated_at = ((trainer.last_eval, trainer.last_eval_step) if trainer.last_eval is not None
+                                   else (self.before, 0))
+        minutes = (trainer.elapsed_s() if grpo_seconds is None else grpo_seconds) / 60
+        state = run_state(trainer.step, t.max_steps, minutes, stop_reason)
+        curves = plot_training_curves(self.out / "metrics.jsonl", self.out / "training_curves.png",
+                                      eval_split=t.eval_split, kl_off=self.config.grpo.kl_coef == 0, state=state)
+        record = before_after_record(self.before, after, trainer.step, stop_reason=stop_reason,
+                                     training_seconds=trainer.train_seconds)
+        write_metrics_table(self.out / METRICS_TABLE_FILE, record, vocabulary(resolve_family(self.config.env.task_family).name),
+                            state=state, split=t.eval_split,
+                            after_label="after GRPO" if stop_reason else f"step {evaluated_at}")
+        if trainer.last_eval_trajectories:  # a resumed run has none until it evaluates: its report stays
+            # report.html: the latest evaluation's episodes against `before`, with the run's rollouts.jsonl
+            write_training_report(self.config, self.eval_tasks, trainer.last_eval_trajectories, self.before,
+                                  db_root=self.db_root, step=evaluated_at, run=TrainingRunView(state, curves))
+
+    def write_during_run(self, trainer: Any, *, stop_reason: str = "") -> None:
+        """`write` where a failure to write (a full disk, a file made read-only) must not end the
+        training: one warning, and the next evaluation or probe tries again."""
+        try:
+            self.write(trainer, stop_reason=stop_reason)
+        except OSError as exc:
+            logger.warning("the run's curves, table and report were not rewritten at step %d (%s: %s)",
+                           trainer.step, type(exc).__name__, exc)
+
+
+#: The before/after table of a run, in its output directory (`RunOutputs`).
+METRICS_TABLE_FILE = "metrics_table.md"
+
+
 def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
                seconds: float, history: list[dict[str, Any]], training_seconds: float, config: Config) -> RunSummary:
-    """Write before_after.json (with the paired-bootstrap interval of the EX change when both
-    evaluations carry per-task outcomes, and of each error category's rate when both carry the
-    error anatomy), training_curves.png, error_anatomy.png and the model card in final/."""
-    from skyrl_tool_agent.eval.plots import plot_error_anatomy, plot_training_curves
+    """Write before_after.json (`before_after_record`), error_anatomy.png and the model card in
+    final/ (the curves, the table and report.html: `RunOutputs`)."""
+    from skyrl_tool_agent.eval.plots import plot_error_anatomy
     from skyrl_tool_agent.reporting import write_model_card
 
-    delta = paired_delta(before.get("solved"), after.get("solved"))
-    sampled_delta = paired_delta((before.get("sampled") or {}).get("per_task"), (after.get("sampled") or {}).get("per_task"))
-    anatomy_delta = anatomy_deltas(before, after)
-    record = {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
-              "training_minutes": training_seconds / 60, "execution_accuracy_delta": delta,
-              "avg_at_k_delta": sampled_delta, "error_anatomy_delta": anatomy_delta}
+    record = before_after_record(before, after, steps, stop_reason=stop_reason, training_seconds=training_seconds)
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
-    plot_training_curves(out / "metrics.jsonl", out / "training_curves.png", eval_split=config.training.eval_split,
-                         kl_off=config.grpo.kl_coef == 0)
     if before.get("error_anatomy") and after.get("error_anatomy"):
         plot_error_anatomy([("before GRPO", before["error_anatomy"]), ("after GRPO", after["error_anatomy"])],
                            out / "error_anatomy.png",
@@ -246,9 +337,9 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
         write_model_card(out / "final", config, record)
     from skyrl_tool_agent.env.families import resolve_family
 
-    return RunSummary(before, after, steps, seconds, out, history, stop_reason, delta,
-                      family=resolve_family(config.env.task_family).name, sampled_delta=sampled_delta,
-                      anatomy_delta=anatomy_delta)
+    return RunSummary(before, after, steps, seconds, out, history, stop_reason, record["execution_accuracy_delta"],
+                      family=resolve_family(config.env.task_family).name, sampled_delta=record["avg_at_k_delta"],
+                      anatomy_delta=record["error_anatomy_delta"])
 
 
 def anatomy_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]] | None:
@@ -427,6 +518,16 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 if trainer.probes and not probe:
                     probe = trainer.probe()
                 run_logger.log({"step": 0, **eval_metrics(before), **probe})
+            outputs = RunOutputs(config, eval_tasks, before, splits.db_root) if ctx.is_main else None
+            weave_log = training_weave(config, run_logger, eval_tasks) if ctx.is_main else None
+            if outputs is not None and weave_log is not None:  # from the first evaluation on (rank 0)
+
+                def after_measurement() -> None:  # at step 0, then after each evaluation and probe
+                    outputs.write_during_run(trainer)
+                    if trainer.step == 0 or (trainer.last_eval is not None and trainer.last_eval_step == trainer.step):
+                        weave_log.log(eval_tasks, trainer.last_eval_trajectories, trainer.step)
+
+                trainer.after_measurement = after_measurement
             # The time budget is GRPO's own: it starts after the first evaluation (rank 0's clock decides),
             # and a resumed run has spent what its checkpoint says. The whole job's budget may leave it less.
             deadline = trainer.deadline_for(t.time_budget_s)
@@ -443,10 +544,14 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             try:
                 history = trainer.train(run_logger, on_step=on_step, deadline=deadline)
             except TrainingInterrupted:  # its checkpoint is saved; W&B closes the run cleanly, the servers in `finally`
+                if outputs is not None:  # why it stopped, where a person looks
+                    outputs.write_during_run(trainer, stop_reason=trainer.stop_reason)
                 run_logger.finish()
                 raise
             after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
             trainer.policy.save(out / "final")  # collective under a launcher (rank 0 writes; ZeRO-3 gathers shards)
+            if weave_log is not None:
+                weave_log.log(eval_tasks, trainer.last_eval_trajectories, trainer.step, model_path=out / "final")
             run_logger.finish()
         finally:
             runtime.close()
@@ -456,11 +561,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
                              seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds,
                              config=config)
-        from skyrl_tool_agent.eval.report_training import write_training_report
-
-        # report.html: the final evaluation's episodes against `before`, with the run's rollouts.jsonl
-        write_training_report(config, eval_tasks, trainer.last_eval_trajectories, before, db_root=splits.db_root,
-                              step=trainer.step)
+        outputs.write(trainer, after=after, stop_reason=trainer.stop_reason,
+                      grpo_seconds=history[-1].get("time/elapsed_s") if history else None)
         ctx.close()
         return summary
     finally:

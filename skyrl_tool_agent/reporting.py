@@ -1,4 +1,5 @@
-"""End-of-run output: the before/after table, the model card and the optional Hub upload."""
+"""A run's tables: the before/after table (printed at the end, and metrics_table.md during the run),
+the model card and the optional Hub upload."""
 
 from __future__ import annotations
 
@@ -108,6 +109,40 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = True) -> str:
     return str(info)
 
 
+def before_after_markdown(record: dict[str, Any], words: Any, *, after_label: str = "after GRPO") -> str:
+    """The before/after table of `record` (before_after.json's fields) in Markdown: the headline
+    metrics, what they are over, avg@k and pass@k, the changes with their intervals and why
+    answers are wrong; `after_label` names the second column. `words`: the family's vocabulary."""
+    before, after, delta = record["before"], record["after"], record.get("execution_accuracy_delta")
+    rows = "\n".join(f"| {words.accuracy if key == 'execution_accuracy' else key} | {format_rate(before[key])} | "
+                     f"{format_rate(after[key])} |" for key in HEADLINE_KEYS if key in before and key in after)
+    rows += "".join(f"\n| {key} | {before.get(key, 0):.0f} | {after.get(key, 0):.0f} |" for key in ("scored", "infra_errors")
+                    if key in before or key in after)
+    rows += "".join(f"\n| {label} | {format_rate(b)} | {format_rate(a)} |" for label, b, a in sampled_rows(before, after))
+    change = f"\n{delta_sentence(delta, before, after, label=words.accuracy_label).capitalize()}.\n"
+    if record.get("avg_at_k_delta"):
+        k = before["sampled"]["k"]
+        change += f"{delta_sentence(record['avg_at_k_delta'], before, after, label=f'avg@{k}').capitalize()}.\n"
+    errors = anatomy_rows(before, after, record.get("error_anatomy_delta"))
+    if errors:
+        change += (f"\nWhy answers are wrong (each wrong answer against its gold query; change of the rate in "
+                   f"points, 95% paired bootstrap):\n\n| error | before GRPO | {after_label} | change |\n|---|---|---|---|\n"
+                   + "\n".join(f"| {' | '.join(row)} |" for row in errors) + "\n")
+    return f"| metric | before GRPO | {after_label} |\n|---|---|---|\n{rows}\n{change}"
+
+
+def write_metrics_table(path: Path, record: dict[str, Any], words: Any, *, state: str, split: str,
+                        after_label: str) -> Path:
+    """`path` (metrics_table.md): `before_after_markdown` under the run's `state` in words,
+    replaced atomically (a run rewrites it after each evaluation and probe)."""
+    from skyrl_tool_agent.eval.atomic import write_text_atomically
+
+    n = record["before"].get("n")
+    tasks = f"{n:.0f} tasks" if isinstance(n, (int, float)) else "tasks"
+    head = f"# GRPO run: {state}\n\nGreedy on the `{split}` split ({tasks}), the same tasks each time.\n\n"
+    return write_text_atomically(path, head + before_after_markdown(record, words, after_label=after_label))
+
+
 def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
     """`folder/README.md`: a model card for a trained policy (replacing peft's empty template) with
     the base model, the data, the reward, the training settings and the before/after evaluation of
@@ -130,21 +165,7 @@ def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
         tags=["skyrl-tool-agent", "grpo", "reinforcement-learning", *(["text-to-sql"] if words.sql else []), "mcp",
               "tool-use", *(["lora"] if t.mode == "lora" else [])],
     )
-    before, after, delta = record["before"], record["after"], record.get("execution_accuracy_delta")
-    rows = "\n".join(f"| {words.accuracy if key == 'execution_accuracy' else key} | {format_rate(before[key])} | "
-                     f"{format_rate(after[key])} |" for key in HEADLINE_KEYS if key in before and key in after)
-    rows += "".join(f"\n| {key} | {before.get(key, 0):.0f} | {after.get(key, 0):.0f} |" for key in ("scored", "infra_errors")
-                    if key in before or key in after)
-    rows += "".join(f"\n| {label} | {format_rate(b)} | {format_rate(a)} |" for label, b, a in sampled_rows(before, after))
-    change = f"\n{delta_sentence(delta, before, after, label=words.accuracy_label).capitalize()}.\n"
-    if record.get("avg_at_k_delta"):
-        k = before["sampled"]["k"]
-        change += f"{delta_sentence(record['avg_at_k_delta'], before, after, label=f'avg@{k}').capitalize()}.\n"
-    errors = anatomy_rows(before, after, record.get("error_anatomy_delta"))
-    if errors:
-        change += ("\nWhy answers are wrong (each wrong answer against its gold query; change of the rate in "
-                   "points, 95% paired bootstrap):\n\n| error | before GRPO | after GRPO | change |\n|---|---|---|---|\n"
-                   + "\n".join(f"| {' | '.join(row)} |" for row in errors) + "\n")
+    before = record["before"]
     what, tools, answer = (("Text-to-SQL agent", "SQLite tools", "SQL") if words.sql else
                            (f"Tool-using agent for the `{words.family}` tasks", "tools", "its final answer"))
     body = f"""
@@ -164,10 +185,7 @@ A multi-turn tool-using policy trained with skyrl-tool-agent's GRPO: it calls
 
 ## Evaluation (greedy, `{t.eval_split}` split, {before.get("n", "?"):.0f} tasks)
 
-| metric | before GRPO | after GRPO |
-|---|---|---|
-{rows}
-{change}
+{before_after_markdown(record, words)}
 The full record (per-task outcomes, training curves) is in the run directory: `before_after.json`,
 `metrics.jsonl`, `training_curves.png`, `rollouts.jsonl`.
 """

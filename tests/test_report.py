@@ -9,6 +9,7 @@ directory gets report.html with its rollouts. (In a real browser: tests/test_rep
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 from pathlib import Path
@@ -266,9 +267,18 @@ def tiny_model(tmp_path_factory):
     return shop_training_root(tmp_path_factory.mktemp("train"), copies=2, sft_steps=10)
 
 
-def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
-    """A real two-step GRPO run: its output directory gets report.html with the final evaluation's
-    episodes, the comparison with the evaluation before training, and the rollouts it logged."""
+#: What a run writes after its first evaluation, after each evaluation and probe, and at its end.
+LIVE_FILES = ("training_curves.png", "metrics_table.md", "report.html")
+
+
+def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path, caplog):
+    """A real three-step GRPO run: its output directory gets report.html with the final evaluation's
+    episodes, the comparison with the evaluation before training, and the rollouts it logged.
+
+    While it runs (issue 58): the curves, the table and the report are there from the first
+    evaluation on, rewritten after each probe (here at step 2), each saying the run's state; every
+    rewrite replaces the file (a reader holding the old one reads it whole, never a file being
+    written), and no temporary file is left behind."""
     from skyrl_tool_agent.config import load_config
     from skyrl_tool_agent.pipeline import run_training
 
@@ -278,20 +288,60 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
         "model.name_or_path": model_dir, "model.device": "cpu", "model.lora.r": 4, "model.lora.alpha": 8,
         "training.data.train_file": root / "train.json", "training.data.dev_file": root / "dev.json",
         "training.data.db_root": root / "dbs", "training.data.train_pool": "file", "training.mode": "lora",
-        "training.max_steps": 2, "training.tasks_per_step": 2, "training.checkpoint_every": 0, "training.eval_every": 0,
-        "training.eval_num_tasks": 3, "training.eval_samples": 0, "training.probe_tasks": 0, "training.probe_held_out_tasks": 0, "training.rollouts_every": 1, "training.rollout_groups_per_step": 1,
+        "training.max_steps": 3, "training.tasks_per_step": 2, "training.checkpoint_every": 0, "training.eval_every": 0,
+        "training.eval_num_tasks": 3, "training.eval_samples": 0, "training.probe_tasks": 2, "training.probe_every": 2,
+        "training.probe_held_out_tasks": 0, "training.rollouts_every": 1, "training.rollout_groups_per_step": 1,
         "training.wandb.mode": "disabled", "training.output_dir": out, "grpo.group_size": 2, "grpo.max_turns": 3,
         "grpo.max_new_tokens_per_turn": 32, "grpo.max_total_tokens": 1000,
     }
-    summary = run_training(load_config(overrides=[f"{k}={v}" for k, v in sets.items()]))
-    html = (out / "report.html").read_text(encoding="utf-8")
+    seen: dict[int, dict[str, bytes]] = {}  # step -> each live file's bytes as that step's end found them
+    held = []  # (open file, the bytes it had): what a reader who opened it then still reads
+
+    def progress(kind, value):
+        if kind != "step":
+            return
+        assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+        seen[value["step"]] = {name: (out / name).read_bytes() for name in LIVE_FILES}
+        for name in LIVE_FILES:
+            held.append((open(out / name, "rb"), seen[value["step"]][name]))
+
+    try:
+        with caplog.at_level(logging.INFO, logger="skyrl_tool_agent"):
+            summary = run_training(load_config(overrides=[f"{k}={v}" for k, v in sets.items()]), progress=progress)
+        for f, then in held:
+            assert f.read() == then, f.name  # replaced, not written over: the old file is whole
+    finally:
+        for f, _ in held:
+            f.close()
+    final = {name: (out / name).read_bytes() for name in LIVE_FILES}
+    for files in (*seen.values(), final):
+        png = files["training_curves.png"]
+        assert png.startswith(b"\x89PNG") and png.endswith(b"IEND\xaeB`\x82")  # whole pictures
+        assert files["report.html"].rstrip().endswith(b"</html>")
+    # Step 1 (no probe, no evaluation): the files written after the first evaluation and probe.
+    assert b"# GRPO run: step 0 of 3, 0.0 min of GRPO, running" in seen[1]["metrics_table.md"]
+    assert b"step 0 of 3, 0.0 min of GRPO, running" in seen[1]["report.html"]
+    assert b"evaluation before training" in seen[1]["report.html"] and b'id="run"' in seen[1]["report.html"]
+    # Step 2's probe rewrote them; nothing was written at step 1.
+    assert seen[2] != seen[1] and re.search(rb"step 2 of 3, [0-9.]+ min of GRPO, running", seen[2]["report.html"])
+    assert b"| metric | before GRPO | step 0 |" in seen[2]["metrics_table.md"]
+    assert b"stopped: max_steps (3) reached" in final["metrics_table.md"] and b"| after GRPO |" in final["metrics_table.md"]
+    assert b"stopped: max_steps (3) reached" in final["report.html"] and b"evaluation after step 3" in final["report.html"]
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+    # W&B disabled: no Weave; one line says where the evaluations would have gone and what to run later.
+    [weave_line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Weave:")]
+    assert weave_line.startswith("Weave: W&B is disabled, so this run's evaluations are not traced"), weave_line
+    assert "Weave Evaluations run-step-<N> in project skyrl-tool-agent" in weave_line
+    assert f"skyrl-tool-agent eval --policy model --model-path {out / 'final'} --split dev --limit 3 --seed 42 " \
+           "--name run-final" in weave_line
+    html = final["report.html"].decode("utf-8")
     rollouts = load_rollouts(out / "rollouts.jsonl")
-    assert [(r["step"], r["group_member"]) for r in rollouts] == [(1, 0), (1, 1), (2, 0), (2, 1)]  # one whole group
+    assert [(r["step"], r["group_member"]) for r in rollouts] == [(s, m) for s in (1, 2, 3) for m in (0, 1)]  # one whole group
     assert [e["data-task"] for e in items(viewer(html, "rollouts"))] == [r["task_id"] for r in rollouts]
     evaluated = items(viewer(html, "eval"))
     assert [e["data-failed"] == "0" for e in evaluated] == [bool(s) for s in summary.after["solved"]]
     results = json.loads((out / "eval_final.json").read_text())
-    assert results["execution_accuracy"] == pytest.approx(summary.after["execution_accuracy"]) and results["step"] == 2
+    assert results["execution_accuracy"] == pytest.approx(summary.after["execution_accuracy"]) and results["step"] == 3
     text = "".join(parse(html).text)
     assert "Compared with the baseline (before training)" in text and "warning:" not in text
     ex_rows = re.findall(r"<tr><td>EX (\w+)</td><td>([^<]*)</td>", html)
@@ -300,3 +350,29 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path):
     outcomes = list(zip([e["data-task"] for e in evaluated], summary.before["solved"], summary.after["solved"]))
     for cls, changed in (("pos", [t for t, b, a in outcomes if a and not b]), ("neg", [t for t, b, a in outcomes if b and not a])):
         assert re.findall(r'<a href="#e\d+">([^<]*)</a>', lists[cls]) == changed
+
+
+def test_a_training_evaluation_is_a_weave_evaluation_of_its_episodes(report, monkeypatch, caplog):
+    """Issue 58: what a training run with W&B online sends to Weave for each of its evaluations,
+    run here with Weave local (no network): the Evaluation of the episodes the trainer already ran,
+    scored by `eval`'s scorers, agrees with the evaluation's own record. Then online for real
+    without a network: weave.init fails, one warning, no second try, and the run goes on."""
+    from skyrl_tool_agent.eval.weave_training import TrainingWeave, evaluation_name, replay_evaluation
+    from tests.fixtures.report_run import TASKS
+
+    results, trajectories = report.run.results, report.run.trajectories
+    summary = replay_evaluation(TASKS, trajectories, run_name="run-a", step=3, model_path=None, sql=True)
+    assert summary["execution_match"]["correct"]["true_fraction"] == pytest.approx(results["execution_accuracy"])
+    assert summary["exact_match"]["correct"]["true_fraction"] == pytest.approx(results["exact_match"])
+    assert evaluation_name("run-a", 3) == "run-a-step-3"
+
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.delenv("WEAVE_DISABLED", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: no network, wherever this runs
+    weave = TrainingWeave(mode="online", wandb_mode="online", project="someone/proj", run_name="run-a", sql=True,
+                          later="")
+    with caplog.at_level(logging.WARNING):
+        assert weave.log(TASKS, trajectories, 0) is None and weave.mode == "disabled"
+        assert weave.log(TASKS, trajectories, 3) is None
+    assert [r.getMessage().split(" (")[0] for r in caplog.records if "Weave" in r.getMessage()] == [
+        "Weave disabled for this evaluation"]

@@ -70,6 +70,12 @@ def test_a_run_can_be_followed_from_its_log(data, tmp_path):
     assert f"INFO checkpoint saved: {out}/checkpoints/step-000001\n" in log, log
     assert "kernels" not in log and "gemm_4bit" not in log
     [wandb_line] = [line for line in log.splitlines() if "W&B offline" in line]
+    # Weave: one line, where the evaluations would have gone and how to put the model there later
+    [weave_line] = [line for line in log.splitlines() if "Weave:" in line]
+    assert "Weave: W&B is offline, so this run's evaluations are not traced; online they would be Weave " \
+           "Evaluations run-step-<N> in project skyrl-tool-agent; to put the trained model there later: " \
+           f"WANDB_API_KEY=<key> skyrl-tool-agent eval --policy model --model-path {out / 'final'} --split dev " \
+           "--limit 3 --seed 42 --name run-final" in weave_line, weave_line
     run_dir = next((out / "wandb").glob("offline-run-*"))
     assert f"upload with `wandb sync {run_dir}`" in wandb_line, wandb_line
     spent = json.loads((out / "checkpoints" / "step-000001" / "trainer_state.json").read_text())["elapsed_s"]

@@ -155,3 +155,40 @@ def test_training_and_evaluation_mean_the_same_tasks_by_a_split(tmp_path: Path) 
     assert run.train == load_eval_tasks(config, "train").tasks
     builtin = load_config(CONFIGS, ["training.data.validation_tasks=16"])
     assert TaskSplits.load(builtin).validation() == load_eval_tasks(builtin, "validation").tasks
+
+
+def test_the_test_split_is_new_to_every_other_split_and_the_same_for_every_seed() -> None:
+    """Issue 58: the test split shares no question and no gold query with train, the pool (what
+    the shipped start was trained on and GRPO samples), validation (what settings are chosen on)
+    or dev; its gold queries answer on its own databases (another generator seed: other rows),
+    it covers the templates and difficulties, and every run seed gets the same tasks. The pool and
+    validation are what they were without it."""
+    from skyrl_tool_agent.data.builtin.test_split import test_db_root
+    from skyrl_tool_agent.eval.splits import load_eval_tasks
+
+    config = load_config()
+    splits = TaskSplits.load(config)
+    pool, validation = splits.pool_and_validation()
+    before = ([t.model_dump() for t in pool], [t.model_dump() for t in validation])
+    test = splits.test()
+    assert len(test) == config.training.data.test_tasks == 256
+    assert ([t.model_dump() for t in pool], [t.model_dump() for t in validation]) == before
+    for other in (splits.train, pool, validation, splits.dev):
+        assert {t.question for t in test}.isdisjoint({t.question for t in other})
+        assert {t.gold_sql for t in test}.isdisjoint({t.gold_sql for t in other})
+    assert len({t.gold_sql for t in test}) == len({t.task_id for t in test}) == 256
+    assert all(t.split == "test" and t.task_id.startswith("builtin-test-") for t in test)
+    assert len({t.template_id for t in test}) >= 95 and set(Counter(t.difficulty for t in test)) == {"easy", "medium", "hard"}
+    root = test_db_root()
+    assert root != splits.db_root and sorted(p.name for p in root.iterdir()) == sorted(d.db_id for d in DOMAINS)
+    for task in test[::16]:
+        con = sqlite3.connect(f"file:{db_path_for(root, task.db_id)}?mode=ro", uri=True)
+        try:
+            assert con.execute(task.gold_sql).fetchall(), task
+        finally:
+            con.close()
+    other_seed = TaskSplits.load(load_config(overrides=["training.seed=7"])).test()
+    assert [t.model_dump() for t in other_seed] == [t.model_dump() for t in test]
+    # `eval --split test` evaluates these tasks on their own databases.
+    selected = load_eval_tasks(config, "test", limit=8)
+    assert selected.db_root == root and {t.task_id for t in selected.tasks} <= {t.task_id for t in test}

@@ -59,9 +59,10 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
                         help="first wait before a retry, doubled each time up to 30 s (default 1)")
     p.add_argument("--dataset", choices=["builtin", "spider"], help="SQL dataset (default: training.data.dataset of "
                    "the config, builtin); the task family is env.task_family (e.g. --config configs/examples/inventory.yaml)")
-    p.add_argument("--split", choices=["dev", "train", "validation"], default="dev",
+    p.add_argument("--split", choices=["dev", "train", "validation", "test"], default="dev",
                    help="which tasks (eval.splits, as training means them): dev (reported), train (the training file), "
-                   "validation (the generated pool's held-out split, what settings are tuned on; builtin only)")
+                   "validation (the generated pool's held-out split, what settings are tuned on; builtin only), "
+                   "test (in-family tasks on databases of their own, never trained or tuned on; builtin only)")
     p.add_argument("--spider-root", help="Spider directory (default: training.data.spider_root, ../shared/spider)")
     p.add_argument("--skip-bad-records", action="store_true",
                    help="leave out task records that fail the checks at load (a missing field, an unknown db_id, "

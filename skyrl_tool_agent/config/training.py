@@ -84,6 +84,14 @@ class DataConfig(Section):
         "either). The warm-start curve and any tuning read it; dev is only reported.",
         ge=1,
     )
+    test_tasks: int = knob(
+        256,
+        "builtin only: tasks of the test split (`eval --split test`): the built-in templates on "
+        "databases the same generator builds with another seed, none sharing a question or a gold "
+        "query with train, the pool, validation or dev; never trained on, never used to choose a "
+        "setting.",
+        ge=1,
+    )
     redraw_constants: bool = knob(
         False,
         "Supervised builds (build-model, its --to-plateau continuation): each epoch, every training "

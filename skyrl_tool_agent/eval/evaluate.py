@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.tasks import Task
@@ -32,6 +32,9 @@ from skyrl_tool_agent.rollout.agents import Agent, make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from skyrl_tool_agent.rollout.openai_agent import Endpoint, probe_endpoint
 from skyrl_tool_agent.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from skyrl_tool_agent.eval.report import TrainingRunView
 
 logger = logging.getLogger(__name__)
 
@@ -327,12 +330,14 @@ class OutputPaths:
 
 def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str, Any] | None = None,
                   report: bool = True, rollouts: Sequence[dict[str, Any]] | None = None,
-                  db_root: Path | None = None) -> OutputPaths:
+                  db_root: Path | None = None, training_run: TrainingRunView | None = None) -> OutputPaths:
     """Write results.json, the per-question JSONL, the difficulty PNG, the error anatomy's PNG (a
     SQL evaluation: this run's counts, beside the baseline's when it has them) and (if `report`)
     report.html. `baseline` (a previous results.json) adds a comparison to the report, `rollouts` (a training
     run's rollouts.jsonl records) a training rollouts view; `db_root` (the episodes' databases)
-    lets it show the first rows of the final and gold queries' results."""
+    lets it show the first rows of the final and gold queries' results; `training_run` (a training
+    run's state and curves) heads the report."""
+    from skyrl_tool_agent.eval.atomic import replaced_atomically, write_text_atomically
     from skyrl_tool_agent.eval.plots import plot_accuracy_by_difficulty, plot_error_anatomy
 
     paths.results.parent.mkdir(parents=True, exist_ok=True)
@@ -349,13 +354,15 @@ def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str,
         bars = [(str(baseline.get("name") or "baseline"), base_anatomy)] if base_anatomy and baseline else []
         plot_error_anatomy([*bars, ("this run" if bars else str(run.results.get("name", "evaluation")), anatomy)],
                            paths.errors_png, title=f"Why answers are wrong: {title}")
-    with paths.trajectories.open("w", encoding="utf-8") as f:
+    # Replaced atomically, as the report: a training run rewrites them after each evaluation.
+    with replaced_atomically(paths.trajectories) as tmp, tmp.open("w", encoding="utf-8") as f:
         for record in run.records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    paths.results.write_text(json.dumps(run.results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomically(paths.results, json.dumps(run.results, indent=1, ensure_ascii=False) + "\n")
     if report:
         from skyrl_tool_agent.eval.report import write_report
 
         write_report(run.results, run.records, paths.report, difficulty_png=paths.difficulty_png, baseline=baseline,
-                     rollouts=rollouts, db_root=db_root, errors_png=paths.errors_png if anatomy else None)
+                     rollouts=rollouts, db_root=db_root, errors_png=paths.errors_png if anatomy else None,
+                     run=training_run)
     return paths

@@ -13,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from skyrl_tool_agent.eval.atomic import replaced_atomically  # noqa: E402
+
 # Panels of the training curves: (title, y range or None for auto, [(metrics key, label, kind)]).
 # A key ending in "@" is completed from the rows (eval/avg@4 for `training.eval_samples` 4).
 # Rewards and accuracies live on 0-1 by construction, so their axes are fixed there: an auto
@@ -32,11 +34,14 @@ PANELS = [
 
 
 def save_figure(fig: plt.Figure, out_png: Path, *, dpi: int = 110) -> Path:
-    """Lay out `fig`, write it to `out_png` (its folder made) and free it."""
+    """Lay out `fig`, write it to `out_png` (its folder made; replaced atomically: a run rewrites
+    its pictures while a person may be looking at them) and free it."""
     fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=dpi)
-    plt.close(fig)
+    try:
+        with replaced_atomically(out_png) as tmp:
+            fig.savefig(tmp, dpi=dpi)
+    finally:
+        plt.close(fig)
     return out_png
 
 
@@ -44,13 +49,17 @@ def _rolling_mean(values: list[float], window: int) -> list[float]:
     return [sum(values[max(0, i - window + 1): i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
 
-def plot_training_curves(metrics_path: Path, out_png: Path, *, eval_split: str = "dev", kl_off: bool = False) -> Path:
+def plot_training_curves(metrics_path: Path, out_png: Path, *, eval_split: str = "dev", kl_off: bool = False,
+                         state: str = "") -> Path:
     """Reward and execution accuracy (train per step with a rolling mean, the `eval_split` tasks at
     eval steps) on fixed 0-1 axes, KL and entropy against step, from metrics.jsonl. `kl_off`: the run
     had no KL term (grpo.kl_coef = 0), so its logged KL is a placeholder 0: the panel says so
-    instead of drawing a flat line."""
+    instead of drawing a flat line. `state`: the run's state in words (step, minutes, running or
+    why it stopped), the picture's title: a picture drawn during a run says how far it had got."""
     rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    if state:
+        fig.suptitle(state, fontsize=10)
     for ax, (title, ylim, series) in zip(axes.flat, PANELS):
         if kl_off and title == "KL to reference":
             ax.text(0.5, 0.5, "no KL term\n(grpo.kl_coef = 0: no reference pass)", ha="center", va="center",

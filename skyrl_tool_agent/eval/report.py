@@ -17,6 +17,7 @@ databases, questions and files is escaped.
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 from markupsafe import Markup
 
 from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
+from skyrl_tool_agent.eval.atomic import write_text_atomically
 from skyrl_tool_agent.eval.compare import (
     anatomy_comparison,
     baseline_outcomes,
@@ -44,7 +46,16 @@ from skyrl_tool_agent.eval.report_sql import ResultPreviewer
 from skyrl_tool_agent.eval.report_templates import environment, fmt
 from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
-__all__ = ["SUMMARY_METRICS", "render_report", "tool_names", "write_report"]
+__all__ = ["SUMMARY_METRICS", "TrainingRunView", "render_report", "tool_names", "write_report"]
+
+
+@dataclass(frozen=True)
+class TrainingRunView:
+    """What heads a training run's report: its state in words (step, minutes, running or why it
+    stopped) and its training_curves.png."""
+
+    state: str
+    curves_png: Path | None = None
 
 SUMMARY_METRICS: tuple[tuple[str, str, str], ...] = (  # key, label, format
     ("execution_accuracy", "execution accuracy", "pct"),
@@ -149,14 +160,16 @@ def _evaluation_view(records: Sequence[Mapping[str, Any]], multi: bool, previewe
 def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *,
                   difficulty_png: Path | None = None, baseline: Mapping[str, Any] | None = None,
                   rollouts: Sequence[Mapping[str, Any]] | None = None, db_root: Path | None = None,
-                  previewer: ResultPreviewer | None = None, errors_png: Path | None = None) -> str:
+                  previewer: ResultPreviewer | None = None, errors_png: Path | None = None,
+                  run: TrainingRunView | None = None) -> str:
     """The report page as a string (see module doc).
 
     `records`: per-question records (`evaluate.build_records`); `baseline`: a results.json to
     compare with (its per-question outcomes: `compare.baseline_outcomes`); `rollouts`: records of a
     training run's rollouts.jsonl; `db_root`: where the episodes' databases are, for the result
     rows (`previewer` instead: a configured `ResultPreviewer`); `errors_png`: the error anatomy's
-    picture, embedded in its section.
+    picture, embedded in its section; `run`: the training run the evaluation belongs to (its state
+    and curves head the page).
     """
     previewer = previewer or ResultPreviewer(db_root)
     ev = _evaluation_view(records, int(results.get("num_samples", 1) or 1) > 1, previewer)
@@ -189,17 +202,16 @@ def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any
         failed=sum(1 for item in ev["episodes"] if not item["solved"]),
         ro=ro,
         rows_note=previewer.describe(),  # after the views: it counts their queries
+        run=None if run is None else {"state": run.state, "curves": _image(run.curves_png)},
     )
 
 
 def write_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], out_html: Path, *,
                  difficulty_png: Path | None = None, baseline: Mapping[str, Any] | None = None,
                  rollouts: Sequence[Mapping[str, Any]] | None = None, db_root: Path | None = None,
-                 errors_png: Path | None = None) -> Path:
-    """Write `render_report(...)` to `out_html` (UTF-8); returns the path."""
-    out_html = Path(out_html)
-    out_html.parent.mkdir(parents=True, exist_ok=True)
+                 errors_png: Path | None = None, run: TrainingRunView | None = None) -> Path:
+    """Write `render_report(...)` to `out_html` (UTF-8; replaced atomically: a training run rewrites
+    its report while a person may have it open); returns the path."""
     html = render_report(results, records, difficulty_png=difficulty_png, baseline=baseline, rollouts=rollouts,
-                         db_root=db_root, errors_png=errors_png)
-    out_html.write_text(html, encoding="utf-8")
-    return out_html
+                         db_root=db_root, errors_png=errors_png, run=run)
+    return write_text_atomically(Path(out_html), html)

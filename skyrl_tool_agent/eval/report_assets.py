@@ -32,6 +32,7 @@ th { background: #eef1f6; }
 .bar > span { display: block; height: 100%; background: #4c72b0; border-radius: 3px; }
 .split { display: flex; gap: 24px; flex-wrap: wrap; align-items: flex-start; }
 .split img { max-width: 520px; border: 1px solid var(--line); }
+img.curves { max-width: 100%; border: 1px solid var(--line); }
 .pos { color: var(--ok); } .neg { color: var(--bad); }
 .controls { position: sticky; top: 0; background: #fff; padding: 8px 0; border-bottom: 1px solid var(--line); z-index: 2;
             display: flex; flex-wrap: wrap; gap: 6px 16px; align-items: center; }

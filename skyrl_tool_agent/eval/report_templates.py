@@ -183,10 +183,13 @@ PAGE = """<!DOCTYPE html>
 </head>
 <body data-total="{{ ev.episodes|length }}" data-failed="{{ failed }}" data-shown="{{ ev.episodes|length }}">
 <header><h1>{{ title }}</h1><div class="meta">{{ meta }}</div>
-<nav><a href="#summary">summary</a>{% if comparison %} <a href="#comparison">comparison</a>{% endif %}
+<nav>{% if run %}<a href="#run">training run</a> {% endif %}<a href="#summary">summary</a>{% if comparison %} <a href="#comparison">comparison</a>{% endif %}
 <a href="#by-difficulty">by difficulty</a>{% if anatomy %} <a href="#errors">why answers are wrong</a>{% endif %} <a href="#episodes">evaluation episodes ({{ ev.episodes|length }})</a>
 {% if ro %}<a href="#training-rollouts">training rollouts ({{ ro.episodes|length }})</a>{% endif %}</nav></header>
 <main>
+{% if run %}<h2 id="run">Training run</h2>
+<p class="meta">{{ run.state }}</p>
+{% if run.curves %}<img class="curves" alt="training curves" src="{{ run.curves }}">{% endif %}{% endif %}
 <h2 id="summary">Summary</h2>
 <div class="cards">{% for label, value in cards %}<div class="card"><div class="v">{{ value }}</div><div class="k">{{ label }}</div></div>{% endfor %}</div>
 <table>{% for label, value in summary %}<tr><td>{{ label }}</td><td>{{ value }}</td></tr>{% endfor %}</table>

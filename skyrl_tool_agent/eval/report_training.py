@@ -1,8 +1,10 @@
-"""A training run's report.html: its final evaluation (every episode, as `evaluate.py` reports one)
-compared with the evaluation before training (metrics, and the questions newly solved and newly
-broken), with the run's sampled training episodes (`rollouts.jsonl`) as a Training rollouts view.
+"""A training run's report.html: its latest evaluation (every episode, as `evaluate.py` reports one;
+the final one once the run ends) compared with the evaluation before training (metrics, and the
+questions newly solved and newly broken), with the run's sampled training episodes
+(`rollouts.jsonl`) as a Training rollouts view, headed by the run's state and curves.
 
-Written by the training pipeline into its output directory beside `before_after.json`:
+Written by the training pipeline into its output directory (`pipeline.RunOutputs`: after the first
+evaluation, after every evaluation and probe, and at the end; each file replaced atomically):
 `eval_final.json`, `eval_final_trajectories.jsonl`, `eval_final_by_difficulty.png` and `report.html`.
 """
 
@@ -27,6 +29,7 @@ from skyrl_tool_agent.eval.evaluate import (
 )
 from skyrl_tool_agent.env.families import resolve_family
 from skyrl_tool_agent.eval.anatomy import classify_episodes
+from skyrl_tool_agent.eval.report import TrainingRunView
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
 from skyrl_tool_agent.eval.report_rollouts import ROLLOUTS_FILE, load_rollouts
 from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -39,21 +42,24 @@ REPORT_FILE = "report.html"
 
 
 def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectories: Sequence[Trajectory],
-                          before: Mapping[str, Any], *, db_root: Path, step: int) -> OutputPaths:
-    """Write the run's final evaluation files and report.html into `training.output_dir` (module
-    docstring). `trajectories`: the final evaluation's episodes of `eval_tasks` after `step` steps;
-    `before`: the evaluation before training (its `solved` list follows `eval_tasks`)."""
+                          before: Mapping[str, Any], *, db_root: Path, step: int,
+                          run: TrainingRunView | None = None) -> OutputPaths:
+    """Write the run's latest evaluation files and report.html into `training.output_dir` (module
+    docstring). `trajectories`: the latest evaluation's episodes of `eval_tasks`, after `step`
+    steps (0: the evaluation before training, shown alone); `before`: the evaluation before
+    training (its `solved` list follows `eval_tasks`); `run`: the run's state and curves."""
     out = config.training.resolved_output_dir()
     family = resolve_family(config.env.task_family).name
     words = vocabulary(family)
     categories = (classify_episodes(trajectories, {t.task_id: t.gold_sql for t in eval_tasks}, db_root)
                   if words.sql else None)
     results = compute_results(eval_tasks, trajectories, family=family, categories=categories)
-    results.update(name="final evaluation", policy="model", model_path=str(out / "final"), step=step, temperature=0.0,
+    results.update(name="evaluation before training" if step == 0 else f"evaluation after step {step}", policy="model",
+                   model_path=str(out / "final"), step=step, temperature=0.0,
                    dataset=config.training.data.dataset, split=config.training.eval_split,
                    max_turns=CollectorSettings.from_config(config, evaluation=True).max_turns)
-    run = EvaluationRun(results, build_records(eval_tasks, trajectories, family=family, categories=categories),
-                        list(trajectories))
+    evaluation = EvaluationRun(results, build_records(eval_tasks, trajectories, family=family, categories=categories),
+                               list(trajectories))
     # The evaluation before training has per-task outcomes (`solved`), not per-difficulty metrics.
     by_difficulty: dict[str, list[float]] = defaultdict(list)
     for task, solved in zip(eval_tasks, before.get("solved") or []):
@@ -71,4 +77,5 @@ def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectori
         except UserInputError as exc:  # a damaged log must not fail a finished run: the report goes without it
             logger.warning("report.html without the training rollouts: %s", exc)
     paths = OutputPaths.beside(out / "eval_final.json", report=out / REPORT_FILE)
-    return write_outputs(run, paths, baseline=baseline, rollouts=rollouts, db_root=db_root)
+    return write_outputs(evaluation, paths, baseline=baseline if step else None, rollouts=rollouts, db_root=db_root,
+                         training_run=run)

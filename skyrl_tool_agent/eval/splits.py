@@ -10,6 +10,9 @@ For a config (`training.data`, `env.task_family`, `training.seed`):
 * **validation** -- the yardstick for curves and tuning: `validation_tasks` unseen queries of the
   generated pool (built-in data); for Spider, which has no generator, a fixed 64-task dev subset
   drawn with another seed than the reported evaluation's;
+* **test** -- the built-in data's clean in-family test: `test_tasks` tasks of the same templates on
+  databases the generator builds with another seed, none sharing a question or a gold query with
+  train, pool, validation or dev (`data.builtin.test_split`); never trained on, never tuned on;
 * **run_eval** -- what a training run evaluates (`training.eval_split`, `eval_num_tasks`).
 
 Training (`pipeline`), the evaluate command, the model builds and the benchmarks all take their
@@ -46,7 +49,7 @@ logger = logging.getLogger(__name__)
 #: The splits read from a file.
 FileSplit = Literal["train", "dev"]
 #: The splits a command may name (the evaluate command's --split).
-Split = Literal["train", "dev", "validation"]
+Split = Literal["train", "dev", "validation", "test"]
 #: Tasks in Spider's validation split (a dev subset: Spider has no generated pool).
 SPIDER_VALIDATION_TASKS = 64
 #: How the build-data hint reads in a missing-file error.
@@ -119,6 +122,7 @@ class TaskSplits:
         self.db_root: Path = config.training.data.resolved_db_root()
         self._files: dict[str, SplitFile] = {}
         self._pool_and_validation: tuple[list[Task], list[Task]] | None = None
+        self._test: list[Task] | None = None
 
     @classmethod
     def load(cls, config: Config, *, skip_bad_records: bool = False) -> TaskSplits:
@@ -213,6 +217,21 @@ class TaskSplits:
             return self.pool_and_validation()[1]
         return fixed_subset(self.dev, SPIDER_VALIDATION_TASKS, seed=self.config.training.seed + 1)
 
+    def test(self) -> list[Task]:
+        """The test split (module docstring; builtin only): its databases are under `test_db_root()`."""
+        from skyrl_tool_agent.data.builtin.test_split import generated_test_split, test_db_root
+
+        if self._test is None:
+            if self.config.training.data.dataset != "builtin":
+                raise UserInputError("the test split needs the builtin dataset (its generator)")
+            pool, validation = self.pool_and_validation()
+            try:
+                self._test = generated_test_split(test_db_root(), [*self.train, *pool, *validation, *self.dev],
+                                                  self.config.training.data.test_tasks)
+            except (FileNotFoundError, ValueError) as exc:
+                raise UserInputError(f"{exc} (training.data.test_tasks: the test split)") from exc
+        return self._test
+
     def validation_at_hand(self) -> list[Task] | None:
         """`validation()` where this run has it without generating anything more: Spider's (a part
         of dev), or the generated pool's when GRPO trains on that pool or evaluates on it; None for
@@ -267,8 +286,18 @@ class TaskSplits:
         return fixed_subset(self.dev, t.eval_num_tasks, seed=t.seed)
 
     def split(self, name: Split) -> SplitFile:
-        """A split by name, with what was left out of it (validation is generated: nothing left out)."""
-        return SplitFile(self.validation()) if name == "validation" else self.file(name)
+        """A split by name, with what was left out of it (validation and test are generated: nothing left out)."""
+        if name == "validation":
+            return SplitFile(self.validation())
+        return SplitFile(self.test()) if name == "test" else self.file(name)
+
+    def db_root_of(self, name: Split) -> Path:
+        """Where the databases of split `name` are: the test split's own (`test_db_root`), else `db_root`."""
+        if name == "test":
+            from skyrl_tool_agent.data.builtin.test_split import test_db_root
+
+            return test_db_root()
+        return self.db_root
 
 
 def train_pool_kind(config: Config) -> Literal["file", "generated", "frontier"]:
@@ -309,5 +338,5 @@ def load_eval_tasks(config: Config, split: Split = "dev", *, limit: int | None =
     splits = TaskSplits(config, skip_bad_records=skip_bad_records)
     chosen = splits.split(split)
     tasks = chosen.tasks if limit is None else fixed_subset(chosen.tasks, limit, seed=seed)
-    return EvalTaskSet(tasks, splits.db_root, config.training.data.dataset, split, chosen.skipped, len(chosen.tasks),
+    return EvalTaskSet(tasks, splits.db_root_of(split), config.training.data.dataset, split, chosen.skipped, len(chosen.tasks),
                        dict(chosen.skipped_reasons))

@@ -70,6 +70,11 @@ class RunLogger:
             logger.warning("W&B disabled for this run (%s: %s); metrics.jsonl still written", type(exc).__name__, exc)
             self._wandb = None
 
+    @property
+    def wandb_run_name(self) -> str | None:
+        """The W&B run's name (W&B picks one unless `training.wandb.run_name`); None without W&B."""
+        return None if self._wandb is None else self._wandb.name
+
     def truncate_after(self, step: int) -> None:
         """On resume, drop lines of metrics.jsonl and rollouts.jsonl logged after the checkpoint's
         step (they will be logged again).

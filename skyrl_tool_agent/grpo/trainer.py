@@ -110,6 +110,7 @@ class GRPOTrainer:
         logger.info("%s", self.memory_plan.describe())
         self.step = 0
         self.last_eval: dict[str, Any] | None = None  # the latest `evaluate()` made by `train`
+        self.last_eval_step = 0  # the step after which it was made
         self.last_eval_trajectories: list[Trajectory] = []  # the latest `evaluate()`'s episodes (for report.html)
         self.last_eval_seconds = 0.0  # how long it took (benchmarks keep evaluation off the clock)
         self.stop_reason = ""  # why `train` returned, in words (logged)
@@ -118,6 +119,11 @@ class GRPOTrainer:
         self.prior_elapsed_s = 0.0
         #: Called with (episodes done, total) as an evaluation's episodes finish (progress lines).
         self.eval_progress: Callable[[int, int], None] | None = None
+        #: Called when `train` starts from step 0 (for the evaluation and probe before GRPO) and after
+        #: each evaluation or probe it makes before the last step, once its metrics are logged (the
+        #: pipeline rewrites the run's curves, table and report; rank 0 only). Signals are caught by
+        #: then: a Ctrl-C during it stops at the safe point, with a checkpoint.
+        self.after_measurement: Callable[[], None] | None = None
         self._clock_started: float | None = None  # monotonic time at which the clock read 0, while training
         g = config.grpo
         # Lockstep turns (deterministic): generation batches (hence sampling RNG use) do not depend on
@@ -445,6 +451,8 @@ class GRPOTrainer:
         checkpoint: Path | None = None
         saved_at: int | None = None
         with StopOnSignals() as stop:
+            if self.step == 0 and self.after_measurement is not None:
+                self.after_measurement()
             while self.step < t.max_steps:
                 interrupted = self._signal_received(stop)
                 if interrupted:  # it came during an evaluation or a save: stop before the next step
@@ -466,11 +474,15 @@ class GRPOTrainer:
                     self.stop_reason = (f"time budget reached after {self.step} of {t.max_steps} steps "
                                         f"({(time.monotonic() - started) / 60:.1f} min)")
                 last = self.step >= t.max_steps or out_of_time or interrupted is not None
+                measured = False
                 if self.probes and not interrupted and (self.step % t.probe_every == 0 or last):
                     metrics.update(self.probe())
+                    measured = True
                 if not interrupted and ((t.eval_every and self.step % t.eval_every == 0) or last):
+                    measured = True
                     t_eval = time.monotonic()
                     ev = self.last_eval = self.evaluate()
+                    self.last_eval_step = self.step
                     self.last_eval_seconds = time.monotonic() - t_eval
                     metrics.update(eval_metrics(ev))
                 if self.step % t.log_every == 0 or last:
@@ -480,6 +492,8 @@ class GRPOTrainer:
                     run_logger.log_rollouts(rollout_records(self.step, out.tasks, out.trajectories, out.advantages,
                                                             out.kept, t.rollout_groups_per_step))
                 history.append(metrics)
+                if measured and not last and self.after_measurement is not None:  # the end writes its own
+                    self.after_measurement()
                 if on_step is not None:
                     on_step(metrics)
                 if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:

@@ -1,0 +1,90 @@
+"""A training run's evaluations in Weave: with W&B online, each evaluation the trainer makes
+(before GRPO, every `training.eval_every` steps, after) becomes a `weave.Evaluation` named
+`<run>-step-<N>` of the policy as a `weave.Model` named after the run, whose `step` field makes
+each evaluated step a version of it, scored by the scorers `eval` uses (`weave_eval.SCORERS`).
+The Evaluation replays the episodes the trainer already ran (`StoredEpisodes`): it costs no episode.
+
+Offline or disabled, nothing is traced and `weave` is never imported (no login prompt, no network);
+the run says once, in one log line, where the Weave data would have gone and what to run later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.eval.weave_setup import WeaveMode
+from skyrl_tool_agent.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def evaluation_name(run_name: str, step: int) -> str:
+    """The Weave Evaluation of a training run's evaluation after `step` steps (0: before GRPO)."""
+    return f"{run_name}-step-{step}"
+
+
+class StoredEpisodes:
+    """An `EpisodeSource` (`weave_eval`) over episodes already run: each task's, in group order."""
+
+    def __init__(self, trajectories: Sequence[Trajectory]) -> None:
+        self._by_task: dict[str, list[Trajectory]] = {}
+        for traj in trajectories:
+            self._by_task.setdefault(traj.task_id, []).append(traj)
+        for group in self._by_task.values():
+            group.sort(key=lambda t: t.group_index)
+
+    async def episodes(self, task_id: str) -> list[Trajectory]:
+        return self._by_task.get(task_id, [])
+
+
+def replay_evaluation(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *, run_name: str, step: int,
+                      model_path: str | None, sql: bool) -> dict[str, Any]:
+    """Run the `weave.Evaluation` of the greedy episodes `trajectories` of `tasks` (a trainer's
+    evaluation after `step` steps) in the current Weave mode (traced when a client is initialised,
+    local otherwise); returns Weave's summary. Imports weave."""
+    from skyrl_tool_agent.eval.weave_eval import PolicyModel, object_name, run_weave_evaluation
+
+    model = PolicyModel(name=object_name(run_name), policy="model", model_path=model_path, step=step)
+    return asyncio.run(run_weave_evaluation(tasks, StoredEpisodes(trajectories), model,
+                                            name=evaluation_name(run_name, step), sql=sql))
+
+
+class TrainingWeave:
+    """Where a training run's evaluations go in Weave (module docstring). `mode`: `weave_setup.weave_mode`
+    of the run's W&B mode; `wandb_mode`: that mode resolved (online, offline, disabled), for the words
+    of the line an untraced run logs; `later`: the command that evaluates the run's model into Weave."""
+
+    def __init__(self, *, mode: WeaveMode, wandb_mode: str, project: str, run_name: str, sql: bool,
+                 later: str) -> None:
+        self.mode, self.project, self.run_name, self.sql = mode, project, run_name, sql
+        if mode == "disabled":
+            why = "W&B is offline" if wandb_mode == "offline" else (
+                "W&B is disabled" if wandb_mode == "disabled" else "Weave is off (no WANDB_API_KEY, or WEAVE_DISABLED)")
+            logger.info("Weave: %s, so this run's evaluations are not traced; online they would be Weave Evaluations "
+                        "%s-step-<N> in project %s; to put the trained model there later: %s",
+                        why, run_name, project, later)
+
+    def log(self, tasks: Sequence[Task], trajectories: Sequence[Trajectory], step: int, *,
+            model_path: Path | None = None) -> dict[str, Any] | None:
+        """The Evaluation of the trainer's evaluation after `step` steps (online only; None
+        otherwise or when Weave fails: a warning, training goes on)."""
+        if self.mode != "online" or not trajectories:
+            return None
+        from skyrl_tool_agent.eval.weave_eval import weave_session
+
+        with weave_session(self.project, "online") as mode:
+            if mode != "online":  # weave.init failed (warned once): the rest of the run is untraced
+                self.mode = "disabled"
+                return None
+            try:
+                return replay_evaluation(tasks, trajectories, run_name=self.run_name, step=step,
+                                         model_path=None if model_path is None else str(model_path), sql=self.sql)
+            except Exception as exc:  # noqa: BLE001 - tracing must never stop training
+                logger.warning("Weave Evaluation %s failed (%s: %s); training goes on",
+                               evaluation_name(self.run_name, step), type(exc).__name__, exc)
+                return None
