@@ -4,6 +4,7 @@
 #   bash scripts/gpu_check.sh                 # SET=default: doctor, build, check, bench
 #   SET=train bash scripts/gpu_check.sh       # build, lora_step, full_step
 #   SET=update bash scripts/gpu_check.sh      # build, update_today, update_profile, update_mixed
+#   SET=memory bash scripts/gpu_check.sh      # build, memory_plan, lora_step (issue 55: the plan on a GPU)
 #   bash scripts/gpu_check.sh --plan          # print each set's stages and limits; run nothing
 #   STAGES="doctor bench" bash scripts/gpu_check.sh   # any stages, in the order below
 # Each stage runs under its own limit (printed with it; NAME_S=seconds overrides one), writing its log
@@ -16,6 +17,8 @@
 #              RolloutEngine at 64 and 256 rows
 #   lora_step  the gpu profile's worst-case step: 16 tasks x 16 episodes, 8 turns x 512 tokens,
 #              every group kept (update included), seconds split and peak GPU memory (metrics.jsonl)
+#   memory_plan  the memory plan against torch.cuda.max_memory_allocated, part by part (update micro-batch,
+#              KV cache, snapshot, prefill chunk), LoRA then QLoRA (benchmarks/check_memory_plan.py)
 #   full_step  one full-mode (ZeRO-3) step through the DeepSpeed launcher on one GPU (a small rollout)
 #   update_today    today's path for comparison: .old/'s profile_update.py, when .old/ holds an earlier
 #              commit's code (`git archive REV skyrl_tool_agent benchmarks | tar -x -C .old`; carry it)
@@ -40,14 +43,15 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 SET_LIMIT_S=540
 declare -A LIMIT=(
   [doctor]=${DOCTOR_S:-200} [build]=${BUILD_S:-60} [check]=${CHECK_S:-90} [bench]=${BENCH_S:-170}
-  [lora_step]=${LORA_S:-300} [full_step]=${FULL_S:-150}
+  [lora_step]=${LORA_S:-300} [full_step]=${FULL_S:-150} [memory_plan]=${MEMORY_S:-150}
   [update_today]=${TODAY_S:-75} [update_profile]=${PROFILE_S:-100} [update_mixed]=${MIXED_S:-60}
 )
-ORDER="doctor build check bench lora_step full_step update_today update_profile update_mixed"
+ORDER="doctor build check bench memory_plan lora_step full_step update_today update_profile update_mixed"
 declare -A SETS=(
   [default]="doctor build check bench"
   [train]="build lora_step full_step"
   [update]="build update_today update_profile update_mixed"
+  [memory]="build memory_plan lora_step"
 )
 
 plan() {  # the stages of $1 (a list of names) with their limits, and the sum
@@ -59,7 +63,7 @@ plan() {  # the stages of $1 (a list of names) with their limits, and the sum
   printf '= %s s of limits\n' "$total"
 }
 if [ "${1:-}" = "--plan" ]; then
-  for set in default train update; do
+  for set in default train update memory; do
     printf 'SET=%s: ' "$set"
     plan "${SETS[$set]}"
   done
@@ -67,7 +71,7 @@ if [ "${1:-}" = "--plan" ]; then
 fi
 SET=${SET:-default}
 if [ -z "${STAGES:-}" ] && [ -z "${SETS[$SET]+x}" ]; then
-  echo "error: SET=$SET is not a set (default, train, update); or name stages with STAGES=\"...\"" >&2
+  echo "error: SET=$SET is not a set (default, train, update, memory); or name stages with STAGES=\"...\"" >&2
   exit 2
 fi
 STAGES=${STAGES:-${SETS[$SET]}}
@@ -96,6 +100,12 @@ stage_bench() {
 common=(--set model.name_or_path="$MODEL_DIR" --set training.max_steps=1 --set training.time_budget_minutes=null
         --set training.job_budget_minutes=null --set grpo.batcher.enabled=false --set grpo.filter_uniform_groups=false
         --set training.checkpoint_every=0)
+stage_memory_plan() {
+  "$PY" benchmarks/check_memory_plan.py --model "$MODEL_DIR" --json-out "$OUT/memory_plan_lora.json"
+  local rc=$?
+  "$PY" benchmarks/check_memory_plan.py --model "$MODEL_DIR" --mode qlora --json-out "$OUT/memory_plan_qlora.json" || true
+  return $rc
+}
 stage_lora_step() {
   "$PY" training/scripts/train_grpo.py --mode lora --profile gpu "${common[@]}" \
     --set training.eval_num_tasks=1 --set training.eval_samples=0 --set training.probe_tasks=0 --set training.probe_held_out_tasks=0 --output-dir /tmp/run_lora
