@@ -10,6 +10,10 @@
 # multi-GB CUDA build on Linux). That index is asked once, with a ${TORCH_INDEX_TIMEOUT:-5} s timeout: when it
 # does not answer (a firewall, a local mirror), torch comes from pip's configured index instead, in one
 # try per package (never pip's five retries of a dead index for every dependency).
+#
+# SETUP_EXTRAS (default dev: the tests, DeepSpeed, bitsandbytes, TRL) chooses the extras installed: a
+# GPU user who trains LoRA or QLoRA takes SETUP_EXTRAS=qlora and never builds DeepSpeed; full mode
+# takes SETUP_EXTRAS=deepspeed (or deepspeed,qlora).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -72,12 +76,13 @@ if not wanted.specifier.contains(Version(sys.argv[1]), prereleases=True):
     sys.exit(f"error: .venv holds torch {sys.argv[1]}, outside the project's {wanted} (pyproject.toml); "
              "install a torch in that range into .venv (README, Quick start), then run this again")
 PY
-stamp=.venv/.installed-$( (cat pyproject.toml constraints.txt; echo "$torch_version") | sha256sum | cut -c1-16)
+extras=${SETUP_EXTRAS:-dev}
+stamp=.venv/.installed-$( (cat pyproject.toml constraints.txt; echo "$torch_version $extras") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   pin=$(mktemp)
   trap 'rm -f "$pin"' EXIT
   echo "torch==$torch_version" > "$pin"  # the torch in .venv stays exactly as it is
-  "$VPY" -m pip install -q -e ".[dev]" -c constraints.txt -c "$pin"
+  "$VPY" -m pip install -q -e ".[$extras]" -c constraints.txt -c "$pin"
   touch "$stamp"
 fi
 echo "setup ok: torch $torch_version $torch_how | $("$VPY" -c '
