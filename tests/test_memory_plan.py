@@ -224,6 +224,7 @@ def small_model_dir(tmp_path_factory):
 
 
 def _within(measured: float, planned: float, what: str) -> None:
+    print(f"{what}: planned/measured {planned / measured:.3f}")
     assert abs(planned - measured) <= 0.2 * measured, f"{what}: planned {planned / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB"
 
 
