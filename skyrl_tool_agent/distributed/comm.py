@@ -115,8 +115,9 @@ class Heartbeat:
         if not silent:
             return None
         names = ", ".join(str(r) for r in silent)
+        whose = "their processes" if len(silent) > 1 else "its process"
         return (f"rank{'s' if len(silent) > 1 else ''} {names} stopped answering (no heartbeat for "
-                f"{now - self._advanced[silent[0]]:.0f} s; its process died or its node is gone): "
+                f"{now - self._advanced[silent[0]]:.0f} s: {whose} died, or the node is gone): "
                 f"rank {self.rank} stops too; resume from the last checkpoint with --resume auto")
 
     def after_failure(self) -> str | None:
@@ -206,9 +207,9 @@ class DistContext:
         rank, world_size = dist.get_rank(), dist.get_world_size()
         beat = Heartbeat.from_env(rank, world_size, on_lost=exit_on_lost_rank)
         ctx = cls(rank, world_size, local_rank, device, backend, beat)
-        logger.info("rank %d/%d on %s (%s)", ctx.rank, ctx.world_size, device, backend)
         if not ctx.is_main:
-            logging.getLogger().setLevel(logging.WARNING)  # one rank narrates
+            logging.getLogger().setLevel(logging.WARNING)  # one rank narrates, from its first line on
+        logger.info("rank %d/%d on %s (%s)", ctx.rank, ctx.world_size, device, backend)
         return ctx
 
     @property
