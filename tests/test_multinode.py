@@ -5,11 +5,13 @@ Each node is its own `torchrun --nnodes 2 --node_rank N --master_addr 127.0.0.1`
 directory, temporary directory, model cache and PYTHONHASHSEED: what differs between real nodes.
 Each launch runs in its own process group, killed whole on a timeout.
 
-One uninterrupted LoRA launch (2 steps of 5 tasks on 4 ranks) and one launch killed after step 1
-and resumed on both nodes carry the run's assertions; each planted fault (one more `--set` on node
-1, each node its own output directory, a killed rank, another task file on node 1) is a short
-launch that must stop every rank with one line naming it. Full mode (DeepSpeed ZeRO-3) over two
-nodes is not launched here: its checkpoint shards per rank are the part this file does not cover.
+One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks) and one
+launch killed after step 1 and resumed on both nodes carry the run's assertions; each planted
+fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
+file on node 1) is a short launch that must stop every rank with one line naming it. The faults
+run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
+two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints
+(tests/test_data_parallel.py resumes those exactly on one host).
 """
 
 from __future__ import annotations
@@ -168,8 +170,8 @@ def tiny(tmp_path_factory):
     return tiny_run_root(tmp_path_factory.mktemp("multinode"))
 
 
-def cluster_args(tiny: Path, max_steps: int = 2) -> list[str]:
-    return [*tiny_run_args(tiny, "lora", max_steps=max_steps), "--set", f"training.tasks_per_step={TASKS_PER_STEP}"]
+def cluster_args(tiny: Path, mode: str, max_steps: int = 2) -> list[str]:
+    return [*tiny_run_args(tiny, mode, max_steps=max_steps), "--set", f"training.tasks_per_step={TASKS_PER_STEP}"]
 
 
 @dataclass
@@ -193,7 +195,7 @@ def uninterrupted(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("uninterrupted")
     nodes, out, watch = make_nodes(root), root / "shared" / "run", Watch([0, 0], [0, 0])
     try:
-        launched = launch_nodes(nodes, [*cluster_args(tiny), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
+        launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
                                 while_running=lambda launchers: watch.look(nodes, launchers, tiny))
         leftovers = [(node.rank, node.processes(tiny), node.run_dirs()) for node in nodes]
         yield nodes, launched, out, watch, leftovers
@@ -219,7 +221,7 @@ def killed(tiny, tmp_path_factory):
                     killed_at.append(time.monotonic())
 
     try:
-        launched = launch_nodes(nodes, [*cluster_args(tiny), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
+        launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
                                 while_running=kill_rank_3)
         assert killed_at, "rank 3 was never killed: " + launched[0].log[-3000:]
         leftovers = [(node.rank, node.processes(tiny), node.run_dirs()) for node in nodes]
@@ -240,6 +242,14 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
     assert rows[1]["episode/tasks"] == TASKS_PER_STEP and rows[1]["train/trajectories_used"] == 2 * TASKS_PER_STEP
     assert rows[1]["train/grad_norm"] > 0
     assert "before GRPO" in launched[0].stdout
+    # the checkpoint holds every rank's ZeRO-3 shards and RNG states, and its manifest lists them
+    step2 = out / "checkpoints" / "step-000002"
+    listed = set(json.loads((step2 / "manifest.json").read_text())["files"])
+    for rank in range(2 * NODE_RANKS):
+        for name in (f"deepspeed/state/zero_pp_rank_{rank}_mp_rank_00_model_states.pt",
+                     f"deepspeed/state/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", f"rng_rank{rank}.json"):
+            assert (step2 / name).is_file() and name in listed, name
+    assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == 2 * NODE_RANKS
     # one narrator: node 1 prints no INFO progress and writes nothing of the run's own
     assert not re.search(r"\bINFO\b", launched[1].log), launched[1].log[-3000:]
     assert "before GRPO" not in launched[1].log
@@ -270,10 +280,10 @@ def test_a_killed_rank_stops_every_rank_and_both_nodes_resume_exactly(tiny, unin
 
     # --resume auto on both nodes ends where the uninterrupted launch ended
     _, _, full, _, _ = uninterrupted
-    resumed = launch_nodes(nodes, [*cluster_args(tiny), "--output-dir", str(out), "--resume", "auto"],
+    resumed = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out), "--resume", "auto"],
                            timeout=TRAIN_TIMEOUT_S)
     assert resumed[1].returncode == 0, resumed[1].log[-3000:]
-    check_same_ending(resumed[0].completed(), full, out, steps=2, weights="adapter_model.safetensors")
+    check_same_ending(resumed[0].completed(), full, out, steps=2, weights="model.safetensors")
 
 
 # ------------------------------------------------------------------ launched: planted faults, each stops at once
@@ -281,7 +291,7 @@ def test_a_killed_rank_stops_every_rank_and_both_nodes_resume_exactly(tiny, unin
 @pytest.mark.timeout(STOP_TIMEOUT_S + 60)
 def test_one_more_setting_on_one_node_stops_every_rank(tiny, tmp_path):
     nodes, out = make_nodes(tmp_path), tmp_path / "shared" / "run"
-    launched = launch_nodes(nodes, [*cluster_args(tiny, max_steps=1), "--output-dir", str(out)],
+    launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--output-dir", str(out)],
                             node1_args=("--set", "training.learning_rate=0.002"), timeout=STOP_TIMEOUT_S)
     for node in launched:
         assert node.returncode != 0
@@ -296,7 +306,7 @@ def test_one_more_setting_on_one_node_stops_every_rank(tiny, tmp_path):
 @pytest.mark.timeout(STOP_TIMEOUT_S + 60)
 def test_each_node_its_own_output_directory_stops_every_rank(tiny, tmp_path):
     nodes = make_nodes(tmp_path)
-    launched = launch_nodes(nodes, [*cluster_args(tiny, max_steps=1), "--output-dir", "out"], timeout=STOP_TIMEOUT_S)
+    launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--output-dir", "out"], timeout=STOP_TIMEOUT_S)
     for node in launched:
         assert node.returncode != 0
         lines = error_lines(node)
@@ -315,7 +325,7 @@ def test_another_task_file_on_one_node_stops_every_rank_at_its_first_step(tiny, 
     tasks = json.loads((tiny / "train.json").read_text())
     (nodes[0].cwd / "train.json").write_text(json.dumps(tasks))
     (nodes[1].cwd / "train.json").write_text(json.dumps(tasks[::-1]))
-    launched = launch_nodes(nodes, [*cluster_args(tiny, max_steps=1), "--set", "training.data.train_file=train.json",
+    launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--set", "training.data.train_file=train.json",
                                     "--output-dir", str(out)], timeout=STOP_TIMEOUT_S)
     for node in launched:
         assert node.returncode != 0

@@ -135,6 +135,18 @@ def exit_on_lost_rank(line: str) -> None:
     os._exit(1)
 
 
+def narrate_on_rank_0(rank: int) -> None:
+    """One rank narrates: on every other rank only warnings and errors are logged, from the first
+    line on. The handlers are raised too: DeepSpeed's op checks (distutils' log) set the root
+    logger back to INFO."""
+    if rank == 0:
+        return
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)
+    for handler in root.handlers:
+        handler.setLevel(logging.WARNING)
+
+
 def skip_cpu_shared_memory_op() -> None:
     """Keep DeepSpeed on the CPU from compiling its shared-memory communication op.
 
@@ -171,6 +183,7 @@ class DistContext:
         RANK/WORLD_SIZE/MASTER_ADDR with plain `torch.distributed`, this rank working on `device`:
         NCCL for CUDA devices, gloo otherwise. No DeepSpeed import (LoRA data parallel).
         `timeout`: `collective_timeout()` by default."""
+        narrate_on_rank_0(int(os.environ.get("RANK", 0)))
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if device.type == "cuda":
             if device.index is not None and device.index >= torch.cuda.device_count():
@@ -186,6 +199,7 @@ class DistContext:
     def init_deepspeed(cls, timeout: timedelta | None = None) -> DistContext:
         """Join the process group through DeepSpeed (full mode): its accelerator picks the device and
         backend, NCCL on GPUs, gloo on CPU (`DS_ACCELERATOR=cpu`), as ZeRO-3 will use them."""
+        narrate_on_rank_0(int(os.environ.get("RANK", 0)))  # before DeepSpeed's import-time op checks log
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
@@ -207,8 +221,7 @@ class DistContext:
         rank, world_size = dist.get_rank(), dist.get_world_size()
         beat = Heartbeat.from_env(rank, world_size, on_lost=exit_on_lost_rank)
         ctx = cls(rank, world_size, local_rank, device, backend, beat)
-        if not ctx.is_main:
-            logging.getLogger().setLevel(logging.WARNING)  # one rank narrates, from its first line on
+        narrate_on_rank_0(rank)
         logger.info("rank %d/%d on %s (%s)", ctx.rank, ctx.world_size, device, backend)
         return ctx
 
