@@ -382,3 +382,25 @@ def test_the_heartbeat_names_the_rank_that_stopped_beating():
         for beat in beats:
             beat.stop()
     assert verdicts and verdicts[0].startswith("rank 2 stopped answering"), verdicts
+
+
+def test_a_checkpoint_the_ranks_hashed_counts_as_verified_only_as_its_manifest_records(tmp_path):
+    """What the ranks hash in parallel at a resume (`distributed.checkpoint.verify_in_parallel`)
+    spares rank 0 the reading only when it is what the manifest records."""
+    from skyrl_tool_agent.grpo.checkpoint import MANIFEST, CheckpointError, record_verified, verify_checkpoint, write_manifest
+    from skyrl_tool_agent.policy.manifest import tree_hashes
+
+    ckpt = tmp_path / "step-000001"
+    (ckpt / "deepspeed").mkdir(parents=True)
+    (ckpt / "deepspeed" / "shard0.pt").write_bytes(b"a" * 10)
+    (ckpt / "rng_rank0.json").write_text("{}")
+    write_manifest(ckpt)
+    hashes = tree_hashes(ckpt, exclude=(MANIFEST,))
+    (ckpt / "deepspeed" / "shard0.pt").write_bytes(b"b" * 10)  # changed after the save, same size
+    changed = tree_hashes(ckpt, exclude=(MANIFEST,))
+    assert not record_verified(ckpt, changed) and not record_verified(ckpt, {**hashes, "rng_rank0.json": "0" * 64})
+    with pytest.raises(CheckpointError, match="shard0.pt does not match"):
+        verify_checkpoint(ckpt)
+    (ckpt / "deepspeed" / "shard0.pt").write_bytes(b"a" * 10)
+    assert record_verified(ckpt, hashes)
+    verify_checkpoint(ckpt)
