@@ -5,8 +5,9 @@ Each node is its own `torchrun --nnodes 2 --node_rank N --master_addr 127.0.0.1`
 directory, temporary directory, model cache and PYTHONHASHSEED: what differs between real nodes.
 Each launch runs in its own process group, killed whole on a timeout.
 
-One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks) and one
-launch killed after step 1 and resumed on both nodes carry the run's assertions; each planted
+One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks), one with
+rank 3 killed after step 1, and one stopped by SIGTERM during step 1 and resumed on both nodes
+carry the run's assertions; each planted
 fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
 file on node 1) is a short launch that must stop every rank with one line naming it. The faults
 run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
@@ -262,7 +263,7 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * TRAIN_TIMEOUT_S + 60)
-def test_a_killed_rank_stops_every_rank_and_both_nodes_resume_exactly(tiny, uninterrupted, killed):
+def test_a_killed_rank_stops_every_rank_within_seconds(killed):
     from skyrl_tool_agent.grpo.checkpoint import verify_checkpoint
 
     nodes, launched, out, seconds, leftovers = killed
@@ -275,13 +276,38 @@ def test_a_killed_rank_stops_every_rank_and_both_nodes_resume_exactly(tiny, unin
     assert lines and all(re.match(r"error: (rank 3|ranks 3, 2|ranks 2, 3) stopped answering", line) for line in lines), \
         launched[0].stderr[-4000:]
     assert [(rank, [p.pid for p in procs], dirs) for rank, procs, dirs in leftovers] == [(0, [], []), (1, [], [])]
-    verify_checkpoint(out / "checkpoints" / "step-000001")
+    verify_checkpoint(out / "checkpoints" / "step-000001")  # the last checkpoint is intact
     assert not (out / "checkpoints" / "step-000002").exists()
 
-    # --resume auto on both nodes ends where the uninterrupted launch ended
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TRAIN_TIMEOUT_S + 60)
+def test_sigterm_to_both_launchers_mid_step_saves_within_their_grace_and_both_nodes_resume_exactly(
+        tiny, uninterrupted, tmp_path):
+    """As a scheduler stops a job: SIGTERM to each node's launcher during step 1. torchrun passes it
+    to its ranks and kills them after its grace (`--shutdown-timeout`, 30 s by default): every rank
+    finishes step 1, saves it and exits within the grace. `--resume auto` on both nodes then ends
+    where the uninterrupted launch ended."""
+    nodes, out = make_nodes(tmp_path), tmp_path / "shared" / "run"
+    signalled_at: list[float] = []
+
+    def stop_mid_step(launchers: list[subprocess.Popen]) -> None:
+        if signalled_at or not (out / "metrics.jsonl").is_file():  # step 0's row: step 1 is under way
+            return
+        for launcher in launchers:
+            launcher.send_signal(signal.SIGTERM)
+        signalled_at.append(time.monotonic())
+
+    args = [*cluster_args(tiny, "full"), "--output-dir", str(out)]
+    stopped = launch_nodes(nodes, args, timeout=TRAIN_TIMEOUT_S, while_running=stop_mid_step)
+    seconds = time.monotonic() - signalled_at[0]
+    assert seconds < 30, seconds  # torchrun's default grace: nothing was killed after it
+    assert "interrupted by SIGTERM after step 1" in stopped[0].log, stopped[0].log[-3000:]
+    assert "resume with:" in stopped[0].stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]
+
     _, _, full, _, _ = uninterrupted
-    resumed = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out), "--resume", "auto"],
-                           timeout=TRAIN_TIMEOUT_S)
+    resumed = launch_nodes(nodes, [*args, "--resume", "auto"], timeout=TRAIN_TIMEOUT_S)
     assert resumed[1].returncode == 0, resumed[1].log[-3000:]
     check_same_ending(resumed[0].completed(), full, out, steps=2, weights="model.safetensors")
 
