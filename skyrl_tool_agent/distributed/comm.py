@@ -66,7 +66,13 @@ class Heartbeat:
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         if world_size < 2 or not host or not port:
             return None
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
+        try:
+            store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10),
+                                  wait_for_workers=False)
+        except (RuntimeError, ValueError) as exc:  # a launcher whose store is elsewhere: the timeout alone remains
+            logger.warning("no heartbeat for rank %d (the store at %s:%s: %s): a lost rank is noticed only after "
+                           "training.collective_timeout_minutes", rank, host, port, exc)
+            return None
         beat = cls(store, rank, world_size, where=f"{host}:{port}", **kwargs)
         beat.start()
         return beat
