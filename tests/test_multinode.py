@@ -382,8 +382,9 @@ def test_the_sweeper_leaves_a_run_directory_of_another_host_alone(tmp_path):
 
 
 def test_the_heartbeat_names_the_rank_that_stopped_beating():
-    """Ranks 0 and 1 beat in a real TCPStore, rank 2 never does: rank 0's heartbeat names rank 2,
-    and nothing while all beat."""
+    """Ranks 0-2 beat in a real TCPStore; then rank 2 stops (its process died). After a failed
+    collective rank 0 names no rank while all beat and rank 2 once it stopped; on its own, rank 0's
+    heartbeat names rank 2 once it has been silent `lost_after_s`."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -392,15 +393,15 @@ def test_the_heartbeat_names_the_rank_that_stopped_beating():
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
     verdicts: list[str] = []
-    beats = [Heartbeat(store, rank, 3, where="here", beat_s=0.05, lost_after_s=1.0, on_lost=verdicts.append)
-             for rank in (0, 1)]
-    Heartbeat(store, 2, 3, where="here", beat_s=0.05)._beat()  # rank 2 beats once, then never again
+    beats = [Heartbeat(store, rank, 3, where="here", beat_s=0.05, lost_after_s=1.0,
+                       on_lost=verdicts.append if rank == 0 else None) for rank in range(3)]
     for beat in beats:
         beat.start()
     try:
-        time.sleep(0.5)
-        assert (beats[0].stalled(0.4) or "").startswith("rank 2 stopped answering")  # silent since its one beat
-        assert beats[0].stalled(5.0) is None
+        time.sleep(0.3)
+        assert beats[0].after_failure() is None and not verdicts  # all alive: this rank's own fault
+        beats[2].stop()
+        assert (beats[0].after_failure() or "").startswith("rank 2 stopped answering")
         deadline = time.monotonic() + 10
         while not verdicts and time.monotonic() < deadline:
             time.sleep(0.05)

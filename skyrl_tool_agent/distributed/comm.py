@@ -127,9 +127,14 @@ class Heartbeat:
                 f"rank {self.rank} stops too; resume from the last checkpoint with --resume auto")
 
     def after_failure(self) -> str | None:
-        """Called when a collective failed: waits a few beats, then `stalled` over them."""
-        time.sleep(3 * self.beat_s)
-        return self.stalled(2.5 * self.beat_s)
+        """Called when a collective failed: `stalled` over 2.5 beats (a live rank's count is seen to
+        move at least every 2), as soon as a rank is that silent, or None when none is within 4.5
+        beats (a dead rank's last beat is seen up to one beat after it died)."""
+        silent_s = 2.5 * self.beat_s
+        deadline = time.monotonic() + silent_s + 2 * self.beat_s
+        while (line := self.stalled(silent_s)) is None and time.monotonic() < deadline:
+            time.sleep(self.beat_s / 4)
+        return line
 
 
 def exit_on_lost_rank(line: str) -> None:
