@@ -155,6 +155,18 @@ def is_server(proc: psutil.Process, tiny: Path) -> bool:
     return "mcp_tools.sqlite_server" in cmdline and str(tiny / "dbs") in cmdline
 
 
+def leftovers(nodes: list[Node], tiny: Path, within_s: float = 30.0) -> list[tuple[int, list[int], list[Path]]]:
+    """Per node, the pids and run directories still there once the launchers have exited: the
+    watchdogs of ranks that died clean up as they notice (a moment later), so this waits up to
+    `within_s` for them to go."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = [(node.rank, [p.pid for p in node.processes(tiny)], node.run_dirs()) for node in nodes]
+        if all(not pids and not dirs for _, pids, dirs in left) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
 def kill_leftovers(nodes: list[Node], tiny: Path) -> None:
     for node in nodes:
         for proc in node.processes(tiny):
@@ -192,14 +204,14 @@ class Watch:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny, tmp_path_factory):
-    """The uninterrupted 2-step launch into a shared output directory: (nodes, launched, output, watch)."""
+    """The uninterrupted 2-step launch into a shared output directory: (nodes, launched, output, watch,
+    what is left after it)."""
     root = tmp_path_factory.mktemp("uninterrupted")
     nodes, out, watch = make_nodes(root), root / "shared" / "run", Watch([0, 0], [0, 0])
     try:
         launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
                                 while_running=lambda launchers: watch.look(nodes, launchers, tiny))
-        leftovers = [(node.rank, node.processes(tiny), node.run_dirs()) for node in nodes]
-        yield nodes, launched, out, watch, leftovers
+        yield nodes, launched, out, watch, leftovers(nodes, tiny)
     finally:
         kill_leftovers(nodes, tiny)
 
@@ -225,8 +237,8 @@ def killed(tiny, tmp_path_factory):
         launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
                                 while_running=kill_rank_3)
         assert killed_at, "rank 3 was never killed: " + launched[0].log[-3000:]
-        leftovers = [(node.rank, node.processes(tiny), node.run_dirs()) for node in nodes]
-        yield nodes, launched, out, time.monotonic() - killed_at[0], leftovers
+        seconds = time.monotonic() - killed_at[0]
+        yield nodes, launched, out, seconds, leftovers(nodes, tiny)
     finally:
         kill_leftovers(nodes, tiny)
 
@@ -235,7 +247,7 @@ def killed(tiny, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 60)
 def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
-    nodes, launched, out, watch, leftovers = uninterrupted
+    nodes, launched, out, watch, left = uninterrupted
     assert [x.returncode for x in launched] == [0, 0], launched[0].log[-3000:] + launched[1].log[-3000:]
     rows = launched_rows(launched[0].completed(), out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # every step's metrics once
@@ -258,7 +270,7 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
     assert (out / "report.html").is_file() and not (nodes[1].cwd / "wandb").exists()
     # the run's MCP servers ran on both nodes, and neither leaves a process or a run directory
     assert watch.servers[0] > 0 and watch.servers[1] > 0 and watch.run_dirs == [2, 2]
-    assert [(rank, [p.pid for p in procs], dirs) for rank, procs, dirs in leftovers] == [(0, [], []), (1, [], [])]
+    assert left == [(0, [], []), (1, [], [])]
 
 
 @pytest.mark.slow
@@ -266,7 +278,7 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
 def test_a_killed_rank_stops_every_rank_within_seconds(killed):
     from skyrl_tool_agent.grpo.checkpoint import verify_checkpoint
 
-    nodes, launched, out, seconds, leftovers = killed
+    nodes, launched, out, seconds, left = killed
     # both launchers end, non-zero, well before a collective timeout would
     assert launched[0].returncode != 0 and launched[1].returncode != 0
     assert seconds < STOP_TIMEOUT_S, seconds
@@ -275,7 +287,7 @@ def test_a_killed_rank_stops_every_rank_within_seconds(killed):
     lines = error_lines(launched[0])
     assert lines and all(re.match(r"error: (rank 3|ranks 3, 2|ranks 2, 3) stopped answering", line) for line in lines), \
         launched[0].stderr[-4000:]
-    assert [(rank, [p.pid for p in procs], dirs) for rank, procs, dirs in leftovers] == [(0, [], []), (1, [], [])]
+    assert left == [(0, [], []), (1, [], [])]
     verify_checkpoint(out / "checkpoints" / "step-000001")  # the last checkpoint is intact
     assert not (out / "checkpoints" / "step-000002").exists()
 
@@ -305,6 +317,7 @@ def test_sigterm_to_both_launchers_mid_step_saves_within_their_grace_and_both_no
     assert "interrupted by SIGTERM after step 1" in stopped[0].log, stopped[0].log[-3000:]
     assert "resume with:" in stopped[0].stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]
+    assert leftovers(nodes, tiny) == [(0, [], []), (1, [], [])]
 
     _, _, full, _, _ = uninterrupted
     resumed = launch_nodes(nodes, [*args, "--resume", "auto"], timeout=TRAIN_TIMEOUT_S)
