@@ -314,7 +314,8 @@ class TrainingConfig(Section):
         "rollouts, a gradient sum) before the run stops with a line naming the rank that stopped answering. "
         "Longer than the slowest thing one rank does while the others wait: a step's rollout imbalance, "
         "rank 0 writing a checkpoint or building the embedded model (--rebuild). A rank whose process "
-        "died is named within seconds whatever this is (docs/distributed.md, Several nodes).",
+        "died is named within seconds when a collective fails on it (gloo), at this timeout when one waits "
+        "for it (NCCL) (docs/distributed.md, Several nodes).",
         gt=0,
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Datasets and database root.")

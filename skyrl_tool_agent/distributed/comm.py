@@ -36,20 +36,19 @@ def collective_timeout(minutes: float = default_of(TrainingConfig, "collective_t
 
 #: Seconds between a rank's heartbeats.
 BEAT_S = 2.0
-#: A rank whose beats stopped this long ago stopped answering, even while no collective failed
-#: (NCCL waits for a dead peer until the collective timeout): far above any stall of a live
-#: process's beating thread (the main thread's kernels and I/O release the GIL).
-LOST_AFTER_S = 60.0
 
 
 class Heartbeat:
     """This rank's beats, counted in the launch's rendezvous store (a daemon thread), and every
     rank's: which ranks stopped answering. The counters only need to advance, so they survive a
     launcher restart. `on_lost(line)` is called once, from the thread, when a rank's beats have
-    stopped for `lost_after_s` (or the store itself stopped answering)."""
+    stopped for `lost_after_s` (or the store itself stopped answering): a launch passes the
+    collective timeout, so a beating thread starved by a long write of a live rank is never taken
+    for a dead rank, while a collective that waits for a dead peer without failing (NCCL) still
+    ends with the line naming it."""
 
-    def __init__(self, store: Any, rank: int, world_size: int, *, where: str, beat_s: float = BEAT_S,
-                 lost_after_s: float = LOST_AFTER_S, on_lost: Callable[[str], None] | None = None) -> None:
+    def __init__(self, store: Any, rank: int, world_size: int, *, where: str, lost_after_s: float,
+                 beat_s: float = BEAT_S, on_lost: Callable[[str], None] | None = None) -> None:
         self.store, self.rank, self.world_size, self.where = store, rank, world_size, where
         self.beat_s, self.lost_after_s, self.on_lost = beat_s, lost_after_s, on_lost
         now = time.monotonic()
@@ -138,8 +137,8 @@ class Heartbeat:
 
 
 def exit_on_lost_rank(line: str) -> None:
-    """The heartbeat's verdict while the main thread waits in a collective that will not return
-    (NCCL's wait for a dead peer): one `error:` line, then this process ends at once. The run's
+    """The heartbeat's verdict while the main thread waits in a collective that neither returns nor
+    fails (NCCL's wait for a dead peer): one `error:` line, then this process ends at once. The run's
     watchdog (`mcp.reaper`) kills its servers; the last finished checkpoint stays intact."""
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.flush()
@@ -202,9 +201,10 @@ class DistContext:
                                      "(start at most one process per GPU, e.g. torchrun --nproc_per_node N)")
             torch.cuda.set_device(device)  # before NCCL: each rank's communicator on its own GPU
         backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = timeout or collective_timeout()
         if not dist.is_initialized():
-            dist.init_process_group(backend=backend, timeout=timeout or collective_timeout())
-        return cls._joined(local_rank, device, backend)
+            dist.init_process_group(backend=backend, timeout=timeout)
+        return cls._joined(local_rank, device, backend, timeout)
 
     @classmethod
     def init_deepspeed(cls, timeout: timedelta | None = None) -> DistContext:
@@ -222,15 +222,16 @@ class DistContext:
         backend = "gloo" if on_cpu else accelerator.communication_backend_name()
         if on_cpu:
             skip_cpu_shared_memory_op()
+        timeout = timeout or collective_timeout()
         if not dist.is_initialized():
-            deepspeed.init_distributed(dist_backend=backend, timeout=timeout or collective_timeout())
+            deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
         device = torch.device("cpu") if on_cpu else torch.device(accelerator.device_name(local_rank))
-        return cls._joined(local_rank, device, backend)
+        return cls._joined(local_rank, device, backend, timeout)
 
     @classmethod
-    def _joined(cls, local_rank: int, device: torch.device, backend: str) -> DistContext:
+    def _joined(cls, local_rank: int, device: torch.device, backend: str, timeout: timedelta) -> DistContext:
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        beat = Heartbeat.from_env(rank, world_size, on_lost=exit_on_lost_rank)
+        beat = Heartbeat.from_env(rank, world_size, lost_after_s=timeout.total_seconds(), on_lost=exit_on_lost_rank)
         ctx = cls(rank, world_size, local_rank, device, backend, beat)
         narrate_on_rank_0(rank)
         logger.info("rank %d/%d on %s (%s)", ctx.rank, ctx.world_size, device, backend)
