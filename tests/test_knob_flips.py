@@ -65,6 +65,7 @@ NOT_FLIPPED: dict[str, str] = {
     "training.data.validation_tasks": "needs the generated built-in pool (~10k tasks); tests/test_train_pool.py",
     "training.data.frontier_tasks": "needs a measured frontier.json beside a model; tests/test_frontier.py",
     "training.wandb.run_name": "passed to wandb.init only (a W&B run per flip)",
+    "training.collective_timeout_minutes": "a launched process group; tests/test_multinode.py",
     "training.push_to_hub.repo_id": "uploads to the Hugging Face Hub (network)",
     "training.push_to_hub.private": "uploads to the Hugging Face Hub (network)",
     **{f"env.{name}": "an MCP server episode per flip (seconds); tests/test_environment.py and the env tests"

@@ -99,6 +99,16 @@ def sized_to_device(args: argparse.Namespace, config: Config) -> Config:
     return config_from_args(args)
 
 
+def raise_unless_rank_lost(backend: object, error: BaseException) -> None:
+    """Under a launcher, when `error` came from a rank that stopped answering: one `error:` line
+    naming it and exit status 1 (the last checkpoint is intact); else `error` goes on."""
+    line = backend.ctx.lost_rank(error) if backend is not None else None  # type: ignore[attr-defined]
+    if line is None:
+        raise error
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parse_args(argv, prog)
     from skyrl_tool_agent.cli import setup_logging, training_progress
@@ -165,13 +175,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             sys.exit(stop.exit_code)
         except OSError as exc:
             if exc.errno not in OUTPUT_FAULTS:
-                raise
+                raise_unless_rank_lost(backend, exc)
             # The output directory failed under the run (disk full, read-only, no permission): the
             # checkpoints written before stay intact (each is written aside, then renamed in place).
             raise UserInputError(
                 f"cannot write the run's files ({exc.filename or t.output_dir}: {exc.strerror or exc}); finished "
                 f"checkpoints in {t.output_dir} are kept: free space or fix the directory, then resume with: "
                 f"{resume_command(argv, prog)}") from exc
+        except RuntimeError as exc:  # under a launcher: a collective that failed because a rank died
+            raise_unless_rank_lost(backend, exc)
         if summary is None:  # ranks other than 0
             return
         print_before_after(summary)

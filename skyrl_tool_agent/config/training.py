@@ -316,6 +316,16 @@ class TrainingConfig(Section):
         h100=None,
         gt=0,
     )
+    collective_timeout_minutes: float = knob(
+        10.0,
+        "Under a launcher: how long one rank waits for the others in a collective (a barrier, a gather of "
+        "rollouts, a gradient sum) before the run stops with a line naming the rank that stopped answering. "
+        "Longer than the slowest thing one rank does while the others wait: a step's rollout imbalance, "
+        "rank 0 writing a checkpoint or building the embedded model (--rebuild). A rank whose process "
+        "died is named within seconds when a collective fails on it (gloo), at this timeout when one waits "
+        "for it (NCCL) (docs/distributed.md, Several nodes).",
+        gt=0,
+    )
     data: DataConfig = Field(default_factory=DataConfig, description="Datasets and database root.")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases logging.")
     push_to_hub: PushToHubConfig = Field(default_factory=PushToHubConfig, description="Hub upload.")

@@ -2,7 +2,8 @@
 full-parameter training with DeepSpeed ZeRO-3, each started by a launcher that sets WORLD_SIZE
 (`torchrun`, `accelerate launch`, `deepspeed`). docs/distributed.md has the recipes and memory figures.
 
-* `comm`           process group (NCCL on GPUs, gloo on CPU), gradient sums
+* `comm`           process group (NCCL on GPUs, gloo on CPU), gradient sums, heartbeats (who stopped answering)
+* `agreement`      what the ranks must agree on (settings, model files, output directory, task stream)
 * `data_parallel`  `DataParallelTrainer`: task sharding, gathered rewards, balanced update shards
 * `replicated`     LoRA/QLoRA: `ReplicatedBackend`, a whole policy per rank, gradients all-reduced
 * `zero3`          full mode: resolved DeepSpeed config, ZeRO-3 sharded model + reference, `DeepSpeedPolicy`

@@ -6,11 +6,13 @@
       optim.pt           LR schedule (rank 0; loaded with torch.load(weights_only=True))
       rng_rank{r}.json   each rank's RNG states, as plain JSON data
       trainer_state.json step, data-loader state, world size
-      manifest.json      sha256 of every file above (rank 0, once all ranks have written)
+      manifest.json      sha256 of every file above (each rank hashes its share, by size, once all
+                         ranks have written; rank 0 writes them)
 
 Every rank writes into `step-XXXXXX.tmp`; rank 0 writes the manifest and renames it once all have
 finished, so `--resume auto` never picks up a half-written checkpoint, and resuming picks the
-newest checkpoint whose files all match their manifest (see `grpo.checkpoint`). DeepSpeed loads its
+newest checkpoint whose files all match their manifest (see `grpo.checkpoint`); the ranks hash a
+checkpoint's files in parallel, each its share by size, at every save and resume. DeepSpeed loads its
 own shard files (with its own torch.load); the manifest at least guarantees they are the bytes
 this run wrote. The ranks' shard files must land on
 one filesystem (one node, or a shared filesystem across nodes). Resuming needs the same world
@@ -30,15 +32,20 @@ import torch
 
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.json_input import loads_bounded
+from skyrl_tool_agent.distributed.data_parallel import balanced_shards
 from skyrl_tool_agent.grpo.checkpoint import (
+    MANIFEST,
     STATE_FILE,
     CheckpointError,
+    hashable_as_recorded,
     latest_checkpoint,
+    record_verified,
     rng_state,
     set_rng_state,
     verify_checkpoint,
     write_manifest,
 )
+from skyrl_tool_agent.policy.manifest import file_sha256, tree_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +86,9 @@ def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int,
                  "elapsed_s": elapsed_s}
         (tmp / STATE_FILE).write_text(json.dumps(state) + "\n")
     ctx.barrier()
+    hashes = hashed_in_parallel(ctx, tmp)  # every rank has written its files (barrier above)
     if ctx.is_main:
-        write_manifest(tmp)  # every rank has written its files (barrier above)
+        write_manifest(tmp, hashes)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in sorted(p for p in root.glob("step-*") if not p.name.endswith(".tmp"))[:-keep]:
@@ -90,11 +98,43 @@ def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int,
     return final
 
 
+def hashed_in_parallel(ctx: Any, directory: Path) -> dict[str, str]:
+    """The sha256 of every file under `directory` (as `write_manifest` records them), each rank
+    hashing its share, balanced by size: a 7B full checkpoint is ~120 GB, which one rank alone
+    would read at every save. Collective; every rank gets all of them."""
+    sizes = tree_sizes(directory, exclude=(MANIFEST,))
+    names = list(sizes)
+    share = balanced_shards([sizes[name] for name in names], ctx.world_size)[ctx.rank]
+    hashes: dict[str, str] = {}
+    for part in ctx.all_gather_object({names[i]: file_sha256(directory / names[i]) for i in share}):
+        hashes.update(part)
+    return {name: hashes[name] for name in names}
+
+
+def verify_in_parallel(ctx: Any, root: Path, path: str) -> None:
+    """Hash the checkpoint `agreed_checkpoint` looks at first (`path`, or with 'auto' the newest
+    under `root`) on every rank, each its share (`hashed_in_parallel`), when its files have the
+    sizes its manifest records; rank 0 then takes it as verified (`record_verified`) and chooses
+    without reading it again. Anything else (a damaged checkpoint, an older one) rank 0 verifies
+    alone, as one process does. Collective."""
+    target = None
+    if ctx.is_main:
+        newest = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))[-1:]
+        candidate = (newest or [None])[0] if path == "auto" else Path(path)
+        target = str(candidate) if candidate is not None and hashable_as_recorded(candidate) is not None else None
+    target = ctx.broadcast_object(target)
+    if target is not None:
+        hashes = hashed_in_parallel(ctx, Path(target))
+        if ctx.is_main:
+            record_verified(Path(target), hashes)
+
+
 def agreed_checkpoint(ctx: Any, root: Path, path: str) -> Path | None:
     """The checkpoint every rank resumes from: `path`, or with 'auto' the latest intact one under
     `root` (None: there is none). Rank 0 chooses and verifies the manifest, then tells the others,
     so all ranks load the same one (even if one sees the directory late) and a bad checkpoint is
     a CheckpointError on every rank rather than a rank waiting forever. Collective."""
+    verify_in_parallel(ctx, root, path)
     decision: tuple[str | None, str | None] = (None, None)  # (checkpoint, or why none can be used)
     if ctx.is_main:
         try:

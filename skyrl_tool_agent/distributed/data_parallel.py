@@ -6,7 +6,8 @@ weights (ZeRO-3 shards in full mode, a whole replica per rank in LoRA mode).
   group never spans ranks). Sampling seeds differ per rank.
 * Rewards and advantages: the trajectories are all-gathered back into task-major order, so every
   rank computes the same group advantages, curriculum feedback and metrics from the whole batch,
-  and the loaders stay identical. Evaluation is split the same way.
+  and the loaders stay identical. Evaluation is split the same way. Each rank's digest of the
+  batch's task ids rides along and must equal rank 0's (`agreement.check_same_tasks`).
 * Update: the kept trajectories are split into W shards balanced by token count; each rank runs
   its shard in micro-batches with the loss divided by the whole batch's normaliser (the base
   trainer's `_update` computes it from the whole batch every rank holds), so the ranks' gradients
@@ -27,6 +28,7 @@ import torch
 from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.distributed.agreement import check_same_tasks, task_ids_digest
 from skyrl_tool_agent.distributed.comm import DistContext
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.grpo.batch import TrainBatch
@@ -87,11 +89,14 @@ class DataParallelTrainer(GRPOTrainer):
         torch.manual_seed(torch.initial_seed() + 1_000_003 * ctx.rank)
         self.policy.prepare_sampling()  # collective where the weights are sharded: every rank, even one with no tasks
         local = super().collect(mine, group_size, params, settings, on_episode_done) if mine else []
-        gathered = ctx.all_gather_object(local)
+        # Each rank's digest of the whole batch travels with its episodes: a rank that drew other
+        # tasks (other task files on its node) would scramble the groups below.
+        gathered = ctx.all_gather_object((task_ids_digest(tasks), local))
+        check_same_tasks([digest for digest, _ in gathered], self.step)
         out: list[Trajectory] = []
         for i in range(len(tasks)):
             rank, j = i % ctx.world_size, i // ctx.world_size
-            out.extend(gathered[rank][j * group_size : (j + 1) * group_size])
+            out.extend(gathered[rank][1][j * group_size : (j + 1) * group_size])
         return out
 
     # --------------------------------------------------------------- update

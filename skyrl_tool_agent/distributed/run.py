@@ -16,7 +16,8 @@ from typing import Any
 from skyrl_tool_agent.config import Config, load_deepspeed_config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.distributed.comm import DistContext
+from skyrl_tool_agent.distributed.agreement import agree_on_launch
+from skyrl_tool_agent.distributed.comm import DistContext, collective_timeout
 from skyrl_tool_agent.distributed.zero3 import build_deepspeed_policy, model_hidden_size, resolve_deepspeed_config
 from skyrl_tool_agent.distributed.trainer import DistributedGRPOTrainer
 from skyrl_tool_agent.env.pools import EnvRuntime
@@ -38,8 +39,9 @@ class DeepSpeedBackend:
     configs/accelerate_config.yaml ...`; docs/distributed.md has the recipes)."""
 
     def __init__(self, config: Config) -> None:
-        self.ctx = DistContext.init_deepspeed()
+        self.ctx = DistContext.init_deepspeed(collective_timeout(config.training.collective_timeout_minutes))
         self.ds_file = deepspeed_config_for(config)  # validated (ZeRO-3, bf16) before any work
+        agree_on_launch(self.ctx, config, self.ds_file.model_dump(mode="json"))
 
     def build_trainer(self, config: Config, runtime: EnvRuntime, loader: TaskDataLoader, eval_tasks: list[Task],
                       out: Path) -> DistributedGRPOTrainer:

@@ -85,10 +85,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
-def write_manifest(directory: Path) -> None:
-    """Record the sha256 and size of every file in `directory` (call it last, after every file is written)."""
-    manifest = {"format": MANIFEST_FORMAT, "files": tree_hashes(directory, exclude=(MANIFEST,)),
-                "sizes": tree_sizes(directory, exclude=(MANIFEST,))}
+def write_manifest(directory: Path, hashes: dict[str, str] | None = None) -> None:
+    """Record the sha256 and size of every file in `directory` (call it last, after every file is
+    written). `hashes`: every file's sha256 when the caller has them (the ranks of a launch hash
+    their shares of a checkpoint in parallel), else they are computed here."""
+    files = tree_hashes(directory, exclude=(MANIFEST,)) if hashes is None else hashes
+    manifest = {"format": MANIFEST_FORMAT, "files": files, "sizes": tree_sizes(directory, exclude=(MANIFEST,))}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
@@ -145,6 +147,31 @@ def _problems(path: Path) -> list[str]:
     if not problems:
         _verified[path.resolve()] = _signature(path)
     return problems
+
+
+def hashable_as_recorded(path: Path) -> dict[str, str] | None:
+    """The sha256 `path`'s manifest records per file, when its files are exactly those it lists, at
+    the sizes it records, none a link out of it (`stat` alone: nothing hashed yet); else None."""
+    if not path.is_dir() or links_leaving(path):
+        return None
+    try:
+        files, sizes = _read_manifest(path)
+    except (OSError, ValueError):
+        return None
+    if sizes is None or tree_sizes(path, exclude=(MANIFEST,)) != sizes or set(files) != set(sizes):
+        return None
+    return files
+
+
+def record_verified(path: Path, hashes: dict[str, str]) -> bool:
+    """`path` counts as verified in this process (`verify_checkpoint` does not read it again) when
+    `hashes`, its files hashed elsewhere (by the ranks of a launch, each its share), are what its
+    manifest records at the sizes it records; whether it does."""
+    recorded = hashable_as_recorded(path)
+    if recorded is None or recorded != hashes:
+        return False
+    _verified[path.resolve()] = _signature(path)
+    return True
 
 
 def verify_checkpoint(path: Path) -> None:

@@ -4,8 +4,11 @@
 
 - `run_dir`: one directory per run, `<tmp>/skyrl-tool-agent/run-<pid>-<random>/`, holding every copy
   the run makes (the isolated servers' slots, episodes' saved states). An `owner.json` names the
-  owning process (pid and start time); every new run sweeps the directories whose owner is dead, so
-  a run killed before its watchdog could act leaves nothing past the next start on this machine.
+  owning process (host, pid and start time); every new run sweeps the directories whose owner is
+  dead, so a run killed before its watchdog could act leaves nothing past the next start on this
+  machine. Only the owner's host can tell: a directory another host made (a temporary directory
+  shared by the nodes of a launch) is left to that host's next start, never taken for dead
+  because its pid means nothing here.
 - a watchdog process (`mcp/watchdog.py`) that kills the registered server process groups and
   removes `run_dir` as soon as this process dies, by any signal (its stdin pipe reaches EOF). It
   works alike on Linux and macOS (no prctl): a pipe's end is the one death notice both give.
@@ -21,6 +24,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,9 +47,12 @@ def runs_root() -> Path:
 
 
 def _owner_alive(run: Path) -> bool:
-    """Whether the process that made `run` still runs (same pid and start time)."""
+    """Whether the process that made `run` still runs (same pid and start time), or may: it runs on
+    another host (directories written before the host was recorded count as this host's)."""
     try:
         owner = json.loads((run / OWNER_FILE).read_text())
+        if owner.get("host", socket.gethostname()) != socket.gethostname():
+            return True
         return abs(psutil.Process(int(owner["pid"])).create_time() - float(owner["started"])) < 1e-3
     except FileNotFoundError:
         # made an instant ago (owner.json not written yet), or by a run killed at that instant
@@ -53,7 +60,7 @@ def _owner_alive(run: Path) -> bool:
             return run.stat().st_mtime + 60 > time.time()
         except OSError:
             return False
-    except (psutil.Error, OSError, ValueError, KeyError, TypeError):
+    except (psutil.Error, OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
@@ -84,7 +91,8 @@ class RunReaper:
         self.run_dir = root / f"run-{self.pid}-{secrets.token_hex(4)}"
         self.run_dir.mkdir()
         started = psutil.Process(self.pid).create_time()
-        (self.run_dir / OWNER_FILE).write_text(json.dumps({"pid": self.pid, "started": started}))
+        owner = {"host": socket.gethostname(), "pid": self.pid, "started": started}
+        (self.run_dir / OWNER_FILE).write_text(json.dumps(owner))
         self._lock = threading.Lock()
         self._pipe: IO[str] | None = None
         self._watchdog: subprocess.Popen[str] | None = None

@@ -1,0 +1,446 @@
+"""Two "nodes" on one machine: what a 2 x 8 GPU launch relies on, checked with 2 x 2 gloo ranks.
+
+Each node is its own `torchrun --nnodes 2 --node_rank N --master_addr 127.0.0.1` launcher of 2 ranks
+(global ranks 0-1 and 2-3; rank 2 has LOCAL_RANK 0) on the tiny model, with its own working
+directory, temporary directory, model cache and PYTHONHASHSEED: what differs between real nodes.
+Each launch runs in its own process group, killed whole on a timeout.
+
+One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks), one with
+rank 3 killed after step 1, and one stopped by SIGTERM during step 1 and resumed on both nodes
+carry the run's assertions; each planted
+fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
+file on node 1) is a short launch that must stop every rank with one line naming it. The faults
+run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
+two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints
+(tests/test_data_parallel.py resumes those exactly on one host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.fixtures.distributed import (
+    SCRIPT,
+    check_same_ending,
+    free_port,
+    launch_env,
+    launched_rows,
+    tiny_run_args,
+    tiny_run_root,
+)
+
+#: Ranks per "node" (2 nodes).
+NODE_RANKS = 2
+#: A failing launch's every rank stops with this many seconds of slack after the cause; a
+#: launch that trains has `TRAIN_TIMEOUT_S`.
+STOP_TIMEOUT_S = 120
+TRAIN_TIMEOUT_S = 400
+#: Tasks per step: not a multiple of the 4 ranks, so ranks roll out 2 or 1 task.
+TASKS_PER_STEP = 5
+
+
+@dataclass(frozen=True)
+class Node:
+    """One simulated node: its rank among the nodes and the directories only it uses."""
+
+    rank: int
+    root: Path
+
+    @property
+    def cwd(self) -> Path:
+        return self.root / "cwd"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    def env(self) -> dict[str, str]:
+        cache = self.root / "cache"
+        return {**launch_env(self.root / "torch_extensions"), "TMPDIR": str(self.tmp), "HF_HOME": str(cache / "hf"),
+                "XDG_CACHE_HOME": str(cache), "PYTHONHASHSEED": str(1000 + self.rank)}
+
+    def processes(self, tiny: Path) -> list[psutil.Process]:
+        """The processes this node's launches started: launchers, ranks and watchdogs (its TMPDIR in
+        their environment), and any MCP server on `tiny`'s databases (servers get a minimal
+        environment; the launches run one at a time, so a server left running is a leak whichever
+        node it came from)."""
+        found = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("TMPDIR") == str(self.tmp) or is_server(proc, tiny):
+                    found.append(proc)
+        return found
+
+    def run_dirs(self) -> list[Path]:
+        return sorted((self.tmp / "skyrl-tool-agent").glob("run-*"))
+
+
+@dataclass
+class Launched:
+    node: Node
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def log(self) -> str:
+        return self.stdout + self.stderr
+
+    def completed(self) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess([], self.returncode, self.stdout, self.stderr)
+
+
+def make_nodes(root: Path) -> list[Node]:
+    nodes = [Node(rank, root / f"node{rank}") for rank in range(2)]
+    for node in nodes:
+        for path in (node.cwd, node.tmp, node.root / "cache"):
+            path.mkdir(parents=True, exist_ok=True)
+    return nodes
+
+
+def launch_nodes(nodes: list[Node], args: list[str], *, timeout: float, node1_args: tuple[str, ...] = (),
+                 while_running: Callable[[list[subprocess.Popen]], None] | None = None) -> list[Launched]:
+    """Both nodes' launchers of `train_grpo.py args` (node 1 with `node1_args` after them), each in
+    its own working directory and process group; `while_running(launchers)` is called about every
+    half second until both have exited. On a timeout (or any exception) both groups are killed."""
+    port = free_port()
+    procs, logs = [], []
+    for node in nodes:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(NODE_RANKS),
+               "--node_rank", str(node.rank), "--master_addr", "127.0.0.1", "--master_port", str(port),
+               str(SCRIPT), *args, *(node1_args if node.rank == 1 else ())]
+        out, err = (node.root / f"launch-{port}.out").open("w+"), (node.root / f"launch-{port}.err").open("w+")
+        logs.append((out, err))
+        procs.append(subprocess.Popen(cmd, env=node.env(), cwd=node.cwd, stdout=out, stderr=err, text=True,
+                                      start_new_session=True))
+    try:
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the two nodes' launch did not end within {timeout} s")
+            if while_running is not None:
+                while_running(procs)
+            time.sleep(0.5)
+    except BaseException:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        raise
+    launched = []
+    for node, proc, (out, err) in zip(nodes, procs, logs, strict=True):
+        out.seek(0)
+        err.seek(0)
+        launched.append(Launched(node, proc.returncode, out.read(), err.read()))
+        out.close()
+        err.close()
+    return launched
+
+
+def is_server(proc: psutil.Process, tiny: Path) -> bool:
+    """Whether `proc` is an MCP server of a run on `tiny`'s databases."""
+    cmdline = proc.cmdline()
+    return "mcp_tools.sqlite_server" in cmdline and str(tiny / "dbs") in cmdline
+
+
+def leftovers(nodes: list[Node], tiny: Path, within_s: float = 30.0) -> list[tuple[int, list[int], list[Path]]]:
+    """Per node, the pids and run directories still there once the launchers have exited: the
+    watchdogs of ranks that died clean up as they notice (a moment later), so this waits up to
+    `within_s` for them to go."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = [(node.rank, [p.pid for p in node.processes(tiny)], node.run_dirs()) for node in nodes]
+        if all(not pids and not dirs for _, pids, dirs in left) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def kill_leftovers(nodes: list[Node], tiny: Path) -> None:
+    for node in nodes:
+        for proc in node.processes(tiny):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+def error_lines(launched: Launched) -> list[str]:
+    return [line for line in launched.stderr.splitlines() if line.startswith("error: ")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_run_root(tmp_path_factory.mktemp("multinode"))
+
+
+def cluster_args(tiny: Path, mode: str, max_steps: int = 2) -> list[str]:
+    return [*tiny_run_args(tiny, mode, max_steps=max_steps), "--set", f"training.tasks_per_step={TASKS_PER_STEP}"]
+
+
+@dataclass
+class Watch:
+    """What `while_running` saw: each node's MCP servers and run directories at their most."""
+
+    servers: list[int]
+    run_dirs: list[int]
+
+    def look(self, nodes: list[Node], launchers: list[subprocess.Popen], tiny: Path) -> None:
+        for node, launcher in zip(nodes, launchers, strict=True):
+            with contextlib.suppress(psutil.Error):
+                servers = [p for p in psutil.Process(launcher.pid).children(recursive=True) if is_server(p, tiny)]
+                self.servers[node.rank] = max(self.servers[node.rank], len(servers))
+            self.run_dirs[node.rank] = max(self.run_dirs[node.rank], len(node.run_dirs()))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny, tmp_path_factory):
+    """The uninterrupted 2-step launch into a shared output directory: (nodes, launched, output, watch,
+    what is left after it)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    nodes, out, watch = make_nodes(root), root / "shared" / "run", Watch([0, 0], [0, 0])
+    try:
+        launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
+                                while_running=lambda launchers: watch.look(nodes, launchers, tiny))
+        yield nodes, launched, out, watch, leftovers(nodes, tiny)
+    finally:
+        kill_leftovers(nodes, tiny)
+
+
+@pytest.fixture(scope="module")
+def killed(tiny, tmp_path_factory):
+    """The same launch with global rank 3 killed once its step-1 checkpoint is written:
+    (nodes, launched, output, seconds from the kill to both launchers' end, leftovers)."""
+    root = tmp_path_factory.mktemp("killed")
+    nodes, out = make_nodes(root), root / "shared" / "run"
+    killed_at: list[float] = []
+
+    def kill_rank_3(_launchers: list[subprocess.Popen]) -> None:
+        if killed_at or not (out / "checkpoints" / "step-000001").is_dir():
+            return
+        for proc in nodes[1].processes(tiny):
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("RANK") == "3" and str(SCRIPT) in proc.cmdline():
+                    proc.kill()
+                    killed_at.append(time.monotonic())
+
+    try:
+        launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
+                                while_running=kill_rank_3)
+        assert killed_at, "rank 3 was never killed: " + launched[0].log[-3000:]
+        seconds = time.monotonic() - killed_at[0]
+        yield nodes, launched, out, seconds, leftovers(nodes, tiny)
+    finally:
+        kill_leftovers(nodes, tiny)
+
+
+# ------------------------------------------------------------------ launched: one run on two nodes
+@pytest.mark.slow
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 60)
+def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
+    nodes, launched, out, watch, left = uninterrupted
+    assert [x.returncode for x in launched] == [0, 0], launched[0].log[-3000:] + launched[1].log[-3000:]
+    rows = launched_rows(launched[0].completed(), out)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # every step's metrics once
+    # 5 tasks on 4 ranks (2, 1, 1, 1), every group gathered: 5 groups of 2 episodes
+    assert rows[1]["episode/tasks"] == TASKS_PER_STEP and rows[1]["train/trajectories_used"] == 2 * TASKS_PER_STEP
+    assert rows[1]["train/grad_norm"] > 0
+    assert "before GRPO" in launched[0].stdout
+    # the checkpoint holds every rank's ZeRO-3 shards and RNG states, and its manifest lists them
+    step2 = out / "checkpoints" / "step-000002"
+    listed = set(json.loads((step2 / "manifest.json").read_text())["files"])
+    for rank in range(2 * NODE_RANKS):
+        for name in (f"deepspeed/state/zero_pp_rank_{rank}_mp_rank_00_model_states.pt",
+                     f"deepspeed/state/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", f"rng_rank{rank}.json"):
+            assert (step2 / name).is_file() and name in listed, name
+    assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == 2 * NODE_RANKS
+    # one narrator: node 1 prints no INFO progress and writes nothing of the run's own
+    assert not re.search(r"\bINFO\b", launched[1].log), launched[1].log[-3000:]
+    assert "before GRPO" not in launched[1].log
+    assert sorted(p.name for p in nodes[1].cwd.iterdir()) == []
+    assert (out / "report.html").is_file() and not (nodes[1].cwd / "wandb").exists()
+    # the run's MCP servers ran on both nodes, and neither leaves a process or a run directory
+    assert watch.servers[0] > 0 and watch.servers[1] > 0 and watch.run_dirs == [2, 2]
+    assert left == [(0, [], []), (1, [], [])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TRAIN_TIMEOUT_S + 60)
+def test_a_killed_rank_stops_every_rank_within_seconds(killed):
+    from skyrl_tool_agent.grpo.checkpoint import verify_checkpoint
+
+    nodes, launched, out, seconds, left = killed
+    # both launchers end, non-zero, well before a collective timeout would
+    assert launched[0].returncode != 0 and launched[1].returncode != 0
+    assert seconds < STOP_TIMEOUT_S, seconds
+    # The survivors say which rank stopped answering (node 1's launcher stops rank 2 with it; node
+    # 0's stops its other rank once the first has said it and exited).
+    lines = error_lines(launched[0])
+    assert lines and all(re.match(r"error: (rank 3|ranks 3, 2|ranks 2, 3) stopped answering", line) for line in lines), \
+        launched[0].stderr[-4000:]
+    assert left == [(0, [], []), (1, [], [])]
+    verify_checkpoint(out / "checkpoints" / "step-000001")  # the last checkpoint is intact
+    assert not (out / "checkpoints" / "step-000002").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TRAIN_TIMEOUT_S + 60)
+def test_sigterm_to_both_launchers_mid_step_saves_within_their_grace_and_both_nodes_resume_exactly(
+        tiny, uninterrupted, tmp_path):
+    """As a scheduler stops a job: SIGTERM to each node's launcher during step 1. torchrun passes it
+    to its ranks and kills them after its grace (`--shutdown-timeout`, 30 s by default): every rank
+    finishes step 1, saves it and exits within the grace. `--resume auto` on both nodes then ends
+    where the uninterrupted launch ended."""
+    nodes, out = make_nodes(tmp_path), tmp_path / "shared" / "run"
+    signalled_at: list[float] = []
+
+    def stop_mid_step(launchers: list[subprocess.Popen]) -> None:
+        if signalled_at or not (out / "metrics.jsonl").is_file():  # step 0's row: step 1 is under way
+            return
+        for launcher in launchers:
+            launcher.send_signal(signal.SIGTERM)
+        signalled_at.append(time.monotonic())
+
+    args = [*cluster_args(tiny, "full"), "--output-dir", str(out)]
+    stopped = launch_nodes(nodes, args, timeout=TRAIN_TIMEOUT_S, while_running=stop_mid_step)
+    seconds = time.monotonic() - signalled_at[0]
+    assert seconds < 30, seconds  # torchrun's default grace: nothing was killed after it
+    assert "interrupted by SIGTERM after step 1" in stopped[0].log, stopped[0].log[-3000:]
+    assert "resume with:" in stopped[0].stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]
+    assert leftovers(nodes, tiny) == [(0, [], []), (1, [], [])]
+
+    _, _, full, _, _ = uninterrupted
+    resumed = launch_nodes(nodes, [*args, "--resume", "auto"], timeout=TRAIN_TIMEOUT_S)
+    assert resumed[1].returncode == 0, resumed[1].log[-3000:]
+    check_same_ending(resumed[0].completed(), full, out, steps=2, weights="model.safetensors")
+
+
+# ------------------------------------------------------------------ launched: planted faults, each stops at once
+@pytest.mark.slow
+@pytest.mark.timeout(STOP_TIMEOUT_S + 60)
+def test_one_more_setting_on_one_node_stops_every_rank(tiny, tmp_path):
+    nodes, out = make_nodes(tmp_path), tmp_path / "shared" / "run"
+    launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--output-dir", str(out)],
+                            node1_args=("--set", "training.learning_rate=0.002"), timeout=STOP_TIMEOUT_S)
+    for node in launched:
+        assert node.returncode != 0
+        lines = error_lines(node)
+        assert len(lines) == NODE_RANKS and all(
+            "training.learning_rate is 0.001 on rank 0" in line and "but 0.002 on rank 2" in line for line in lines), \
+            node.log[-3000:]
+    assert not (out / "metrics.jsonl").exists()  # stopped before any work
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(STOP_TIMEOUT_S + 60)
+def test_each_node_its_own_output_directory_stops_every_rank(tiny, tmp_path):
+    nodes = make_nodes(tmp_path)
+    launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--output-dir", "out"], timeout=STOP_TIMEOUT_S)
+    for node in launched:
+        assert node.returncode != 0
+        lines = error_lines(node)
+        assert len(lines) == NODE_RANKS and all(
+            line.startswith("error: training.output_dir is not one directory shared by every rank: ranks 2, 3")
+            for line in lines), node.log[-3000:]
+    assert not (nodes[0].cwd / "out" / "metrics.jsonl").exists() and not (nodes[1].cwd / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(STOP_TIMEOUT_S + 60)
+def test_another_task_file_on_one_node_stops_every_rank_at_its_first_step(tiny, tmp_path):
+    """Node 1 reads `train.json` from its own working directory, the same tasks in another order:
+    its ranks would roll out other tasks than rank 0 thinks they do."""
+    nodes, out = make_nodes(tmp_path), tmp_path / "shared" / "run"
+    tasks = json.loads((tiny / "train.json").read_text())
+    (nodes[0].cwd / "train.json").write_text(json.dumps(tasks))
+    (nodes[1].cwd / "train.json").write_text(json.dumps(tasks[::-1]))
+    launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--set", "training.data.train_file=train.json",
+                                    "--output-dir", str(out)], timeout=STOP_TIMEOUT_S)
+    for node in launched:
+        assert node.returncode != 0
+        lines = error_lines(node)
+        assert len(lines) == NODE_RANKS and all(
+            line.startswith("error: the ranks drew different tasks after step 0: rank 2's") for line in lines), \
+            node.log[-3000:]
+    assert [json.loads(r)["step"] for r in (out / "metrics.jsonl").read_text().splitlines()] == [0]
+
+
+# ------------------------------------------------------------------ no launch
+def test_the_sweeper_leaves_a_run_directory_of_another_host_alone(tmp_path):
+    """A temporary directory shared by the nodes: a live run of another node has a pid that means
+    nothing here (dead here, or another process) and must not be taken for dead."""
+    import socket
+
+    from skyrl_tool_agent.mcp.reaper import OWNER_FILE, sweep_dead_runs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    started = time.time() - 5
+    elsewhere, here = tmp_path / "run-1-aaaa", tmp_path / "run-2-bbbb"
+    for run, host in ((elsewhere, "another-node"), (here, socket.gethostname())):
+        run.mkdir()
+        (run / OWNER_FILE).write_text(json.dumps({"host": host, "pid": gone.pid, "started": started}))
+    assert sweep_dead_runs(tmp_path) == [here]
+    assert elsewhere.is_dir()
+
+
+def test_the_heartbeat_names_the_rank_that_stopped_beating():
+    """Ranks 0-2 beat in a real TCPStore; then rank 2 stops (its process died). After a failed
+    collective rank 0 names no rank while all beat and rank 2 once it stopped; on its own, rank 0's
+    heartbeat names rank 2 once it has been silent `lost_after_s`."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from skyrl_tool_agent.distributed.comm import Heartbeat
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    verdicts: list[str] = []
+    beats = [Heartbeat(store, rank, 3, where="here", beat_s=0.05, lost_after_s=1.0,
+                       on_lost=verdicts.append if rank == 0 else None) for rank in range(3)]
+    for beat in beats:
+        beat.start()
+    try:
+        time.sleep(0.3)
+        assert beats[0].after_failure() is None and not verdicts  # all alive: this rank's own fault
+        beats[2].stop()
+        assert (beats[0].after_failure() or "").startswith("rank 2 stopped answering")
+        deadline = time.monotonic() + 10
+        while not verdicts and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        for beat in beats:
+            beat.stop()
+    assert verdicts and verdicts[0].startswith("rank 2 stopped answering"), verdicts
+
+
+def test_a_checkpoint_the_ranks_hashed_counts_as_verified_only_as_its_manifest_records(tmp_path):
+    """What the ranks hash in parallel at a resume (`distributed.checkpoint.verify_in_parallel`)
+    spares rank 0 the reading only when it is what the manifest records."""
+    from skyrl_tool_agent.grpo.checkpoint import MANIFEST, CheckpointError, record_verified, verify_checkpoint, write_manifest
+    from skyrl_tool_agent.policy.manifest import tree_hashes
+
+    ckpt = tmp_path / "step-000001"
+    (ckpt / "deepspeed").mkdir(parents=True)
+    (ckpt / "deepspeed" / "shard0.pt").write_bytes(b"a" * 10)
+    (ckpt / "rng_rank0.json").write_text("{}")
+    write_manifest(ckpt)
+    hashes = tree_hashes(ckpt, exclude=(MANIFEST,))
+    (ckpt / "deepspeed" / "shard0.pt").write_bytes(b"b" * 10)  # changed after the save, same size
+    changed = tree_hashes(ckpt, exclude=(MANIFEST,))
+    assert not record_verified(ckpt, changed) and not record_verified(ckpt, {**hashes, "rng_rank0.json": "0" * 64})
+    with pytest.raises(CheckpointError, match="shard0.pt does not match"):
+        verify_checkpoint(ckpt)
+    (ckpt / "deepspeed" / "shard0.pt").write_bytes(b"a" * 10)
+    assert record_verified(ckpt, hashes)
+    verify_checkpoint(ckpt)
