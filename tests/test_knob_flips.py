@@ -63,6 +63,7 @@ NOT_FLIPPED: dict[str, str] = {
     "model.quantization.compute_dtype": "bitsandbytes 4-bit; tests/test_qlora.py",
     "model.quantization.double_quant": "bitsandbytes 4-bit: passed to BitsAndBytesConfig only",
     "training.data.validation_tasks": "needs the generated built-in pool (~10k tasks); tests/test_train_pool.py",
+    "training.data.test_tasks": "needs the generated built-in pool and the test databases; tests/test_train_pool.py",
     "training.data.frontier_tasks": "needs a measured frontier.json beside a model; tests/test_frontier.py",
     "training.wandb.run_name": "passed to wandb.init only (a W&B run per flip)",
     "training.collective_timeout_minutes": "a launched process group; tests/test_multinode.py",
