@@ -46,7 +46,7 @@ def peak_of(fn, device: torch.device) -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--model", required=True)
     p.add_argument("--mode", choices=["lora", "qlora"], default="lora")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
