@@ -1,15 +1,13 @@
 """The embedded default shipped in the package: its files match their recorded hashes, it loads the
 way the main job loads it, it reproduces its recorded greedy check exactly, a damaged copy is
-refused with one line, and the recorded build command still builds a model of the same shape."""
+refused with one line, and the recorded build command still builds a model of the same shape.
+The main job's two steps from it run in tests/test_installed.py (from the installed package)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -185,34 +183,3 @@ def test_build_command_still_builds_the_same_shape(manifest, tmp_path: Path) -> 
     assert verify_manifest(dest)["greedy_check"]["solved"] == record["greedy_check"]["solved"]
     assert len(record["greedy_check"]["solved"]) == 1 and record["shipped_dtype"] == "bfloat16"
     assert not list(dest.parent.glob(".embedded-*"))  # staged aside, renamed into place
-
-
-@pytest.mark.slow
-def test_main_job_runs_two_grpo_steps_from_the_shipped_model(tmp_path: Path) -> None:
-    """The quick start's command with its defaults (shipped model, its frontier, LoRA on CPU),
-    cut to two small steps, a small evaluation (greedy and sampled, and the probe) and 64 tokens
-    a turn: end to end, no timing asserted."""
-    out = tmp_path / "run"
-    cmd = [sys.executable, str(REPO / "training" / "scripts" / "train_grpo.py"), "--mode", "lora", "--output-dir", str(out),
-           "--max-steps", "2", "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=4",
-           "--set", "training.eval_num_tasks=3", "--set", "training.wandb.mode=disabled",
-           "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3", "--set", "training.probe_held_out_tasks=3",
-           "--set", "training.probe_every=2",
-           "--set", "grpo.max_new_tokens_per_turn=64"]  # half the CPU default: decoding is most of the run's time
-    env = {**os.environ, "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    assert all(r["episode/tasks"] == 2 for r in rows[1:])
-    record = json.loads((out / "before_after.json").read_text())
-    assert record["stop_reason"] == "max_steps (2) reached"
-    assert len(record["before"]["solved"]) == 3 and record["execution_accuracy_delta"]["n"] == 3
-    # avg@2 beside greedy (two samples per task at the training temperature), with its paired interval
-    assert record["before"]["sampled"]["k"] == 2 and len(record["after"]["sampled"]["per_task"]) == 3
-    assert record["avg_at_k_delta"]["n"] == 3 and "avg@2 (T=1)" in res.stdout
-    # the probe: the same 3 training tasks before training and at step 2 (the last), 3 held-out ones beside them
-    assert [r["step"] for r in rows if "probe/execution_accuracy" in r] == [0, 2]
-    assert [r["probe/held_out_tasks"] for r in rows if "probe/held_out_execution_accuracy" in r] == [3, 3]
-    assert (out / "final" / "adapter_config.json").is_file()
-    assert "training stopped: max_steps (2) reached" in res.stdout
