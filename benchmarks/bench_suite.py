@@ -18,7 +18,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from common import RESULTS_DIR, machine_info, print_table, write_json
+from common import RESULTS_DIR, machine_info, write_json
 
 DEFAULT_REPORT = Path(__file__).resolve().parents[1] / "outputs" / "tests" / "junit.xml"
 LIMIT_S = 30.0
@@ -52,12 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ranked = sorted(seconds.items(), key=lambda item: item[1], reverse=True)
     total = sum(seconds.values())
     over = [(test, s) for test, s in ranked if s > args.limit]
-    print_table(f"slowest {min(args.top, len(ranked))} of {len(ranked)} tests ({args.report})", ["test", "seconds", "over limit"],
-                [(test, s, "FLAG" if s > args.limit else "") for test, s in ranked[:args.top]],
-                caption=f"{total:,.0f} test-seconds over the workers, {wall:,.0f} s of wall clock; "
-                        f"the {args.top} slowest take {sum(s for _, s in ranked[:args.top]):,.0f} s")
-    for test, s in over:
-        print(f"over {args.limit:g} s: {test} ({s:.1f} s)")
+    print(f"slowest {min(args.top, len(ranked))} of {len(ranked)} tests ({args.report}):")
+    for test, s in ranked[:args.top]:  # the id last and whole: it is what a reader looks up
+        print(f"{s:8.1f} s  {'OVER' if s > args.limit else '    '}  {test}")
+    print(f"{total:,.0f} test-seconds over the workers, {wall:,.0f} s of wall clock; "
+          f"the {args.top} slowest take {sum(s for _, s in ranked[:args.top]):,.0f} s")
     print(f"{len(over)} test(s) over {args.limit:g} s" if over else f"no test over {args.limit:g} s")
     write_json(args.json_out, "bench_suite", {"report": str(args.report), "limit_s": args.limit},
                {"tests": len(ranked), "test_seconds": total, "wall_s": wall, "over_limit": dict(over),
