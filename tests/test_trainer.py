@@ -196,6 +196,8 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
         assert f"resume with: {sys.executable} " in stderr and stderr.rstrip().endswith("--resume auto"), stderr[-1000:]
         assert (out / "checkpoints" / f"step-{stopped_at:06d}" / "trainer_state.json").is_file()
         assert "Traceback" not in stderr, stderr[-3000:]
+        if resumed_from is not None:
+            assert "resumed from" in (logs / "stdout").read_text()
         return stopped_at
 
     saved = stop(signal.SIGINT, None)
