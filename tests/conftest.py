@@ -38,3 +38,12 @@ def spider_root() -> Path:
     if not (SPIDER_ROOT / "dev.json").is_file():
         pytest.skip(f"Spider not found at {SPIDER_ROOT}")
     return SPIDER_ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """The launched two-rank tests' run directory (tasks, the shop database, a tiny random Qwen2),
+    built once per test process for test_deepspeed and test_data_parallel alike; they only read it."""
+    from tests.fixtures.distributed import tiny_run_root
+
+    return tiny_run_root(tmp_path_factory.mktemp("tiny_run"))

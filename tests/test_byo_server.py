@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.cli_in_process import cli_in_process
 from tests.fixtures.config_files import REPO
 from tests.fixtures.third_party import mcp_server_sqlite
 from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
@@ -52,10 +53,12 @@ def _data(db_root: Path, tasks: Path) -> list[str]:
             "--set", f"training.data.train_file={tasks}", "--set", "training.data.train_pool=file"]
 
 
-def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
+def _one_error_line(done: subprocess.CompletedProcess[str] | tuple[int, str, str]) -> str:
+    """The one `error:` line a refused command (a launch, or `cli_in_process`) wrote, exit 2."""
+    code, _, stderr = (done.returncode, done.stdout, done.stderr) if isinstance(done, subprocess.CompletedProcess) else done
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), stderr[-3000:]
+    assert "Traceback" not in stderr
     return lines[0]
 
 
@@ -67,7 +70,9 @@ def _own_sqlite(name: str, prefix: str = "") -> dict:
 
 
 @pytest.mark.parametrize("case", ["offered", "schema", "duplicate", "verdict"])
-def test_config_and_server_mismatches_are_one_line_at_load(shop, case):
+def test_config_and_server_mismatches_are_one_line_at_load(shop, case, capsys):
+    """Through the command's `main` in this process (`cli_in_process`); a launched refusal is
+    test_a_bad_mcp_server_flag_is_one_line's first case."""
     db_root, _, tasks = shop
     calc = {"name": "calc", "command": "python", "args": ["-m", "tests.fixtures.calc_server"]}
     extra, key, fix = {
@@ -83,23 +88,25 @@ def test_config_and_server_mismatches_are_one_line_at_load(shop, case):
         "verdict": (["--set", f"env.task_family={FAMILY_DIR / 'answers_without_db.py'}:FAMILY"],
                     "verdict_term 'execution'", "uses_databases=True"),
     }[case]
-    line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks), *extra,
-                                "--output-dir", str(db_root.parent / "out"), timeout=120))
+    line = _one_error_line(cli_in_process(["eval", "--policy", "oracle", *_data(db_root, tasks), *extra,
+                                           "--output-dir", str(db_root.parent / "out")], capsys))
     assert key in line and fix in line, line
 
 
-def test_a_bad_mcp_server_flag_is_one_line(shop):
+def test_a_bad_mcp_server_flag_is_one_line(shop, capsys):
+    """The first case through a process of its own (what a user sees: exit 2, one line on stderr),
+    the others through the command's `main` in this process: the same status and line."""
     db_root, _, tasks = shop
     line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks), "--mcp-server", "no-command=",
                                 timeout=60))
     assert "--mcp-server" in line and "NAME=COMMAND ARGS" in line
-    line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks),
-                                "--mcp-server", "s=/nonexistent/server --db x", timeout=60))
+    line = _one_error_line(cli_in_process(["eval", "--policy", "oracle", *_data(db_root, tasks),
+                                           "--mcp-server", "s=/nonexistent/server --db x"], capsys))
     assert "env.mcp_servers" in line and "failed to start" in line and "/nonexistent/server" in line
     # a server that dies at once: its exit code and the end of its stderr, not an ExceptionGroup
     crash = REPO / "tests" / "fixtures" / "misbehaving_server.py"
-    line = _one_error_line(_cli("eval", "--policy", "oracle", *_data(db_root, tasks),
-                                "--mcp-server", f"s=python {crash} exit", timeout=60))
+    line = _one_error_line(cli_in_process(["eval", "--policy", "oracle", *_data(db_root, tasks),
+                                           "--mcp-server", f"s=python {crash} exit"], capsys))
     assert "exited before answering initialize; exit code 3" in line and "No module named 'missing_dep'" in line
 
 

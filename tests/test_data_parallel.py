@@ -24,7 +24,6 @@ from tests.fixtures.distributed import (
     launched_rows,
     synthetic_batch,
     tiny_run_args,
-    tiny_run_root,
     update_config,
 )
 
@@ -39,25 +38,20 @@ def _update_config(model_dir: Path):
     return update_config(model_dir, "lora", max_grad_norm=0.05, lora={"r": 4, "alpha": 8, "dropout": 0.0})
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_run_root(tmp_path_factory.mktemp("dp"))
-
-
-def test_gradient_accumulation_is_refused_under_a_launcher(tiny):
+def test_gradient_accumulation_is_refused_under_a_launcher(tiny_run):
     from skyrl_tool_agent.config import UserInputError
     from skyrl_tool_agent.distributed.data_parallel import DataParallelTrainer
 
-    config = _update_config(tiny / "model")
+    config = _update_config(tiny_run / "model")
     config.training.gradient_accumulation = 2
     with pytest.raises(UserInputError, match=r"^training\.gradient_accumulation: .*distributed launcher"):
-        DataParallelTrainer(config, None, None, None, [], output_dir=tiny / "unused", ctx=None)  # type: ignore[arg-type]
+        DataParallelTrainer(config, None, None, None, [], output_dir=tiny_run / "unused", ctx=None)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ launched
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
-def test_two_rank_lora_update_equals_single_process_update(tiny, tmp_path):
+def test_two_rank_lora_update_equals_single_process_update(tiny_run, tmp_path):
     """Same batches, fp32: 5 rows of different lengths (shards of 3 and 2 rows at micro-batch 2,
     KL against the adapter-free model, entropy bonus, clipping, 2 epochs), then 1 row (rank 1's
     shard is empty): the ranks' adapters equal each other and the single-process GRPOTrainer's."""
@@ -68,12 +62,12 @@ def test_two_rank_lora_update_equals_single_process_update(tiny, tmp_path):
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
     from skyrl_tool_agent.policy.qwen import QwenPolicy
 
-    config = _update_config(tiny / "model")
+    config = _update_config(tiny_run / "model")
     seed_everything(1)  # rank 0's seed in the worker; rank 1 draws other adapters, replaced by rank 0's
     policy = QwenPolicy.from_config(config.model, mode="lora")
     batches = [synthetic_batch(policy), synthetic_batch(policy, seed=1, lengths=(26,))]
     torch.save(batches, tmp_path / "batches.pt")
-    res = _torchrun(Path(__file__), "update-worker", str(tiny / "model"), str(tmp_path))
+    res = _torchrun(Path(__file__), "update-worker", str(tiny_run / "model"), str(tmp_path))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     trainer = GRPOTrainer(config, policy, None, None, [], output_dir=tmp_path / "single")
@@ -96,8 +90,8 @@ def test_two_rank_lora_update_equals_single_process_update(tiny, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
-def test_lora_two_ranks_trains_checkpoints_and_resumes_exactly(tiny, tmp_path):
-    args = tiny_run_args(tiny, "lora", max_steps=2)
+def test_lora_two_ranks_trains_checkpoints_and_resumes_exactly(tiny_run, tmp_path):
+    args = tiny_run_args(tiny_run, "lora", max_steps=2)
     full = tmp_path / "full"
     done = _torchrun(SCRIPT, *args, "--output-dir", str(full))
     rows = launched_rows(done, full)

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.fixtures.cli_in_process import cli_in_process
 from tests.fixtures.config_files import REPO
 
 GOOD = {"task_id": "t-0", "db_id": "shop", "question": "How many items?", "gold_sql": "SELECT count(*) FROM items",
@@ -71,7 +72,9 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def test_bad_records_are_refused_before_anything_runs(tmp_path):
+def test_bad_records_are_refused_before_anything_runs(tmp_path, capsys):
+    """`eval` refuses through a process of its own, `train` through its `main` in this process
+    (`cli_in_process`: the same status and line), then `eval --skip-bad-records` runs."""
     tasks, root = _data(tmp_path)
     data = ["--set", f"training.data.train_file={tasks}", "--set", f"training.data.dev_file={tasks}",
             "--set", f"training.data.db_root={root}", "--set", "env.sql_timeout_s=0.5"]
@@ -83,8 +86,8 @@ def test_bad_records_are_refused_before_anything_runs(tmp_path):
                     "fix the data, or pass --skip-bad-records to leave bad records out"), line
     assert not (tmp_path / "eval").exists()
     out = tmp_path / "run"
-    train = _cli("train", "--output-dir", str(out), "--max-steps", "2", *data)
-    assert train.returncode == 2 and train.stderr.strip().splitlines()[-1] == line, train.stderr[-2000:]
+    code, _, stderr = cli_in_process(["train", "--output-dir", str(out), "--max-steps", "2", *data], capsys)
+    assert code == 2 and stderr.strip().splitlines()[-1] == line, stderr[-2000:]
     assert not out.exists() or not any(out.iterdir())
 
     skipped = _cli("eval", "--policy", "oracle", "--skip-bad-records", "--output-dir", str(tmp_path / "eval"), *data)
@@ -96,4 +99,4 @@ def test_bad_records_are_refused_before_anything_runs(tmp_path):
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["n"] == 1 and results["execution_accuracy"] == 1.0
     assert results["skipped"] == len(BAD) and results["skipped_reasons"] == {"bad_record": len(BAD)}
-    print(f"\n3 CLI runs in {time.monotonic() - start:.1f} s")
+    print(f"\n3 commands (2 launched) in {time.monotonic() - start:.1f} s")

@@ -30,7 +30,6 @@ from tests.fixtures.distributed import (
     launched_rows,
     synthetic_batch,
     tiny_run_args,
-    tiny_run_root,
     update_config,
 )
 
@@ -44,11 +43,6 @@ def _deepspeed(script: Path, *args: str, timeout: int = 280, extensions_dir: Pat
 
 def _update_config(model_dir: Path):
     return update_config(model_dir, "full")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_run_root(tmp_path_factory.mktemp("ds"))
 
 
 # ------------------------------------------------------------------ no launch
@@ -87,11 +81,11 @@ def test_update_shards_cover_every_row_once_and_balance_tokens():
     assert balanced_shards(lengths, 2) == balanced_shards(list(lengths), 2)  # deterministic
 
 
-def test_inert_micro_batch_adds_no_loss_tokens(tiny):
+def test_inert_micro_batch_adds_no_loss_tokens(tiny_run):
     from skyrl_tool_agent.distributed.data_parallel import inert_micro_batch
     from tests.fixtures.tiny_policy import tiny_policy
 
-    batch = synthetic_batch(tiny_policy(tiny / "model", "full"))
+    batch = synthetic_batch(tiny_policy(tiny_run / "model", "full"))
     inert = inert_micro_batch(batch)
     assert len(inert) == 1 and inert.input_ids.shape[1] == 17  # the shortest row, trimmed
     assert not inert.loss_mask.any() and not inert.advantages.any()
@@ -99,8 +93,6 @@ def test_inert_micro_batch_adds_no_loss_tokens(tiny):
 
 
 # ------------------------------------------------------------------ launched
-@pytest.mark.slow
-@pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
 def _sampling_prompts(tokenizer) -> list[list[int]]:
     """Two tasks of two episodes sharing a system prefix (the engine's root and sibling paths)."""
     system = tokenizer("<|im_start|>system\nYou answer questions about the shop database.<|im_end|>\n")["input_ids"]
@@ -124,7 +116,9 @@ def _assert_same_samples(got: dict, expected: dict) -> None:
         assert a == pytest.approx(b, abs=1e-5)
 
 
-def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
+def test_two_rank_zero3_update_equals_single_process_update(tiny_run, tmp_path):
     """Same batch, fp32: ZeRO-3 over 2 ranks (uneven shards, an inert micro-batch, KL reference
     engine, grad clipping, 2 epochs) gives the single-process GRPOTrainer's weights and stats; and
     each rank's rollout engine, fed a snapshot gathered from the shards before and after that
@@ -136,14 +130,14 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
     from skyrl_tool_agent.policy.qwen import QwenPolicy
 
-    config = _update_config(tiny / "model")
+    config = _update_config(tiny_run / "model")
     policy = QwenPolicy.from_config(config.model, mode="full")
     batch = synthetic_batch(policy)
     torch.save(batch, tmp_path / "batch.pt")
     extensions = tmp_path / "torch_extensions"
     (extensions / "deepspeed_shm_comm").mkdir(parents=True)
     (extensions / "deepspeed_shm_comm" / "lock").touch()
-    res = _deepspeed(Path(__file__), "update-worker", str(tiny / "model"), str(tmp_path), extensions_dir=extensions)
+    res = _deepspeed(Path(__file__), "update-worker", str(tiny_run / "model"), str(tmp_path), extensions_dir=extensions)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     trainer = GRPOTrainer(config, policy, None, None, [], output_dir=tmp_path / "single")
@@ -174,16 +168,16 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny, tmp_path):
     for name, value in weights.items():
         assert value.dtype == torch.float32
         torch.testing.assert_close(value, state[name], rtol=0, atol=2e-5, msg=name)
-    initial = load_file(str(tiny / "model" / "model.safetensors"))
+    initial = load_file(str(tiny_run / "model" / "model.safetensors"))
     assert max(float((weights[k] - initial[k]).abs().max()) for k in weights) > 1e-4  # the update did something
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
-def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny, tmp_path):
+def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny_run, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    args = tiny_run_args(tiny, "full", max_steps=2)
+    args = tiny_run_args(tiny_run, "full", max_steps=2)
     full = tmp_path / "full"
     done = _deepspeed(SCRIPT, *args, "--output-dir", str(full))
     rows = launched_rows(done, full)
@@ -196,7 +190,7 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
     assert "before GRPO" in done.stdout  # rank 0 printed the summary
 
     exported = AutoModelForCausalLM.from_pretrained(full / "final")
-    initial = AutoModelForCausalLM.from_pretrained(tiny / "model")
+    initial = AutoModelForCausalLM.from_pretrained(tiny_run / "model")
     assert exported.dtype == torch.bfloat16
     assert exported.config.vocab_size == initial.config.vocab_size
     pairs = zip(exported.parameters(), initial.parameters(), strict=True)

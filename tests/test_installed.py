@@ -5,7 +5,8 @@ dependencies come from the test's own environment: installing them again from an
 scripts/setup.sh does, minutes of downloads, and CI runs that). The console script is then run
 from an empty working directory with DIR first on the path, so every file it needs (packaged
 configs, the shipped model, the built-in data built into a fresh cache) must come from the
-installed package.
+installed package. Its `train` is the quick start's main job (the shipped model, cut to two small
+steps), so one launch checks both the installed package and the main job.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def _run(target: Path, cwd: Path, *args: str, timeout: float = 300) -> subproces
 
 
 @pytest.mark.slow
-def test_installed_command_trains_and_evaluates_from_an_empty_directory(installed, tmp_path):
+def test_installed_main_job_trains_two_steps_and_evaluates_from_an_empty_directory(installed, tmp_path):
+    """The quick start's main job (`train` with its defaults: the shipped model, its frontier, LoRA
+    on CPU) from the installed package, cut to two small steps, a small evaluation (greedy and
+    sampled, and the probe) and 64 tokens a turn: end to end, no timing asserted; then `eval` of
+    what it trained. One run for both (they were two launches of the same main job)."""
     work = tmp_path / "empty"
     work.mkdir()
     version = _run(installed, work, "--version")
@@ -49,15 +54,29 @@ def test_installed_command_trains_and_evaluates_from_an_empty_directory(installe
                            env={**os.environ, "PYTHONPATH": str(installed)})
     assert all(line.startswith(str(installed)) for line in where.stdout.split()), where.stdout  # not the checkout
 
-    train = _run(installed, work, "train", "--max-steps", "2", "--set", "training.eval_num_tasks=4",
-                 "--set", "training.eval_samples=0", "--set", "training.probe_tasks=0", "--set", "training.probe_held_out_tasks=0",
-                 "--set", "training.wandb.mode=disabled",
-                 "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=2", "--output-dir", "run")
+    train = _run(installed, work, "train", "--mode", "lora", "--max-steps", "2", "--output-dir", "run",
+                 "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=4",
+                 "--set", "training.eval_num_tasks=3", "--set", "training.wandb.mode=disabled",
+                 "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3",
+                 "--set", "training.probe_held_out_tasks=3", "--set", "training.probe_every=2",
+                 "--set", "grpo.max_new_tokens_per_turn=64")  # half the CPU default: decoding is most of the run's time
     assert train.returncode == 0, train.stderr[-3000:] + train.stdout[-2000:]
-    rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    out = work / "run"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert (work / "run" / "final" / "adapter_config.json").is_file()
+    assert all(r["episode/tasks"] == 2 for r in rows[1:])
+    assert (out / "final" / "adapter_config.json").is_file()
     assert (work / "cache" / "builtin").is_dir()  # the built-in data came from the package, built into the cache
+    record = json.loads((out / "before_after.json").read_text())
+    assert record["stop_reason"] == "max_steps (2) reached"
+    assert len(record["before"]["solved"]) == 3 and record["execution_accuracy_delta"]["n"] == 3
+    # avg@2 beside greedy (two samples per task at the training temperature), with its paired interval
+    assert record["before"]["sampled"]["k"] == 2 and len(record["after"]["sampled"]["per_task"]) == 3
+    assert record["avg_at_k_delta"]["n"] == 3 and "avg@2 (T=1)" in train.stdout
+    # the probe: the same 3 training tasks before training and at step 2 (the last), 3 held-out ones beside them
+    assert [r["step"] for r in rows if "probe/execution_accuracy" in r] == [0, 2]
+    assert [r["probe/held_out_tasks"] for r in rows if "probe/held_out_execution_accuracy" in r] == [3, 3]
+    assert "training stopped: max_steps (2) reached" in train.stdout
 
     evaluate = _run(installed, work, "eval", "--policy", "model", "--model-path", "run/final", "--limit", "4",
                     "--output-dir", "ev")

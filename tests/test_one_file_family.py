@@ -17,6 +17,7 @@ from skyrl_tool_agent.eval.splits import load_eval_tasks
 from skyrl_tool_agent.examples.one_file import task_file_overrides
 from skyrl_tool_agent.rollout.agents import ScriptedAgent
 from skyrl_tool_agent.rollout.collector import CollectorSettings
+from tests.fixtures.cli_in_process import cli_in_process
 from tests.fixtures.config_files import REPO
 
 EXAMPLE = REPO / "examples" / "price_lookup.py"
@@ -57,9 +58,12 @@ def test_the_files_tools_are_a_real_mcp_server():
     assert sample["components"]["correct"] == 1.0 and "format" in sample["components"]
 
 
-def test_one_file_evaluates_and_trains_two_steps(tmp_path):
-    evaluated = _cli("eval", "--task-file", str(EXAMPLE), "--policy", "oracle", "--output-dir", str(tmp_path / "eval"))
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+def test_one_file_evaluates_and_trains_two_steps(tmp_path, capsys):
+    """`eval` through the command's `main` in this process (`cli_in_process`: a launch would only
+    import torch again), `train` through a process of its own with nothing on PYTHONPATH."""
+    code, _, stderr = cli_in_process(["eval", "--task-file", str(EXAMPLE), "--policy", "oracle",
+                                      "--output-dir", str(tmp_path / "eval")], capsys)
+    assert code == 0, stderr[-3000:]
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert (results["family"], results["n"], results["accuracy"]) == ("prices", 3, 1.0)
 

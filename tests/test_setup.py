@@ -89,12 +89,23 @@ def _project(root: Path) -> Path:
     return root
 
 
-def _venv(root: Path, env: dict[str, str]) -> Path:
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory, offline_pip) -> Path:
+    """A fresh virtualenv (pip in it, nothing else), made once: each test gets a copy (`_venv`).
+    Making one runs ensurepip, ~2.5 s of CPU each time; a copy is the same files (its python
+    is a link to the base interpreter, and it finds its prefix from where it lies)."""
+    template = tmp_path_factory.mktemp("venv") / ".venv"
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(root / ".venv")], check=True, capture_output=True,
-                       timeout=120, env=env)
+        subprocess.run([sys.executable, "-m", "venv", str(template)], check=True, capture_output=True,
+                       timeout=120, env=offline_pip[0])
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         pytest.skip(f"cannot create a virtualenv here: {exc}")
+    return template
+
+
+def _venv(root: Path, fresh: Path) -> Path:
+    """`root/.venv`: a copy of the fresh virtualenv `fresh`; its python."""
+    shutil.copytree(fresh, root / ".venv", symlinks=True)
     return root / ".venv" / "bin" / "python"
 
 
@@ -108,10 +119,10 @@ def _setup(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
                           timeout=300, env={**env, "PYTHON": sys.executable})
 
 
-def test_setup_keeps_an_installed_cuda_torch_and_refuses_one_outside_the_range(tmp_path, offline_pip):
+def test_setup_keeps_an_installed_cuda_torch_and_refuses_one_outside_the_range(tmp_path, offline_pip, fresh_venv):
     env, wheels = offline_pip
     root = _project(tmp_path / "proj")
-    python = _venv(root, env)
+    python = _venv(root, fresh_venv)
     subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheels / "torch-2.11.0+cu130-py3-none-any.whl")],
                    check=True, env=env, timeout=120)
     done = _setup(root, env)
@@ -129,10 +140,10 @@ def test_setup_keeps_an_installed_cuda_torch_and_refuses_one_outside_the_range(t
     assert _torch_in(python) == "2.10.0"  # left as it was
 
 
-def test_setup_installs_the_pinned_cpu_torch_only_when_none_is_installed(tmp_path, offline_pip):
+def test_setup_installs_the_pinned_cpu_torch_only_when_none_is_installed(tmp_path, offline_pip, fresh_venv):
     env, _ = offline_pip
     root = _project(tmp_path / "proj")
-    python = _venv(root, env)
+    python = _venv(root, fresh_venv)
     done = _setup(root, {**env, "TORCH_VERSION": "2.13.0"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert _torch_in(python) == "2.13.0" and "torch 2.13.0 installed" in done.stdout, done.stdout
@@ -179,12 +190,12 @@ class _Index:
 
 
 @pytest.mark.parametrize("dead", [True, False], ids=["index-silent", "index-answers"])
-def test_setup_asks_the_torch_index_once_and_falls_back_when_it_is_silent(tmp_path, offline_pip, dead):
+def test_setup_asks_the_torch_index_once_and_falls_back_when_it_is_silent(tmp_path, offline_pip, fresh_venv, dead):
     """One reachability request with a short timeout; a silent index is never handed to pip (before:
     pip retried it five times for every package, minutes behind a firewall)."""
     env, _ = offline_pip
     root = _project(tmp_path / "proj")
-    python = _venv(root, env)
+    python = _venv(root, fresh_venv)
     index = _Index(dead)
     try:
         env = {**env, "TORCH_VERSION": "2.13.0", "TORCH_INDEX_URL": index.url, "TORCH_INDEX_TIMEOUT": "1"}
@@ -208,14 +219,14 @@ def test_setup_asks_the_torch_index_once_and_falls_back_when_it_is_silent(tmp_pa
 
 
 @pytest.mark.parametrize("venv_first", [False, True], ids=["no-venv", "venv-with-torch"])
-def test_setup_names_the_python_it_needs_in_one_line(tmp_path, offline_pip, venv_first):
+def test_setup_names_the_python_it_needs_in_one_line(tmp_path, offline_pip, venv_first, request):
     """A Python older than pyproject.toml's requires-python ends setup in one `error:` line naming the
     version needed (before: pip's ResolutionImpossible for torch, or a `tomllib` traceback). The
     project copy here asks for Python >=3.99, so the Python running this test is the old one."""
     env, wheels = offline_pip
     root = _project(tmp_path / "proj")
     if venv_first:  # the GPU user's path: .venv made, a torch in it
-        python = _venv(root, env)
+        python = _venv(root, request.getfixturevalue("fresh_venv"))
         subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheels / "torch-2.11.0+cu130-py3-none-any.whl")],
                        check=True, env=env, timeout=120)
     text = (root / "pyproject.toml").read_text().replace('version = "0.1.0"\n', 'version = "0.1.0"\nrequires-python = ">=3.99"\n')

@@ -94,8 +94,7 @@ def _wait_for(proc: subprocess.Popen, ready, what: str, timeout: float = 240) ->
 
 
 @pytest.mark.slow
-def test_train_then_kill9_and_resume_matches_uninterrupted(setup, uninterrupted, tmp_path):
-    root, model_dir = setup
+def test_a_run_trains_checkpoints_and_reports(uninterrupted):
     full, done = uninterrupted
     rows = _metrics(full)
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
@@ -104,6 +103,7 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, uninterrupted,
         assert key in rows[1], key
     assert "eval/execution_accuracy" in rows[0] and "eval/execution_accuracy" in rows[-1]
     assert rows[1]["train/entropy"] > 0 and rows[1]["tokens_per_s"] > 0
+    assert (full / "checkpoints" / f"step-{STEPS:06d}" / "trainer_state.json").is_file()
     assert (full / "final" / "adapter_config.json").is_file()
     card = (full / "final" / "README.md").read_text()  # a real model card, not peft's empty template
     assert card.startswith("---\n") and "library_name: peft" in card and "Model Card for Model ID" not in card
@@ -133,19 +133,6 @@ def test_train_then_kill9_and_resume_matches_uninterrupted(setup, uninterrupted,
     assert set(first["reward_terms"]) >= {"execution", "format", "syntax", "partial"}
     assert all(isinstance(r["advantage"], float) and isinstance(r["used_in_update"], bool) for r in rollouts)
 
-    # interrupted run: kill -9 once the step-1 checkpoint exists, then resume
-    part = tmp_path / "part"
-    proc = subprocess.Popen(_cmd(root, model_dir, part), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for(proc, lambda: (part / "checkpoints" / "step-000001" / "trainer_state.json").is_file(), "its first checkpoint")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    resumed = subprocess.run(_cmd(root, model_dir, part, "--resume", "auto"), env=_env(), capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stderr + resumed.stdout
-    _assert_same_steps(rows, _metrics(part))
-    assert [(r["step"], r["task_id"], r["reward"]) for r in _rollouts(part)] == \
-        [(r["step"], r["task_id"], r["reward"]) for r in rollouts]  # the killed step's episodes are not doubled
-
 
 def _rollouts(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
@@ -163,27 +150,44 @@ def _steps_logged(out: Path) -> list[int]:
     return steps
 
 
+def _launch(cmd: list[str], logs: Path) -> subprocess.Popen:
+    """`cmd` in a process of its own, its stdout (the log lines) and stderr into files under `logs`
+    (files, not pipes: a full pipe would stall the run)."""
+    logs.mkdir(parents=True)
+    with (logs / "stdout").open("w") as out, (logs / "stderr").open("w") as err:
+        return subprocess.Popen(cmd, env=_env(), stdout=out, stderr=err)
+
+
+def _logged_step(logs: Path, step: int) -> bool:
+    """Whether the run logging into `logs` has finished `step` (its row and episodes written: the
+    step line is logged after them)."""
+    return f"GRPO step {step}/{STEPS}, " in (logs / "stdout").read_text()
+
+
 @pytest.mark.slow
-def test_sigint_and_sigterm_keep_finished_steps_and_resume_exactly(setup, uninterrupted, tmp_path):
-    """No periodic checkpoints: only the signal path can save the steps done before a signal.
-    SIGINT, resume, SIGTERM, resume: every step once, the same metrics as the uninterrupted run."""
+def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, uninterrupted, tmp_path):
+    """One run stopped three ways, each time resumed with `--resume auto`, with no periodic
+    checkpoints (only the signal path can save the steps done before a signal): SIGINT in step 1;
+    `kill -9` once the resumed run has logged step 2, which nothing saved (the next resume must
+    drop that step's metrics and episodes and run it again); SIGTERM in step 3; then to the end.
+    Every step once, the same metrics and the same episodes as the uninterrupted run. (4 launches:
+    the kill -9 had a run and a resume of its own before.)"""
     root, model_dir = setup
     out = tmp_path / "sig"
     cmd = _cmd(root, model_dir, out, "--set", "training.checkpoint_every=0")
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        resumed = (out / "checkpoints").is_dir()
-        before = max(_steps_logged(out), default=0)
-        err_path = tmp_path / f"{signal.Signals(signum).name}.stderr"
-        with err_path.open("w") as err:  # a file, not a pipe: a full pipe would stall the run
-            proc = subprocess.Popen([*cmd, "--resume", "auto"] if resumed else cmd, env=_env(),
-                                    stdout=subprocess.DEVNULL, stderr=err)
-        # The first run: a signal right after the step-0 row lands in step 1. The resumed one:
-        # after its first new step, so it lands in the next one (never the last of STEPS = 4).
-        _wait_for(proc, lambda: max(_steps_logged(out), default=-1) >= (0 if not resumed else before + 1),
-                  "the signal's moment")
+
+    def stop(signum: int, resumed_from: int | None) -> int:
+        """Start (or resume) the run, send `signum` once it has finished its first step (the signal
+        lands in the next one), check how it stopped; the step it stopped after."""
+        logs = tmp_path / signal.Signals(signum).name
+        proc = _launch(cmd if resumed_from is None else [*cmd, "--resume", "auto"], logs)
+        if resumed_from is None:  # a fresh run: right after its step-0 row (the evaluation before training)
+            _wait_for(proc, lambda: 0 in _steps_logged(out), "the signal's moment")
+        else:
+            _wait_for(proc, lambda: _logged_step(logs, resumed_from + 1), "the signal's moment")
         proc.send_signal(signum)
         proc.wait(timeout=240)
-        stderr = err_path.read_text()
+        stderr = (logs / "stderr").read_text()
         stopped_at = max(_steps_logged(out))
         assert proc.returncode == 128 + signum, stderr[-3000:]
         assert stopped_at < STEPS
@@ -192,9 +196,29 @@ def test_sigint_and_sigterm_keep_finished_steps_and_resume_exactly(setup, uninte
         assert f"resume with: {sys.executable} " in stderr and stderr.rstrip().endswith("--resume auto"), stderr[-1000:]
         assert (out / "checkpoints" / f"step-{stopped_at:06d}" / "trainer_state.json").is_file()
         assert "Traceback" not in stderr, stderr[-3000:]
+        if resumed_from is not None:
+            assert "resumed from" in (logs / "stdout").read_text()
+        return stopped_at
+
+    saved = stop(signal.SIGINT, None)
+
+    logs = tmp_path / "SIGKILL"
+    proc = _launch([*cmd, "--resume", "auto"], logs)
+    _wait_for(proc, lambda: _logged_step(logs, saved + 1), "its first step")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert "resumed from" in (logs / "stdout").read_text()
+    assert not (out / "checkpoints" / f"step-{saved + 1:06d}").exists()  # step 2 logged, never saved
+    assert saved + 1 in _steps_logged(out) and saved + 1 in [r["step"] for r in _rollouts(out)]
+
+    stop(signal.SIGTERM, saved)  # resumes from the SIGINT's checkpoint again
     finished = subprocess.run([*cmd, "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    _assert_same_steps(_metrics(uninterrupted[0]), _metrics(out))
+    assert "resumed from" in finished.stderr + finished.stdout
+    full = uninterrupted[0]
+    _assert_same_steps(_metrics(full), _metrics(out))
+    assert [(r["step"], r["task_id"], r["reward"]) for r in _rollouts(out)] == \
+        [(r["step"], r["task_id"], r["reward"]) for r in _rollouts(full)]  # no interrupted step's episodes doubled
 
 
 def test_bad_inputs_exit_2_with_one_line(setup, tmp_path, monkeypatch, capsys):
@@ -237,13 +261,14 @@ def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_pat
 
     root, model_dir = setup
     out, kept = tmp_path / "sft.json", tmp_path / "continued"
-    cmd = [sys.executable, str(REPO / "training" / "scripts" / "sft_baseline.py"), "--minutes", "0.1",
+    # 3 s of steps (a few): the deadline ends them, not the step cap; they train the model all the same
+    cmd = [sys.executable, str(REPO / "training" / "scripts" / "sft_baseline.py"), "--minutes", "0.05",
            "--output", str(out), "--save-model", str(kept), *_config_args(root, model_dir)]
     started = time.monotonic()
     res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["minutes"] == 0.1 and result["steps"] >= 1
+    assert result["minutes"] == 0.05 and result["steps"] >= 1
     for side in ("before", "after"):
         assert result[side]["n"] == 3 and 0.0 <= result[side]["execution_accuracy"] <= 1.0
     assert "continued warm start:" in res.stdout
