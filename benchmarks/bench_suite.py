@@ -37,7 +37,7 @@ def test_seconds(report: Path) -> tuple[dict[str, float], float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("report", nargs="?", type=Path, default=DEFAULT_REPORT,
                         help=f"the JUnit file scripts/test.sh wrote (default {DEFAULT_REPORT})")
     parser.add_argument("--limit", type=float, default=LIMIT_S, help=f"flag tests over this many seconds (default {LIMIT_S:g})")

@@ -304,7 +304,10 @@ def test_sigterm_to_both_launchers_mid_step_saves_within_their_grace_and_both_no
     signalled_at: list[float] = []
 
     def stop_mid_step(launchers: list[subprocess.Popen]) -> None:
-        if signalled_at or not (out / "metrics.jsonl").is_file():  # step 0's row: step 1 is under way
+        # Step 1 is under way once rank 0 has written the run's report after step 0's evaluation (the
+        # last of its files; metrics.jsonl's row comes before that writing, during which a signal
+        # stops the run after step 0).
+        if signalled_at or not (out / "report.html").is_file():
             return
         for launcher in launchers:
             launcher.send_signal(signal.SIGTERM)
