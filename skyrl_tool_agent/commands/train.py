@@ -105,7 +105,8 @@ def raise_unless_rank_lost(backend: object, error: BaseException) -> None:
     line = backend.ctx.lost_rank(error) if backend is not None else None  # type: ignore[attr-defined]
     if line is None:
         raise error
-    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"error: {line}\n")  # one write: the ranks share the launcher's stderr
+    sys.stderr.flush()
     sys.exit(1)
 
 

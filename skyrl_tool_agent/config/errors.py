@@ -67,7 +67,10 @@ class cli_main_guard(ContextDecorator):  # noqa: N801 - reads as a function at c
         if exc is None:
             return False
         if isinstance(exc, (UserInputError, *self.also)):
-            print(f"error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+            # One write, newline included: ranks sharing a launcher's stderr (unbuffered under
+            # PYTHONUNBUFFERED) would otherwise interleave their lines' text and newlines.
+            sys.stderr.write(f"error: {one_line(str(exc))}\n")
+            sys.stderr.flush()
             raise SystemExit(USER_ERROR_EXIT) from None
         if isinstance(exc, KeyboardInterrupt):
             print("interrupted", file=sys.stderr, flush=True)
