@@ -86,11 +86,9 @@ def memory_plan_check(config: Any, *, device_kind: str, device_bytes: int, world
     """The memory plan train would make for `config` (its model, mode and knobs) on one of `world`
     devices of `device_bytes` ('cuda' or 'cpu'): PASS with the plan's line, FAIL with what would fit
     where not even one episode does (`memory.plan`), WARN where the model's shape cannot be read."""
-    from skyrl_tool_agent.config.base import h100_value
-    from skyrl_tool_agent.config.training import TrainingConfig
     from skyrl_tool_agent.memory.plan import PlanError
     from skyrl_tool_agent.memory.shape import shape_of
-    from skyrl_tool_agent.memory.sizing import plan_for
+    from skyrl_tool_agent.memory.sizing import knobs_at_profile, plan_for
     from skyrl_tool_agent.policy.loading import resolve_model_path
 
     start = time.perf_counter()
@@ -101,7 +99,7 @@ def memory_plan_check(config: Any, *, device_kind: str, device_bytes: int, world
         return Check(WARN, name, f"the config.json of {model} could not be read (offline and not cached?): no plan",
                      time.perf_counter() - start)
     t = config.training
-    choose = device_kind == "cuda" and t.micro_batch_tokens == h100_value(TrainingConfig.model_fields["micro_batch_tokens"])
+    choose = device_kind == "cuda" and "training.micro_batch_tokens" in knobs_at_profile(config)  # as train sizes it
     try:
         plan = plan_for(config, shape, device_bytes=device_bytes, world=world, device_kind=device_kind,
                         choose_update=choose)

@@ -80,17 +80,12 @@ def sized_to_device(args: argparse.Namespace, config: Config) -> Config:
 
     import torch
 
-    from skyrl_tool_agent.config.base import h100_value
-    from skyrl_tool_agent.config.training import TrainingConfig
     from skyrl_tool_agent.memory.shape import shape_of
-    from skyrl_tool_agent.memory.sizing import size_gpu_profile
+    from skyrl_tool_agent.memory.sizing import knobs_at_profile, size_gpu_profile
 
-    t = config.training
-    at_profile = {f"training.{k}" for k in ("learning_rate", "micro_batch_tokens")
-                  if getattr(t, k) == h100_value(TrainingConfig.model_fields[k])}
-    changes, why, plan = size_gpu_profile(config, shape_of(config.model.name_or_path),
-                                          device_bytes=int(torch.cuda.get_device_properties(0).total_memory),
-                                          world=int(os.environ.get("WORLD_SIZE", "1")), at_profile=at_profile)
+    changes, why, _ = size_gpu_profile(config, shape_of(config.model.name_or_path),
+                                       device_bytes=int(torch.cuda.get_device_properties(0).total_memory),
+                                       world=int(os.environ.get("WORLD_SIZE", "1")), at_profile=knobs_at_profile(config))
     logging.getLogger(__name__).info("profile gpu sized to the model and the device: %s", "; ".join(why))
     if not changes:
         return config

@@ -27,6 +27,16 @@ PREFILL_TOKENS = {"cuda": 16384, "cpu": 4096}
 STOP_CHECK_INTERVAL = {"cuda": 8, "cpu": 1}
 
 
+def knobs_at_profile(config: Config) -> set[str]:
+    """The knobs `size_gpu_profile` may size: those still at their H100 value (a value set by `--set`
+    or in a file is the user's)."""
+    from skyrl_tool_agent.config.base import h100_value
+    from skyrl_tool_agent.config.training import TrainingConfig
+
+    return {f"training.{k}" for k in ("learning_rate", "micro_batch_tokens")
+            if getattr(config.training, k) == h100_value(TrainingConfig.model_fields[k])}
+
+
 def setup_for(config: Config, shape: ModelShape, *, world: int, dtype_bytes: int = 2, zero3: bool = True) -> Setup:
     """The memory model's view of a run of `config` on `world` ranks (`zero3`: full mode's weights
     partitioned, as in any launched run)."""

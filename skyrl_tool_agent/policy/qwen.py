@@ -30,7 +30,6 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import ModelConfig
-from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.kernels.logprobs import token_logprobs
 from skyrl_tool_agent.memory.plan import RunPlan
 from skyrl_tool_agent.policy.engine import RolloutEngine
@@ -38,7 +37,7 @@ from skyrl_tool_agent.policy.loading import (check_4bit_training_layout, load_mo
                                              resolve_model_path)
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.token_sampling import is_greedy, logprob_temperature
-from skyrl_tool_agent.policy.weights import SamplingWeights, base_model, unsupported_reason
+from skyrl_tool_agent.policy.weights import SamplingWeights, unsupported_reason
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import functools
 import logging
 import sqlite3
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from skyrl_tool_agent.data.builtin.generate import template_instances
@@ -32,6 +32,33 @@ def difficulty_of(gold_sql: str) -> str:
     return to_difficulty(spider_hardness(gold_sql))
 
 
+def template_groups(db_root: str | Path, exclude: Sequence[Task], what: str) -> Iterator[tuple[list, bool]]:
+    """(group, fresh) for every slot assignment of the built-in templates on the databases under
+    `db_root`, in a fixed order: its paraphrase instances, and whether none shares a gold query or a
+    question with `exclude`. Raises FileNotFoundError when a database is missing (`what` names the
+    kind) and ValueError when a template's query fails on it (not the databases they were made for)."""
+    from skyrl_tool_agent.data.builtin.domains import DOMAINS  # late: the domain modules are large
+
+    known_sql = {t.gold_sql for t in exclude}
+    known_questions = {t.question for t in exclude}
+    for domain in DOMAINS:
+        path = db_path_for(db_root, domain.db_id)
+        if not path.is_file():
+            raise FileNotFoundError(f"{what} database not found: {path}")
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            for template in domain.templates:
+                try:
+                    groups = template_instances(domain, template, con, Counter())
+                except sqlite3.Error as exc:
+                    raise ValueError(f"{path} is not the {what} {domain.db_id} database "
+                                     f"(template {template.local_id}: {exc})") from exc
+                for group in groups:
+                    yield group, not (group[0].gold_sql in known_sql or any(i.question in known_questions for i in group))
+        finally:
+            con.close()
+
+
 def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[Task]:
     """Tasks for every usable slot assignment (all paraphrases) of the built-in templates on the
     databases under `db_root`, except those whose gold SQL or question is in `held_out`.
@@ -40,35 +67,17 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
     Raises FileNotFoundError when a built-in database is missing and ValueError when a template's
     query fails on it (the databases are not the built-in ones).
     """
-    from skyrl_tool_agent.data.builtin.domains import DOMAINS  # late: the domain modules are large
-
-    held_sql = {t.gold_sql for t in held_out}
-    held_questions = {t.question for t in held_out}
     tasks: list[Task] = []
     skipped = 0
-    for domain in DOMAINS:
-        path = db_path_for(db_root, domain.db_id)
-        if not path.is_file():
-            raise FileNotFoundError(f"built-in database not found: {path}")
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            for template in domain.templates:
-                try:
-                    groups = template_instances(domain, template, con, Counter())
-                except sqlite3.Error as exc:
-                    raise ValueError(f"{path} is not the built-in {domain.db_id} database "
-                                     f"(template {template.local_id}: {exc})") from exc
-                for group in groups:
-                    if group[0].gold_sql in held_sql or any(i.question in held_questions for i in group):
-                        skipped += 1
-                        continue
-                    for inst in group:
-                        tasks.append(Task(task_id=f"builtin-pool-{len(tasks):05d}", db_id=inst.db_id,
-                                          question=inst.question, gold_sql=inst.gold_sql,
-                                          difficulty=difficulty_of(inst.gold_sql), source="builtin",
-                                          split="train", template_id=inst.template_id))
-        finally:
-            con.close()
+    for group, fresh in template_groups(db_root, held_out, "built-in"):
+        if not fresh:
+            skipped += 1
+            continue
+        for inst in group:
+            tasks.append(Task(task_id=f"builtin-pool-{len(tasks):05d}", db_id=inst.db_id,
+                              question=inst.question, gold_sql=inst.gold_sql,
+                              difficulty=difficulty_of(inst.gold_sql), source="builtin",
+                              split="train", template_id=inst.template_id))
     logger.info("generated training pool: %d questions (%d slot assignments held out)", len(tasks), skipped)
     return tasks
 

@@ -23,15 +23,13 @@ import hashlib
 import logging
 import os
 import shutil
-import sqlite3
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from skyrl_tool_agent.config.builtin_paths import DB_DIR, cache_root, generator_digest
-from skyrl_tool_agent.data.builtin.generate import template_instances
-from skyrl_tool_agent.data.builtin.pool import difficulty_of
+from skyrl_tool_agent.data.builtin.pool import difficulty_of, template_groups
 from skyrl_tool_agent.data.builtin.schema import create_database
 from skyrl_tool_agent.data.tasks import Task, db_path_for
 
@@ -75,22 +73,7 @@ def generated_test_split(db_root: str | Path, exclude: Sequence[Task], n: int) -
     sharing a question or a gold query with `exclude`; sorted by task id (`builtin-test-NNNNN`).
     Raises FileNotFoundError when a database is missing, ValueError when `n` is more than the
     fresh queries there are."""
-    from skyrl_tool_agent.data.builtin.domains import DOMAINS  # late: the domain modules are large
-
-    known_sql = {t.gold_sql for t in exclude}
-    known_questions = {t.question for t in exclude}
-    groups = []
-    for domain in DOMAINS:
-        path = db_path_for(db_root, domain.db_id)
-        if not path.is_file():
-            raise FileNotFoundError(f"test database not found: {path}")
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            for template in domain.templates:
-                groups += [g for g in template_instances(domain, template, con, Counter())
-                           if g[0].gold_sql not in known_sql and not any(i.question in known_questions for i in g)]
-        finally:
-            con.close()
+    groups = [group for group, fresh in template_groups(db_root, exclude, "test") if fresh]
     fresh = {g[0].gold_sql: g for g in reversed(groups)}  # one group per query: the first one enumerated
     if n > len(fresh):
         raise ValueError(f"a test split of {n} asks for more than the {len(fresh)} fresh queries")
