@@ -333,6 +333,12 @@ class EnvRuntime:
             text = self._schemas[db_id] = result_text
         return text
 
+    def __enter__(self) -> "EnvRuntime":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop the servers, remove the copies, and hash the originals again (`data_faults`); idempotent."""
         if self._closed:
