@@ -97,6 +97,32 @@ def test_qlora_loads_4bit_base_with_trainable_adapters(model_dir):
     assert policy.is_4bit
 
 
+@pytest.mark.parametrize(("dtype", "rest"), [("bfloat16", torch.bfloat16), ("float16", torch.float32)])
+def test_qlora_keeps_a_bf16_models_other_parameters_bf16(model_dir, dtype, rest):
+    """peft's k-bit preparation upcasts what is not 4-bit to float32; a bf16 model's embedding, norms
+    and head are put back to bf16 (half the bytes, and a bf16 residual stream: what the memory plan
+    counts), an fp16 model keeps the upcast (fp16 needs its range). Adapters stay float32."""
+    from skyrl_tool_agent.config import ModelConfig
+    from skyrl_tool_agent.policy.qwen import QwenPolicy
+
+    settings = _config(model_dir).model.model_dump()
+    policy = QwenPolicy.from_config(ModelConfig(**{**settings, "dtype": dtype}), mode="lora")
+    params = dict(policy.model.named_parameters())
+    others = {n: p.dtype for n, p in params.items() if not p.requires_grad and type(p).__name__ != "Params4bit"}
+    assert any("embed_tokens" in n for n in others) and any("norm" in n for n in others), sorted(others)
+    assert set(others.values()) == {rest}, others
+    assert {p.dtype for p in params.values() if p.requires_grad} == {torch.float32}
+    seen: list[torch.dtype] = []
+    layer = next(m for n, m in policy.model.named_modules() if n.endswith("layers.1"))
+    handle = layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].dtype))
+    try:
+        batch = _batch(policy)
+        _lora_grads(policy, batch)
+    finally:
+        handle.remove()
+    assert seen and set(seen) == {rest}  # the residual stream the update keeps, one per layer
+
+
 def test_qlora_trains_after_sampling_with_the_same_gradients_as_before(model_dir):
     """Gradients through the 4-bit base are identical before and after sampling (no repacking),
     and a GRPO update (with the adapter-disabled reference for KL) moves only the adapters."""

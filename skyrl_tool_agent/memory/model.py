@@ -2,24 +2,25 @@
 
 Bytes, for a `Setup` (a model's shape and how it is trained), from the code that allocates them:
 
-- **weights**: bf16 = 2 a parameter; NF4 = `NF4_BYTES` per decoder projection weight, the rest fp32
-  (peft's k-bit preparation upcasts every parameter that is not 4-bit); full mode is ZeRO-3 sharded
-  over the world.
+- **weights**: bf16 = 2 a parameter; NF4 = `NF4_BYTES` per decoder projection weight, the rest in
+  the model's dtype (peft's k-bit preparation upcasts them to fp32; a bf16 model's are put back,
+  `policy.loading`, so only an fp16 QLoRA keeps them fp32: `kbit_upcast`); full mode is ZeRO-3
+  sharded over the world.
 - **gradients and optimizer state** with AdamW: LoRA adapters in fp32 (4 grad; 4 weight + 8
   moments); full mode a bf16 gradient and fp32 master weights + moments (2; 4 + 8), sharded.
 - **reference** for the KL term: LoRA disables its adapters on the same weights (free); full mode
   keeps a sharded copy. ZeRO-3 also gathers about two layers and the embedding at a time.
 - **update activations** of a micro-batch of T tokens kept for backward: with gradient checkpointing
   one hidden state a layer per token; without, every layer's own (~7h + 3kv + 4I values a token);
-  QLoRA's in fp32 (k-bit preparation upcasts the embedding and norms, so the residual stream is).
+  an fp16 QLoRA's in fp32 (its upcast embedding and norms make the residual stream fp32).
 - **the backward's transient**, the larger of: the output head's chunk (log-probs are taken from
   hidden states a chunk of tokens at a time, `kernels.logprobs.head_token_stats`, LoRA and full mode
   alike: fp32 log-probs and probabilities of a chunk, never the [T, vocab] logits), and a layer's
   backward (its recomputed activations and the gradients of its widest tensors).
 - **sampling snapshot** (`policy.weights.SamplingWeights`): LoRA folded = a copy of the projections;
   sampled through the model's modules = none (the adapters run beside the base weights, the
-  embedding and head are read in their own dtype); a folded QLoRA copy also holds the fp32 embedding
-  and head in the sampling dtype; full mode gathers the whole model on
+  embedding and head are read in their own dtype); a folded fp16 QLoRA copy also holds its fp32
+  embedding and head in the sampling dtype; full mode gathers the whole model on
   every rank (a single unsharded process: only its concatenated projections).
 - **KV cache**: keys and values of every layer per position, plus the token history (id, log-prob).
 - **engine working sets**: a prefill chunk's activations and attention scores (fp32 scores, their
@@ -53,6 +54,7 @@ class Setup:
     checkpointing: bool = True
     dtype_bytes: int = 2  # the weights' and the cache's dtype (2 = bf16; 4 = fp32 on a CPU)
     zero3: bool = True  # full mode's weights ZeRO-3 partitioned (any launched run); False: one plain process
+    kbit_upcast: bool = False  # an fp16 QLoRA: what is not 4-bit is float32 (peft's k-bit preparation)
 
     @property
     def shards(self) -> int:
@@ -61,7 +63,7 @@ class Setup:
 
 def weights_bytes(s: Setup) -> float:
     if s.four_bit:
-        return NF4_BYTES * s.shape.linear_params + 4 * (s.shape.params - s.shape.linear_params)
+        return NF4_BYTES * s.shape.linear_params + _rest_bytes(s) * (s.shape.params - s.shape.linear_params)
     return s.dtype_bytes * s.shape.params / s.shards
 
 
@@ -102,9 +104,15 @@ def activation_bytes(s: Setup, tokens: int) -> float:
     return _activation_dtype_bytes(s) * tokens * kept
 
 
+def _rest_bytes(s: Setup) -> int:
+    """Bytes of a parameter that is not 4-bit (the embedding, the head, the norms): float32 where
+    k-bit preparation's upcast is kept (`kbit_upcast`), else the model's dtype."""
+    return 4 if s.four_bit and s.kbit_upcast else s.dtype_bytes
+
+
 def _activation_dtype_bytes(s: Setup) -> int:
-    """QLoRA's residual stream is float32: k-bit preparation upcasts the embedding and the norms."""
-    return 4 if s.four_bit else s.dtype_bytes
+    """The residual stream's dtype: the embedding's and the norms' (float32 in an upcast QLoRA)."""
+    return _rest_bytes(s)
 
 
 def _layer_values(sh: ModelShape) -> int:
@@ -122,9 +130,9 @@ def backward_layer_bytes(s: Setup, tokens: int) -> float:
 def head_bytes(s: Setup, tokens: int) -> float:
     """The output head's chunk in the update (`head_token_stats`' backward): a chunk of tokens' fp32
     log-probs and probabilities (4 + 4), their gradient cast to the hidden states' dtype (none for
-    QLoRA's float32 ones), and in full mode, where the head trains, that gradient again in fp32 for
-    the weight's."""
-    cast = 0 if s.four_bit or s.dtype_bytes == 4 else s.dtype_bytes
+    float32 ones), and in full mode, where the head trains, that gradient again in fp32 for the
+    weight's."""
+    cast = 0 if _activation_dtype_bytes(s) == 4 else s.dtype_bytes
     weight_grad = 4 if s.mode == "full" else 0
     return (8 + cast + weight_grad) * min(tokens, fused_chunk_tokens(s.shape.vocab)) * s.shape.vocab
 
@@ -163,8 +171,8 @@ def snapshot_bytes(s: Setup, *, through_modules: bool = False) -> float:
         return s.dtype_bytes * sh.layers * sh.hidden * (sh.q_dim + 2 * sh.kv_dim + 2 * sh.intermediate)
     if through_modules:
         return 0.0  # the projections through their modules; the embedding and head read as they are
-    # k-bit preparation leaves the embedding and the head in fp32: a copy of both in the sampling dtype.
-    embedding = s.dtype_bytes * 2 * sh.vocab * sh.hidden if s.four_bit else 0.0
+    # An upcast QLoRA's embedding and head are fp32: a copy of both in the sampling dtype.
+    embedding = s.dtype_bytes * 2 * sh.vocab * sh.hidden if _rest_bytes(s) != s.dtype_bytes else 0.0
     return embedding + s.dtype_bytes * sh.linear_params
 
 

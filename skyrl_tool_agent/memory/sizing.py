@@ -42,7 +42,8 @@ def setup_for(config: Config, shape: ModelShape, *, world: int, dtype_bytes: int
     partitioned, as in any launched run)."""
     return Setup(shape, mode=config.training.mode, four_bit=config.model.quantization.load_in_4bit, world=world,
                  lora_r=config.model.lora.r, kl=config.grpo.kl_coef > 0,
-                 checkpointing=config.model.gradient_checkpointing, dtype_bytes=dtype_bytes, zero3=zero3)
+                 checkpointing=config.model.gradient_checkpointing, dtype_bytes=dtype_bytes, zero3=zero3,
+                 kbit_upcast=config.model.dtype == "float16")
 
 
 def episodes_in_flight(config: Config, world: int) -> int:

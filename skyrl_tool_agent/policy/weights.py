@@ -145,7 +145,7 @@ def effective_weight(module: torch.nn.Module, dtype: torch.dtype) -> tuple[Tenso
 
 def sampling_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype the engine samples in: the dtype the model was loaded in (a 4-bit weight's
-    quantization state remembers it; peft's k-bit preparation upcasts the rest to float32)."""
+    quantization state remembers it; an fp16 QLoRA's other parameters are float32, `policy.loading`)."""
     base = base_model(model)
     for module in base.modules():
         weight = getattr(module, "weight", None)
@@ -160,7 +160,7 @@ class SamplingWeights:
     own modules (the base weights, bf16 or 4-bit, and the adapters beside them), for a device where
     the folded copy would cost episodes (the memory plan decides: `memory.plan`). The embedding and
     the head are read in their own dtype; only the layers' norms, where not in the sampling dtype
-    (a QLoRA model's float32 ones), are copied."""
+    (an fp16 QLoRA model's float32 ones), are copied."""
 
     def __init__(self, model: torch.nn.Module, *, through_modules: bool = False) -> None:
         reason = unsupported_reason(model)
@@ -207,8 +207,8 @@ class SamplingWeights:
         """Every tensor of the snapshot by name, each layer's computed while its shards are gathered."""
         base, dtype = base_model(self.model), self.dtype
         inner = base.model
-        # Through the modules, the embedding and the head stay as they are (QLoRA's are float32 after
-        # k-bit preparation: a bf16 copy of both is ~2 GB for a 7B); the engine casts at the edges.
+        # Through the modules, the embedding and the head stay as they are (an fp16 QLoRA's are
+        # float32: a copy of both is ~2 GB for a 7B); the engine casts at the edges.
         keep = self.through_modules
         with torch.no_grad(), gathered(inner.embed_tokens, inner.norm, base.lm_head):
             yield "embed", inner.embed_tokens.weight.detach() if keep else inner.embed_tokens.weight.detach().to(dtype)
