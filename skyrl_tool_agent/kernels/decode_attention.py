@@ -7,8 +7,9 @@ embedded model); a row that reads it (`root_lens[b]` > 0) attends to root positi
 softmax over both (cascade attention, as FlashInfer and vLLM's prefix caching do). The root is
 stored and computed once instead of once per row, and a decode step reads a row's own keys only.
 
-`cascade_attention` is the arithmetic in plain torch, for prefill (several queries per row) and,
-on CPU, decode: the root's scores for all rows are one matmul per KV head. `decode_attention` is
+`cascade_attention` is the arithmetic in plain torch, for decode on a CPU: the root's scores for
+all rows are one matmul per KV head. `prefill_attention` gives a prefill's (several queries per row)
+through torch's fused attention kernels, which never hold the float32 scores. `decode_attention` is
 the GPU decode step (Triton, flash-decoding style without the split): one program per (row, KV
 head) streams the root's then the row's keys with an online softmax, for all query heads sharing
 that KV head (GQA grouped: no `repeat_kv` copy); its shapes do not depend on the lengths, so it is
@@ -57,6 +58,26 @@ def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tens
     to_root = weights[..., :prefix].transpose(0, 1).reshape(kv_heads, rows * queries, prefix)
     out = torch.matmul(to_root, root_v).view(kv_heads, rows, queries, dim).transpose(0, 1)
     return out + torch.matmul(weights[..., prefix:], own_v)
+
+
+def prefill_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tensor, own_written: Tensor | None,
+                      root_k: Tensor, root_v: Tensor, root_visible: Tensor) -> Tensor:
+    """`cascade_attention`'s result for a prefill, through torch's fused attention (flash on a CPU;
+    memory-efficient or cuDNN on CUDA): the root's keys and values are put before each row's own
+    (a copy of [R, P] positions of one layer, what `own_k` already is for the own ones), so no
+    [R, KVH, Q, P + T] float32 scores are ever held: only the [R, 1, Q, P + T] visibility mask.
+    `own_k` and `own_v` are the caller's copies; positions outside `own_written` are zeroed in both
+    (a NaN key would survive the mask's -inf as NaN)."""
+    rows = q.shape[0]
+    if own_written is not None:
+        unwritten = ~own_written[:, None, :, None]
+        own_k.masked_fill_(unwritten, 0)
+        own_v.masked_fill_(unwritten, 0)
+    if root_k.shape[1]:
+        own_k = torch.cat([root_k.expand(rows, -1, -1, -1), own_k], dim=2)
+        own_v = torch.cat([root_v.expand(rows, -1, -1, -1), own_v], dim=2)
+        own_visible = torch.cat([root_visible.expand(-1, -1, q.shape[2], -1), own_visible], dim=-1)
+    return torch.nn.functional.scaled_dot_product_attention(q, own_k, own_v, attn_mask=own_visible, scale=1.0)
 
 
 class ReferenceDecodeAttention:

@@ -23,9 +23,9 @@ Bytes, for a `Setup` (a model's shape and how it is trained), from the code that
   embedding and head in the sampling dtype; full mode gathers the whole model on
   every rank (a single unsharded process: only its concatenated projections).
 - **KV cache**: keys and values of every layer per position, plus the token history (id, log-prob).
-- **engine working sets**: a prefill chunk's activations and attention scores (fp32 scores, their
-  concatenation with the shared root's and the softmax: `kernels.decode_attention.cascade_attention`)
-  and a decode step's gathered keys/values and logits.
+- **engine working sets**: a prefill chunk's activations and its attention's visibility mask (torch's
+  fused attention holds no scores: `kernels.decode_attention.prefill_attention`), and a decode step's
+  gathered keys/values and logits.
 """
 
 from __future__ import annotations
@@ -198,10 +198,12 @@ def prefill_working_bytes(s: Setup, *, chunk_tokens: int, capacity: int) -> floa
 
 
 def score_bytes(s: Setup) -> float:
-    """Bytes per attention score alive at a prefill's peak (`cascade_attention` with a shared root):
-    the fp32 scores of the own and the root's keys (4), their concatenation (4) and its softmax (4),
-    and the visibility mask and its negation (bool, one per query group: 2 / kv_heads)."""
-    return 12 + 2 / s.shape.kv_heads
+    """Bytes per attention score alive at a prefill's peak (`prefill_attention`): no score is held,
+    only the visibility mask, one entry per query group (so / kv_heads): the bool mask of the root's
+    and own keys (1), its negation or the own part before concatenation (1), and the additive mask
+    torch's attention makes of it in the weights' dtype. Measured on CPU (flash); CUDA's
+    memory-efficient kernel converts the mask the same way (not measured)."""
+    return (2 + s.dtype_bytes) / s.shape.kv_heads
 
 
 def decode_working_bytes(s: Setup, *, rows: int, capacity: int) -> float:

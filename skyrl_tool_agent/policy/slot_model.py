@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from skyrl_tool_agent.kernels.decode_attention import (ReferenceDecodeAttention, cascade_attention, decode_attention,
+from skyrl_tool_agent.kernels.decode_attention import (ReferenceDecodeAttention, decode_attention, prefill_attention,
                                                        reference_decode_attention, triton_available)
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
 from skyrl_tool_agent.policy.weights import SamplingWeights, rotate
@@ -78,7 +78,7 @@ class SlotModel:
         self.prefill_tokens = prefill_tokens or default_prefill_tokens(self.device)
         shape = (slots + 2, w.kv_heads, capacity, w.head_dim)
         # Uninitialised: on the CPU only the pages episodes reach are ever resident (attention never
-        # reads a position its row did not write: `cascade_attention`).
+        # reads a position its row did not write: `cascade_attention`, `prefill_attention`).
         self.keys = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
         self.values = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
         # Root positions each slot reads (0: none); its own positions start there.
@@ -205,7 +205,7 @@ class SlotModel:
             v_cache[write_slots, :, write_pos] = v[write_rows, write_cols]
             q = q.view(rows, width, w.kv_heads, groups, w.head_dim).permute(0, 2, 3, 1, 4)
             q = q.reshape(rows, w.kv_heads, groups * width, w.head_dim) * scale
-            out = cascade_attention(q, k_cache[:, :, low:used].index_select(0, slots),
+            out = prefill_attention(q, k_cache[:, :, low:used].index_select(0, slots),
                                     v_cache[:, :, low:used].index_select(0, slots), own_visible, own_written,
                                     k_cache[self.root, :, :prefix], v_cache[self.root, :, :prefix], root_visible)
             return out.view(rows, w.kv_heads, groups, width, w.head_dim).permute(0, 3, 1, 2, 4).reshape(
