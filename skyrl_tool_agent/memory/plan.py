@@ -132,11 +132,12 @@ def _slots_that_fit(s: mm.Setup, budget: float, *, capacity: int, rows: int, upd
 
 def plan_run(s: mm.Setup, *, device_bytes: int, fraction: float, demand: int, max_total_tokens: int,
              update_tokens: int | None, update_cap: int | None = None, prefill_default: int = 16384,
-             stop_check_interval: int = 8, overhead_bytes: int = CUDA_CONTEXT_BYTES) -> RunPlan:
+             stop_check_interval: int = 8, overhead_bytes: int = CUDA_CONTEXT_BYTES, explain: bool = True) -> RunPlan:
     """The run's plan on one device (module docstring). `update_tokens`: the update's budget as
     set (None: chosen, up to `update_cap` and the saturation point, in whole rows of
     `max_total_tokens`); `demand`: episodes in flight this rank wants. Raises `PlanError` (one
-    line naming what would fit) when not even one episode fits."""
+    line naming what would fit; `explain` False: a bare one, for `suggestions`' own re-planning,
+    which would otherwise look for suggestions of each of its tries) when not even one episode fits."""
     capacity = max_total_tokens + stop_check_interval + 2
     budget = device_bytes * fraction
     row = max_total_tokens
@@ -155,6 +156,8 @@ def plan_run(s: mm.Setup, *, device_bytes: int, fraction: float, demand: int, ma
                                **{**smallest, **choice})  # type: ignore[arg-type]
 
     most = fits()
+    if most < 1 and not explain:
+        raise PlanError("nothing fits")
     if most < 1:
         raise PlanError(_nothing_fits(s, device_bytes=device_bytes, fraction=fraction, capacity=capacity,
                                       max_total_tokens=max_total_tokens, smallest=smallest, demand=demand,
@@ -191,7 +194,7 @@ def suggestions(s: mm.Setup, *, device_bytes: int, fraction: float, demand: int,
                     update_tokens=update_tokens, **rest)
         args.update(changes)
         try:
-            plan_run(setup, **args)  # type: ignore[arg-type]
+            plan_run(setup, **args, explain=False)  # type: ignore[arg-type]
         except PlanError:
             return False
         return True

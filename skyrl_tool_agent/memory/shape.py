@@ -64,8 +64,8 @@ class ModelShape:
         h, kv, q, inner = self.hidden, self.kv_dim, self.q_dim, self.intermediate
         return [(h, q), (h, kv), (h, kv), (q, h), (h, inner), (h, inner), (inner, h)]  # q k v o gate up down
 
-    @property
-    def linear_params(self) -> int:
+    @functools.cached_property
+    def linear_params(self) -> int:  # (the planner asks often)
         """The decoder layers' projection weights (what NF4 quantises and LoRA adapts)."""
         return self.layers * sum(i * o for i, o in self._projections())
 
@@ -74,7 +74,7 @@ class ModelShape:
         """embed_tokens, and lm_head when it is not tied to it."""
         return self.vocab * self.hidden * (1 if self.tied else 2)
 
-    @property
+    @functools.cached_property
     def params(self) -> int:
         """Every parameter: projections, q/k/v biases, two norms a layer, the final norm, embeddings."""
         return self.linear_params + self.layers * (self.q_dim + 2 * self.kv_dim + 2 * self.hidden) + self.hidden \
