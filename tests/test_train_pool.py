@@ -49,6 +49,21 @@ def test_pool_is_disjoint_from_dev_and_covers_train(pool, splits) -> None:
     assert len({t.task_id for t in pool}) == len(pool) and all(t.split == "train" for t in pool)
 
 
+def test_each_template_has_one_difficulty_whatever_fills_its_slots(pool) -> None:
+    """The pool takes a template's difficulty from its first instance (`template_difficulty`): Spider's
+    hardness, parsed from every distinct query of a spread of 1 in 4 templates, is one per template."""
+    from skyrl_tool_agent.data.hardness import spider_hardness, to_difficulty
+
+    templates = sorted({t.template_id for t in pool})[::4]
+    queries: dict[str, set[str]] = {tid: set() for tid in templates}
+    for task in pool:
+        if task.template_id in queries:
+            queries[task.template_id].add(task.gold_sql)
+    for tid, sqls in queries.items():
+        found = {to_difficulty(spider_hardness(sql)) for sql in sorted(sqls)[:6]}
+        assert found == {next(t.difficulty for t in pool if t.template_id == tid)}, (tid, found)
+
+
 def test_pool_gold_queries_run_and_answer(pool) -> None:
     sample = pool[:: max(1, len(pool) // 200)]
     for task in sample:

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from skyrl_tool_agent.data.builtin.generate import template_instances
+from skyrl_tool_agent.data.builtin.generate import Instance, template_instances
 from skyrl_tool_agent.data.hardness import spider_hardness, to_difficulty
 from skyrl_tool_agent.data.tasks import Task, db_path_for
 
@@ -30,6 +30,22 @@ def difficulty_of(gold_sql: str) -> str:
     and each load of the pool (every run's splits, each evaluation or report that loads them)
     would otherwise parse its ~5,400 queries again with sqlglot, 5-10 s of CPU."""
     return to_difficulty(spider_hardness(gold_sql))
+
+
+#: A template's difficulty by its id (`template_difficulty`).
+_TEMPLATE_DIFFICULTY: dict[str, str] = {}
+
+
+def template_difficulty(instance: Instance) -> str:
+    """Spider's difficulty of a built-in template's instance: its template's, parsed from the first
+    instance seen. Slots are filled with values, which Spider's hardness does not count (it counts
+    clauses, joins, conditions and nesting), so one parse a template (273) serves the pool's ~5,400
+    queries, each of a ~10,900-question pool's loads (5 s of CPU a process before; every template's
+    instances agree: tests/test_builtin_pool.py)."""
+    known = _TEMPLATE_DIFFICULTY.get(instance.template_id)
+    if known is None:
+        known = _TEMPLATE_DIFFICULTY[instance.template_id] = difficulty_of(instance.gold_sql)
+    return known
 
 
 def template_groups(db_root: str | Path, exclude: Sequence[Task], what: str) -> Iterator[tuple[list, bool]]:
@@ -76,7 +92,7 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
         for inst in group:
             tasks.append(Task(task_id=f"builtin-pool-{len(tasks):05d}", db_id=inst.db_id,
                               question=inst.question, gold_sql=inst.gold_sql,
-                              difficulty=difficulty_of(inst.gold_sql), source="builtin",
+                              difficulty=template_difficulty(inst), source="builtin",
                               split="train", template_id=inst.template_id))
     logger.info("generated training pool: %d questions (%d slot assignments held out)", len(tasks), skipped)
     return tasks

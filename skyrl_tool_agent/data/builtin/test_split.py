@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from skyrl_tool_agent.config.builtin_paths import DB_DIR, cache_root, generator_digest
-from skyrl_tool_agent.data.builtin.pool import difficulty_of, template_groups
+from skyrl_tool_agent.data.builtin.pool import template_difficulty, template_groups
 from skyrl_tool_agent.data.builtin.schema import create_database
 from skyrl_tool_agent.data.tasks import Task, db_path_for
 
@@ -92,6 +92,6 @@ def generated_test_split(db_root: str | Path, exclude: Sequence[Task], n: int) -
         group = fresh[sql]
         inst = group[int(hashlib.sha256(f"{TEST_NAMESPACE}:{sql}:q".encode()).hexdigest(), 16) % len(group)]
         tasks.append(Task(task_id=f"builtin-test-{i:05d}", db_id=inst.db_id, question=inst.question,
-                          gold_sql=inst.gold_sql, difficulty=difficulty_of(inst.gold_sql), source="builtin",
+                          gold_sql=inst.gold_sql, difficulty=template_difficulty(inst), source="builtin",
                           split="test", template_id=inst.template_id))
     return tasks
