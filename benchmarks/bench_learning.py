@@ -137,7 +137,7 @@ def per_task_sampled(record: dict[str, Any]) -> list | None:
 
 
 def plot(results: dict[str, Any], arms: list[str], out_png: Path, title: str) -> Path:
-    from skyrl_tool_agent.eval.plots import plt, save_figure  # pyplot on the headless backend
+    from skyrl_tool_agent.reports.plots import plt, save_figure  # pyplot on the headless backend
 
     start = results["start"]
     sampled = start.get("sampled")

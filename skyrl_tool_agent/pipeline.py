@@ -280,11 +280,11 @@ class RunOutputs:
         `last_eval_trajectories`); `stop_reason`: why the run stopped ("" while it runs);
         `grpo_seconds`: the GRPO clock where training stopped (default: the trainer's clock now)."""
         from skyrl_tool_agent.env.families import resolve_family
-        from skyrl_tool_agent.eval.plots import plot_training_curves
-        from skyrl_tool_agent.eval.report import TrainingRunView
-        from skyrl_tool_agent.eval.report_training import write_training_report
+        from skyrl_tool_agent.reports.plots import plot_training_curves
+        from skyrl_tool_agent.reports.html import TrainingRunView
+        from skyrl_tool_agent.reports.training import write_training_report
         from skyrl_tool_agent.eval.vocabulary import vocabulary
-        from skyrl_tool_agent.reporting import write_metrics_table
+        from skyrl_tool_agent.reports.tables import write_metrics_table
 
         t = self.config.training
         if after is not None:
@@ -324,8 +324,8 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
                seconds: float, history: list[dict[str, Any]], training_seconds: float, config: Config) -> RunSummary:
     """Write before_after.json (`before_after_record`), error_anatomy.png and the model card in
     final/ (the curves, the table and report.html: `RunOutputs`)."""
-    from skyrl_tool_agent.eval.plots import plot_error_anatomy
-    from skyrl_tool_agent.reporting import write_model_card
+    from skyrl_tool_agent.reports.plots import plot_error_anatomy
+    from skyrl_tool_agent.reports.tables import write_model_card
 
     record = before_after_record(before, after, steps, stop_reason=stop_reason, training_seconds=training_seconds)
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")

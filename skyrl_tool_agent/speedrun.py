@@ -49,7 +49,7 @@ from statistics import mean, median
 from typing import Any
 
 from skyrl_tool_agent.cli import log_every
-from skyrl_tool_agent.eval.speedrun_report import markdown_tables, per_task_samples, plot_speedrun
+from skyrl_tool_agent.reports.speedrun import markdown_tables, per_task_samples, plot_speedrun
 from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, Config, ModelConfig, UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.pipeline import (

@@ -106,7 +106,7 @@ def test_databases_broken_after_step_1_are_never_scored_as_wrong(broken_run, cap
     """Finding 1: the databases become unreadable after step 1. Step 2 and the final evaluation are
     infrastructure errors: no reward/mean of 0, no EX 0.000 after, no "-25 points" interval, and
     the before/after table, before_after.json and the model card say how many episodes were scored."""
-    from skyrl_tool_agent.reporting import print_before_after
+    from skyrl_tool_agent.reports.tables import print_before_after
 
     out, _, summary = broken_run
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

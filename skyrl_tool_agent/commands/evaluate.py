@@ -167,12 +167,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             OPENAI,
             ORACLE,
             EvalOptions,
-            OutputPaths,
             collector_settings,
             run_evaluation,
-            write_outputs,
         )
-        from skyrl_tool_agent.eval.report_rollouts import load_rollouts
+        from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
+        from skyrl_tool_agent.reports.rollouts import load_rollouts
         from skyrl_tool_agent.eval.splits import load_eval_tasks
         from skyrl_tool_agent.eval.vocabulary import vocabulary
         from skyrl_tool_agent.eval.weave_setup import weave_mode

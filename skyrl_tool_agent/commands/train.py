@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             if not get_token():
                 raise UserInputError(f"--push-to-hub {repo}: no Hugging Face token (set HF_TOKEN or run "
                                      "`hf auth login`); nothing was trained")
-        from skyrl_tool_agent.reporting import print_before_after, push_to_hub
+        from skyrl_tool_agent.reports.tables import print_before_after, push_to_hub
 
         from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
         from skyrl_tool_agent.job_budget import process_start

@@ -21,17 +21,16 @@ from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.eval.evaluate import (
     EvaluationRun,
-    OutputPaths,
     build_records,
     compute_results,
     difficulty_of,
-    write_outputs,
 )
+from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
 from skyrl_tool_agent.env.families import resolve_family
 from skyrl_tool_agent.eval.anatomy import classify_episodes
-from skyrl_tool_agent.eval.report import TrainingRunView
+from skyrl_tool_agent.reports.html import TrainingRunView
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
-from skyrl_tool_agent.eval.report_rollouts import ROLLOUTS_FILE, load_rollouts
+from skyrl_tool_agent.reports.rollouts import ROLLOUTS_FILE, load_rollouts
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 

@@ -93,7 +93,7 @@ def anatomy_table(record: dict[str, Any]) -> list[str]:
 def plot_speedrun(record: dict[str, Any], out_png: Path) -> Path:
     """Three panels: the build's validation curve; GRPO's training reward and probe by step; dev
     greedy EX and avg@k of both arms against training minutes, with their interval bands."""
-    from skyrl_tool_agent.eval.plots import plt, save_figure
+    from skyrl_tool_agent.reports.plots import plt, save_figure
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     build = record.get("build") or {}

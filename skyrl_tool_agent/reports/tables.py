@@ -135,7 +135,7 @@ def write_metrics_table(path: Path, record: dict[str, Any], words: Any, *, state
                         after_label: str) -> Path:
     """`path` (metrics_table.md): `before_after_markdown` under the run's `state` in words,
     replaced atomically (a run rewrites it after each evaluation and probe)."""
-    from skyrl_tool_agent.eval.atomic import write_text_atomically
+    from skyrl_tool_agent.reports.atomic import write_text_atomically
 
     n = record["before"].get("n")
     tasks = f"{n:.0f} tasks" if isinstance(n, (int, float)) else "tasks"
