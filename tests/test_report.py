@@ -280,7 +280,7 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path, capl
     rewrite replaces the file (a reader holding the old one reads it whole, never a file being
     written), and no temporary file is left behind."""
     from skyrl_tool_agent.config import load_config
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
 
     root, model_dir = tiny_model
     out = tmp_path / "run"

@@ -43,7 +43,7 @@ class OracleBackend:
     before/after files and the model card are the real pipeline's."""
 
     def __init__(self) -> None:
-        from skyrl_tool_agent.pipeline import LocalBackend
+        from skyrl_tool_agent.distributed.local import LocalBackend
 
         self._local = LocalBackend()
         self.ctx = self._local.ctx
@@ -78,7 +78,7 @@ def broken_run(setup, tmp_path_factory):
 
     from skyrl_tool_agent.config import load_config
     from skyrl_tool_agent.grpo.run_lock import LOCK_FILE
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
 
     root, model_dir = setup
     base = tmp_path_factory.mktemp("broken")

@@ -1,13 +1,16 @@
-"""A run's tables: the before/after table (printed at the end, and metrics_table.md during the run),
-the model card and the optional Hub upload."""
+"""A run's tables: the before/after record and table (printed at the end, and metrics_table.md
+during the run), the model card and the optional Hub upload."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from skyrl_tool_agent.eval.anatomy import anatomy_deltas
 from skyrl_tool_agent.eval.metrics import HEADLINE_KEYS, format_rate
+from skyrl_tool_agent.eval.stats import paired_delta
 from skyrl_tool_agent.eval.vocabulary import vocabulary
 
 logger = logging.getLogger(__name__)
@@ -192,3 +195,35 @@ The full record (per-task outcomes, training curves) is in the run directory: `b
     path = folder / "README.md"
     ModelCard(f"---\n{data.to_yaml()}\n---\n{body}").save(path)
     return path
+
+
+@dataclass
+class RunSummary:
+    before: dict[str, Any]
+    after: dict[str, Any]
+    steps: int
+    seconds: float
+    output_dir: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str = ""
+    #: Execution-accuracy change on the eval tasks with its paired-bootstrap 95% interval.
+    delta: dict[str, float] | None = None
+    #: The task family (`TaskFamily.name`): the end-of-run table speaks its words.
+    family: str = "sql"
+    #: The avg@k change (training.eval_samples) with its paired-bootstrap 95% interval.
+    sampled_delta: dict[str, float] | None = None
+    #: Each error category's rate change (`eval.anatomy`) with its paired-bootstrap 95% interval.
+    anatomy_delta: dict[str, dict[str, float]] | None = None
+
+
+def before_after_record(before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
+                        training_seconds: float) -> dict[str, Any]:
+    """before_after.json's record: both evaluations, the paired-bootstrap interval of the EX change
+    when both carry per-task outcomes, of the avg@k change when both sampled, and of each error
+    category's rate when both carry the error anatomy; the steps, the stop reason, the minutes."""
+    return {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
+            "training_minutes": training_seconds / 60,
+            "execution_accuracy_delta": paired_delta(before.get("solved"), after.get("solved")),
+            "avg_at_k_delta": paired_delta((before.get("sampled") or {}).get("per_task"),
+                                           (after.get("sampled") or {}).get("per_task")),
+            "error_anatomy_delta": anatomy_deltas(before, after)}
