@@ -207,17 +207,10 @@ def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
     (off: `training.tasks_per_step` tasks a step), seeded and sized by the run."""
     g, t = config.grpo, config.training
     c = g.curriculum
-    sampler = CurriculumSampler(
-        c.mode,
-        start_mix=c.start.model_dump(),
-        end_mix=c.end.model_dump(),
-        fixed_mix=c.fixed.model_dump() if c.fixed else None,
-        high=c.adaptive_high,
-        low=c.adaptive_low,
-        min_attempts=c.adaptive_min_attempts,
-        min_weight=c.adaptive_min_weight,
-        ema_alpha=c.adaptive_ema_alpha,
-    )
+    sampler = CurriculumSampler(c.mode, start_mix=c.start.model_dump(), end_mix=c.end.model_dump(),
+                                fixed_mix=c.fixed.model_dump() if c.fixed else None, high=c.adaptive_high,
+                                low=c.adaptive_low, min_attempts=c.adaptive_min_attempts,
+                                min_weight=c.adaptive_min_weight, ema_alpha=c.adaptive_ema_alpha)
     if g.batcher.enabled:
         batcher = TaskBatcher(target_turns=g.batcher.target_turns, max_batch=g.batcher.max_batch)
     else:

@@ -77,7 +77,7 @@ class GRPOTrainer:
         self.loader = loader
         self.eval_tasks = list(eval_tasks)
         #: Training tasks, and held-out tasks never trained on, probed every `training.probe_every`
-        #: steps (`probe`); set by the pipeline (`set_probes`).
+        #: steps (`probe`); set by the job (`jobs.train.set_probes`).
         self.probe_tasks: list[Task] = []
         self.held_out_probe_tasks: list[Task] = []
         self.output_dir = output_dir
@@ -106,7 +106,7 @@ class GRPOTrainer:
         self.eval_progress: Callable[[int, int], None] | None = None
         #: Called when `train` starts from step 0 (for the evaluation and probe before GRPO) and after
         #: each evaluation or probe it makes before the last step, once its metrics are logged (the
-        #: pipeline rewrites the run's curves, table and report; rank 0 only). Signals are caught by
+        #: main job rewrites the run's curves, table and report; rank 0 only). Signals are caught by
         #: then: a Ctrl-C during it stops at the safe point, with a checkpoint.
         self.after_measurement: Callable[[], None] | None = None
         self._clock_started: float | None = None  # monotonic time at which the clock read 0, while training

@@ -3,7 +3,7 @@ the final one once the run ends) compared with the evaluation before training (m
 questions newly solved and newly broken), with the run's sampled training episodes
 (`rollouts.jsonl`) as a Training rollouts view, headed by the run's state and curves.
 
-Written by the training pipeline into its output directory (`pipeline.RunOutputs`: after the first
+Written by the training pipeline into its output directory (`reports.run_files.RunOutputs`: after the first
 evaluation, after every evaluation and probe, and at the end; each file replaced atomically):
 `eval_final.json`, `eval_final_trajectories.jsonl`, `eval_final_by_difficulty.png` and `report.html`.
 """
