@@ -30,7 +30,7 @@ from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from
 def plot(results: dict, out_png: Path, title: str) -> Path:
     """pass@k against k (1..samples) per temperature, greedy as a line: the room sampling finds."""
     from skyrl_tool_agent.eval.metrics import pass_at_k
-    from skyrl_tool_agent.eval.plots import plt, save_figure  # pyplot on the headless backend
+    from skyrl_tool_agent.reports.plots import plt, save_figure  # pyplot on the headless backend
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for name, r in results.items():

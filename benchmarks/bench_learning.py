@@ -54,7 +54,7 @@ TRAIN_POOL = {"frontier": "frontier", "pool": "generated"}
 def grpo_curve(config: Config, marks: list[float], out: Path) -> dict[str, Any]:
     """GRPO from the config's model, evaluated on the eval tasks at each training-time mark
     (`pipeline.GRPOCurve`; `config` writes into `out`, evaluates only when a segment ends)."""
-    from skyrl_tool_agent.pipeline import GRPOCurve
+    from skyrl_tool_agent.jobs.arms import GRPOCurve
 
     arm = GRPOCurve(config, out)
     try:
@@ -93,7 +93,7 @@ def arm_from_run(run_dir: Path) -> dict[str, Any]:
 
 def run_arm(arm: str, args: argparse.Namespace, marks: list[float], minutes: float, eval_tasks: list) -> dict[str, Any]:
     """One arm in this process."""
-    from skyrl_tool_agent.pipeline import continue_warm_start
+    from skyrl_tool_agent.jobs.arms import continue_warm_start
 
     if arm == "sft":
         def sft_line(step: int, loss: float) -> None:
@@ -137,7 +137,7 @@ def per_task_sampled(record: dict[str, Any]) -> list | None:
 
 
 def plot(results: dict[str, Any], arms: list[str], out_png: Path, title: str) -> Path:
-    from skyrl_tool_agent.eval.plots import plt, save_figure  # pyplot on the headless backend
+    from skyrl_tool_agent.reports.plots import plt, save_figure  # pyplot on the headless backend
 
     start = results["start"]
     sampled = start.get("sampled")

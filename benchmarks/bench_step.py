@@ -51,9 +51,11 @@ import torch  # noqa: E402
 
 from skyrl_tool_agent.config import Config  # noqa: E402
 from skyrl_tool_agent.env.pools import EnvRuntime  # noqa: E402
-from skyrl_tool_agent.grpo.trainer import GRPOTrainer, peak_rss_gib  # noqa: E402
+from skyrl_tool_agent.grpo.trainer import GRPOTrainer  # noqa: E402
+from skyrl_tool_agent.memory.device import peak_rss_gib  # noqa: E402
 from skyrl_tool_agent.eval.splits import TaskSplits  # noqa: E402
-from skyrl_tool_agent.pipeline import LocalBackend, build_loader  # noqa: E402
+from skyrl_tool_agent.data.loader import build_loader  # noqa: E402
+from skyrl_tool_agent.distributed.local import LocalBackend
 from skyrl_tool_agent.policy.prefix import common_prefix_length  # noqa: E402
 from skyrl_tool_agent.rollout.trajectory import Trajectory  # noqa: E402
 

@@ -61,7 +61,7 @@ def points(d: dict[str, float]) -> str:
 
 
 def plot(results: dict[str, Any], out_png: Path, title: str) -> Path:
-    from skyrl_tool_agent.eval.plots import plt, save_figure  # pyplot on the headless backend
+    from skyrl_tool_agent.reports.plots import plt, save_figure  # pyplot on the headless backend
 
     names = list(results)
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))

@@ -31,7 +31,8 @@ from skyrl_tool_agent.eval.anatomy import (
     skeleton,
 )
 from skyrl_tool_agent.eval.compare import anatomy_comparison
-from skyrl_tool_agent.eval.evaluate import EvalOptions, OutputPaths, run_evaluation, write_outputs
+from skyrl_tool_agent.eval.evaluate import EvalOptions, run_evaluation
+from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
 from skyrl_tool_agent.eval.metrics import eval_metrics
 from skyrl_tool_agent.rollout.agents import Agent, AgentTurn
 from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -216,8 +217,9 @@ def test_an_evaluation_reports_why_answers_are_wrong(tmp_path: Path) -> None:
 def test_a_training_runs_greedy_record_carries_the_anatomy_into_before_after(capsys, tmp_path: Path) -> None:
     from skyrl_tool_agent.config import Config
     from skyrl_tool_agent.eval.greedy import greedy_evaluation
-    from skyrl_tool_agent.pipeline import RunSummary, anatomy_deltas
-    from skyrl_tool_agent.reporting import anatomy_rows, print_before_after, write_model_card
+    from skyrl_tool_agent.eval.anatomy import anatomy_deltas
+    from skyrl_tool_agent.reports.tables import RunSummary
+    from skyrl_tool_agent.reports.tables import anatomy_rows, print_before_after, write_model_card
 
     settings = CollectorSettings(max_turns=2, concurrency=4)
     runtime = EnvRuntime(EnvConfig(), DB_ROOT)

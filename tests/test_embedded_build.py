@@ -14,7 +14,7 @@ import pytest
 
 from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, Config
 from skyrl_tool_agent.eval.splits import TaskSplits
-from skyrl_tool_agent.pipeline import build_embedded
+from skyrl_tool_agent.jobs.build_model import build_embedded
 from skyrl_tool_agent.policy.loading import ModelLoadError, resolve_model_path
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, verify_manifest
 

@@ -20,7 +20,7 @@ from skyrl_tool_agent.grpo.advantages import discounted_returns, turn_of_token, 
 from skyrl_tool_agent.grpo.batch import decide_episodes
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer
-from skyrl_tool_agent.pipeline import build_loader
+from skyrl_tool_agent.data.loader import build_loader
 from skyrl_tool_agent.rollout.trajectory import EpisodeResult, Trajectory
 from tests.fixtures.tiny_policy import tiny_policy
 from tests.test_trainer_update import model_dir  # noqa: F401 - the shared tiny model fixture

@@ -13,7 +13,8 @@ import pytest
 from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, UserInputError, load_config
 from skyrl_tool_agent.data.frontier import FRONTIER_FILE, Frontier, read_frontier
 from skyrl_tool_agent.eval.splits import TaskSplits
-from skyrl_tool_agent.pipeline import build_frontier, build_loader
+from skyrl_tool_agent.data.loader import build_loader
+from skyrl_tool_agent.jobs.build_model import build_frontier
 from skyrl_tool_agent.policy.manifest import model_weights_sha256
 
 

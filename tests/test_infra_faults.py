@@ -153,7 +153,7 @@ def test_grpo_step_does_not_train_on_groups_with_infra_errors(tmp_path: Path) ->
     would give the solved episode a positive advantage. No update may come from that group."""
     from skyrl_tool_agent.env.chat_format import render_conversation
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
-    from skyrl_tool_agent.pipeline import build_loader
+    from skyrl_tool_agent.data.loader import build_loader
     from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
     from tests.fixtures.tiny_policy import oracle_messages, tiny_policy
 

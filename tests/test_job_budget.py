@@ -1,4 +1,4 @@
-"""The main job's whole wall time (`training.job_budget_minutes`, `skyrl_tool_agent.job_budget`).
+"""The main job's whole wall time (`training.job_budget_minutes`, `skyrl_tool_agent.jobs.budget`).
 
 The plan is arithmetic on an injected clock: a simulated job on machines from 3x faster to 3x slower
 than the one the defaults were chosen on ends within the budget, with the same tasks evaluated
@@ -13,8 +13,8 @@ import logging
 
 import pytest
 
-from skyrl_tool_agent import job_budget
-from skyrl_tool_agent.job_budget import AFTER_EVAL_MARGIN, FINISH_RESERVE_S, JobBudget, start_line
+from skyrl_tool_agent.jobs import budget as job_budget
+from skyrl_tool_agent.jobs.budget import AFTER_EVAL_MARGIN, FINISH_RESERVE_S, JobBudget, start_line
 from tests.fixtures.tiny_policy import shop_training_root
 
 
@@ -98,7 +98,7 @@ def test_a_run_sizes_its_evaluations_and_evaluates_the_same_tasks_after(shop, tm
     here) before GRPO and the same 2 are evaluated after; GRPO gets nothing left, so one step runs.
     Nothing here depends on the machine's speed: no machine fits a job into 6 s."""
     from skyrl_tool_agent.config import load_config
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
 
     root, model_dir = shop
     monkeypatch.setattr(job_budget, "MIN_EVAL_TASKS", 2)
@@ -132,7 +132,7 @@ def test_the_train_command_counts_the_job_from_its_process_start():
     (psutil's create_time on the monotonic clock), which is before now by this process's age."""
     import time
 
-    from skyrl_tool_agent.job_budget import process_age_s, process_start
+    from skyrl_tool_agent.jobs.budget import process_age_s, process_start
 
     age = process_age_s()
     assert age > 0 and process_start() == pytest.approx(time.monotonic() - age, abs=0.5)
@@ -143,10 +143,10 @@ def test_the_train_command_counts_the_job_from_its_process_start():
 def test_the_progress_bar_counts_grpos_share_of_the_job(caplog):
     """The bar (a log line off a terminal) reads GRPO's minutes as the job budget left them, not
     time_budget_minutes (before: "7.2/8.0 min" for a GRPO given 0 minutes)."""
-    from skyrl_tool_agent.cli import training_progress
+    from skyrl_tool_agent.jobs.progress import training_progress
 
     step = {"step": 1, "reward/mean": 0.5, "train/execution_accuracy": 0.5, "time/elapsed_s": 60.0}
-    with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.cli"), training_progress(200, 480.0) as progress:
+    with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.jobs.progress"), training_progress(200, 480.0) as progress:
         progress("grpo_budget", 120.0)
         progress("step", step)
     assert any("step 1/200, 1.0/2.0 min" in r.getMessage() for r in caplog.records), caplog.text

@@ -20,7 +20,7 @@ from skyrl_tool_agent.grpo.trainer import GRPOTrainer
 from skyrl_tool_agent.eval.metrics import eval_metrics
 from skyrl_tool_agent.grpo.run_logging import RunLogger, read_metrics
 from skyrl_tool_agent.eval.splits import TaskSplits
-from skyrl_tool_agent.pipeline import build_loader
+from skyrl_tool_agent.data.loader import build_loader
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from tests.fixtures.knob_kit import TASKS, Kit, all_knobs, decided, lrs
 from tests.test_episode_credit import PreparedEpisodes
@@ -102,7 +102,7 @@ def flip_time_budget_minutes(kit: Kit) -> None:
 def flip_job_budget_minutes(kit: Kit) -> None:
     """The whole job's plan (`JobBudget.for_run`, what run_training starts with): none when null; else
     its minutes, GRPO capped at time_budget_minutes (tests/test_job_budget.py runs a job under one)."""
-    from skyrl_tool_agent.job_budget import JobBudget
+    from skyrl_tool_agent.jobs.budget import JobBudget
 
     assert JobBudget.for_run(kit.config(training__job_budget_minutes=None).training) is None
     job = JobBudget.for_run(kit.config(training__job_budget_minutes=2.0, training__time_budget_minutes=1.0).training)
@@ -133,7 +133,7 @@ def flip_seed(kit: Kit) -> None:
 
 def flip_output_dir(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     """run_training writes into the expanded directory (it made a literal `$RUNS` one before)."""
-    from skyrl_tool_agent import pipeline
+    from skyrl_tool_agent.jobs import train as pipeline
 
     class Stop(Exception):
         pass
@@ -216,7 +216,7 @@ def flip_probe(kit: Kit) -> None:
 def flip_probe_held_out(kit: Kit) -> None:
     """`probe_held_out_tasks` of the validation split (never trained on; `pipeline.set_probes`, on the
     real built-in splits) join the probe's one collection, after the training tasks, reported apart."""
-    from skyrl_tool_agent.pipeline import set_probes
+    from skyrl_tool_agent.jobs.train import set_probes
 
     validation = None
     for held_out in (0, 2):
@@ -308,7 +308,7 @@ def flip_redraw_constants(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     on the same examples; on, each step's examples are new draws (other constants), and the
     held-out queries a draw must avoid are validation's and dev's."""
     from skyrl_tool_agent.config import Config
-    from skyrl_tool_agent.pipeline import build_embedded, redraw_held_out_sql
+    from skyrl_tool_agent.jobs.build_model import build_embedded, redraw_held_out_sql
     from skyrl_tool_agent.warmstart import sft
 
     trained: list[frozenset[tuple[int, ...]]] = []

@@ -25,15 +25,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("env",),  # the skyrl-gym environment
     ("rollout",),  # agents and the trajectory collector
     ("examples",),  # task families beyond SQL (their verifier, server, tasks, scripted agent)
-    ("eval",),  # metrics, evaluation runs, reports
+    ("eval",),  # evaluation runs and what they measure: metrics, anatomy, statistics
     ("grpo", "warmstart"),  # the algorithm and its trainer; the supervised warm start
     ("distributed",),  # the trainer over ZeRO-3 ranks
-    ("reporting",),
-    ("job_budget",),  # the main job's whole wall time, planned (pure arithmetic)
-    ("pipeline",),  # the main job as library functions
-    ("doctor",),  # the machine's smoke test (device, graph capture, one training step)
-    ("cli",),  # logging and progress for the commands
-    ("speedrun",),  # from nothing to a GRPO-trained agent in one budget: build, GRPO, SFT arm, report
+    ("reports",),  # what a person looks at: report.html, tables, PNGs (reads results, runs nothing)
+    ("jobs",),  # one file per job (train, the arms, the speedrun, model builds, doctor), each run opened by open_run
     ("skyrl_tool_agent",),  # the package root (version, registration with skyrl-gym)
     ("commands",),  # the scripts' entry points
 )

@@ -88,7 +88,7 @@ def epochs(runtime, tasks: list[Task], held_out_sql: set[str] | None = None):
     from transformers import AutoTokenizer
 
     from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, Config
-    from skyrl_tool_agent.pipeline import oracle_collector_settings
+    from skyrl_tool_agent.jobs.build_model import oracle_collector_settings
     from skyrl_tool_agent.warmstart.build import RedrawnEpochs
 
     return RedrawnEpochs(runtime, tasks, oracle_collector_settings(Config()),

@@ -20,9 +20,9 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.builtin.location import DB_DIR, builtin_data_dir
 from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
 from skyrl_tool_agent.eval.compare import load_results, outcome_changes
-from skyrl_tool_agent.eval.report import render_report, tool_names
-from skyrl_tool_agent.eval.report_rollouts import load_rollouts
-from skyrl_tool_agent.eval.report_sql import ResultPreviewer, sql_diff
+from skyrl_tool_agent.reports.html import render_report, tool_names
+from skyrl_tool_agent.reports.rollouts import load_rollouts
+from skyrl_tool_agent.reports.sql_preview import ResultPreviewer, sql_diff
 from tests.fixtures.report_run import (
     XSS_QUESTION,
     XSS_SQL,
@@ -280,7 +280,7 @@ def test_training_run_writes_report_with_its_rollouts(tiny_model, tmp_path, capl
     rewrite replaces the file (a reader holding the old one reads it whole, never a file being
     written), and no temporary file is left behind."""
     from skyrl_tool_agent.config import load_config
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
 
     root, model_dir = tiny_model
     out = tmp_path / "run"

@@ -217,7 +217,7 @@ def test_a_reward_module_runs_when_the_run_is_built_not_when_the_config_loads(tm
     import psutil
 
     from skyrl_tool_agent.config import UserInputError
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
 
     (tmp_path / "boom_rewards.py").write_text("raise RuntimeError('boom at import')\n\n\n"
                                               "def term(episode):\n    return 0.0\n")
@@ -334,7 +334,7 @@ def test_readme_example_term_is_logged_by_a_real_training_run(tmp_path: Path, mo
     from skyrl_tool_agent.config import EnvConfig
     from skyrl_tool_agent.data.tasks import save_tasks
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
     from tests.fixtures.tiny_policy import build_tiny_model_dir
 
     make_shop_db(tmp_path / "dbs")

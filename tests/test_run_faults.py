@@ -43,7 +43,7 @@ class OracleBackend:
     before/after files and the model card are the real pipeline's."""
 
     def __init__(self) -> None:
-        from skyrl_tool_agent.pipeline import LocalBackend
+        from skyrl_tool_agent.distributed.local import LocalBackend
 
         self._local = LocalBackend()
         self.ctx = self._local.ctx
@@ -78,7 +78,7 @@ def broken_run(setup, tmp_path_factory):
 
     from skyrl_tool_agent.config import load_config
     from skyrl_tool_agent.grpo.run_lock import LOCK_FILE
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
 
     root, model_dir = setup
     base = tmp_path_factory.mktemp("broken")
@@ -106,7 +106,7 @@ def test_databases_broken_after_step_1_are_never_scored_as_wrong(broken_run, cap
     """Finding 1: the databases become unreadable after step 1. Step 2 and the final evaluation are
     infrastructure errors: no reward/mean of 0, no EX 0.000 after, no "-25 points" interval, and
     the before/after table, before_after.json and the model card say how many episodes were scored."""
-    from skyrl_tool_agent.reporting import print_before_after
+    from skyrl_tool_agent.reports.tables import print_before_after
 
     out, _, summary = broken_run
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

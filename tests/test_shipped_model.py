@@ -176,7 +176,7 @@ def test_build_command_still_builds_the_same_shape(manifest, tmp_path: Path) -> 
     # ... and it ships (`build-model --ship`, here into a temporary copy of the package folder):
     # bf16 files, their hashes, a greedy check made loading it as the main job loads the shipped model.
     from skyrl_tool_agent.config import load_config
-    from skyrl_tool_agent.pipeline import ship_embedded
+    from skyrl_tool_agent.jobs.build_model import ship_embedded
 
     dest = tmp_path / "assets" / "embedded"
     record = ship_embedded(load_config(overrides=["training.data.validation_tasks=1"]), out, dest=dest)

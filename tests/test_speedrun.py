@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from skyrl_tool_agent.commands.speedrun import main
-from skyrl_tool_agent.speedrun import CURVES_FILE, LOG_FILE, METRICS_FILE, RESULT_FILE, TABLE_FILE, arm_seconds
+from skyrl_tool_agent.jobs.speedrun_plan import CURVES_FILE, LOG_FILE, METRICS_FILE, RESULT_FILE, TABLE_FILE, arm_seconds
 
 MINUTES = 3.0  # headroom: the build must run its 5 fixed steps before its time cap even on a loaded VM
 TINY = ["--hidden-size", "64", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--intermediate-size", "128",
@@ -102,8 +102,8 @@ def test_no_gold_query_of_the_rl_pool_is_in_the_builds_oracle_episodes() -> None
     from skyrl_tool_agent.env.chat_format import ANSWER_CLOSE, ANSWER_OPEN
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.eval.splits import TaskSplits
-    from skyrl_tool_agent.pipeline import oracle_collector_settings
-    from skyrl_tool_agent.speedrun import hold_out_rl_pool
+    from skyrl_tool_agent.jobs.build_model import oracle_collector_settings
+    from skyrl_tool_agent.jobs.speedrun_plan import hold_out_rl_pool
     from skyrl_tool_agent.warmstart.build import oracle_conversations
 
     config = Config()

@@ -108,7 +108,7 @@ def test_bad_family_values_are_one_line_errors(runtime: EnvRuntime) -> None:
 
 
 def test_two_grpo_steps_on_the_example_family_log_its_terms(runtime: EnvRuntime, tmp_path: Path) -> None:
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
     from tests.fixtures.tiny_policy import build_tiny_model_dir
 
     model_dir = build_tiny_model_dir(runtime, TASKS, tmp_path / "model", sft_steps=10, agent=ScriptedInventoryAgent())

@@ -291,7 +291,7 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
     from safetensors.torch import load_file
 
     from skyrl_tool_agent.config import load_config
-    from skyrl_tool_agent.pipeline import run_training
+    from skyrl_tool_agent.jobs.train import run_training
 
     root, model_dir = setup
     sets = [a for a in _config_args(root, model_dir) if a != "--set"]
@@ -326,7 +326,7 @@ def test_lr_schedule_advances_only_on_steps_that_train(setup, tmp_path):
     from skyrl_tool_agent.config import Config
     from skyrl_tool_agent.env.chat_format import format_answer
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
-    from skyrl_tool_agent.pipeline import build_loader
+    from skyrl_tool_agent.data.loader import build_loader
     from skyrl_tool_agent.rollout.agents import ScriptedAgent, oracle_turn_texts
     from skyrl_tool_agent.rollout.collector import TrajectoryCollector
     from tests.fixtures.tiny_policy import tiny_policy

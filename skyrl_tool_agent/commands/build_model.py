@@ -67,12 +67,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = build_parser(prog).parse_args(argv)
-    from skyrl_tool_agent.cli import setup_logging, training_progress
+    from skyrl_tool_agent.jobs.progress import setup_logging, training_progress
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.eval.splits import TaskSplits
-        from skyrl_tool_agent.pipeline import build_embedded, ship_embedded
+        from skyrl_tool_agent.jobs.build_model import build_embedded, ship_embedded
 
         if args.random_shape:
             if not args.output_dir:
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             return
         command = " ".join(["python", "training/scripts/build_default_model.py", *(sys.argv[1:] if argv is None else argv)])
         if args.frontier:
-            from skyrl_tool_agent.cli import log_every
-            from skyrl_tool_agent.pipeline import build_frontier
+            from skyrl_tool_agent.jobs.progress import log_every
+            from skyrl_tool_agent.jobs.build_model import build_frontier
 
             log_due = log_every()
 
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         if args.to_plateau:
             if not args.output_dir:
                 raise UserInputError("--to-plateau needs --output-dir DIR (its checkpoint and model live there)")
-            from skyrl_tool_agent.cli import log_every
-            from skyrl_tool_agent.pipeline import build_plateau_start
+            from skyrl_tool_agent.jobs.progress import log_every
+            from skyrl_tool_agent.jobs.build_model import build_plateau_start
 
             log_due = log_every()
 

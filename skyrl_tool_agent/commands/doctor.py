@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     add_config_args(p)
     args = p.parse_args(argv)
-    from skyrl_tool_agent.cli import setup_logging
+    from skyrl_tool_agent.jobs.progress import setup_logging
 
     setup_logging()
     from skyrl_tool_agent.config import cli_main_guard
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         import torch
 
         from skyrl_tool_agent.config import UserInputError
-        from skyrl_tool_agent.doctor import FAIL, run_checks
+        from skyrl_tool_agent.jobs.doctor import FAIL, run_checks
         from skyrl_tool_agent.policy.loading import resolve_device
 
         if args.device == "cuda" and not torch.cuda.is_available():
@@ -70,7 +70,7 @@ def planned(args: argparse.Namespace, device: Any) -> Any:
     import torch
 
     from skyrl_tool_agent.config import config_from_args
-    from skyrl_tool_agent.doctor import memory_plan_check
+    from skyrl_tool_agent.jobs.doctor import memory_plan_check
 
     if args.mode:
         args.overrides = [f"training.mode={args.mode}", *args.overrides]

@@ -25,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
-from skyrl_tool_agent.cli import ProgressLines, setup_logging
+from skyrl_tool_agent.jobs.progress import ProgressLines, setup_logging
 from skyrl_tool_agent.commands._args import (
     add_mcp_server,
     add_output_dir,
@@ -155,7 +155,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.config import UserInputError
         from skyrl_tool_agent.env.families import family_oracle, resolve_family
-        from skyrl_tool_agent.env.pools import EnvRuntime
         from skyrl_tool_agent.eval.compare import (
             anatomy_comparison,
             load_results,
@@ -167,15 +166,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             OPENAI,
             ORACLE,
             EvalOptions,
-            OutputPaths,
             collector_settings,
             run_evaluation,
-            write_outputs,
         )
-        from skyrl_tool_agent.eval.report_rollouts import load_rollouts
+        from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
+        from skyrl_tool_agent.reports.rollouts import load_rollouts
         from skyrl_tool_agent.eval.splits import load_eval_tasks
         from skyrl_tool_agent.eval.vocabulary import vocabulary
         from skyrl_tool_agent.eval.weave_setup import weave_mode
+        from skyrl_tool_agent.jobs.run import open_run
 
         extra = [f"training.data.dataset={args.dataset}"] if args.dataset else []
         if args.spider_root:
@@ -224,8 +223,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                                    report=args.report and Path(args.report))
         metadata = {"policy": args.policy, "family": family.name, "dataset": selection.dataset, "split": selection.split, "available": selection.available,
                     "skipped_reasons": selection.skipped_reasons, "limit": args.limit, "seed": args.seed}
-        runtime = EnvRuntime(config.env, selection.db_root)
-        try:
+        with open_run(config, selection.db_root) as opened:
             total = len(selection.tasks) * args.num_samples
             with _progress() as bar:
                 job = bar.add_task(f"eval {options.name}", total=total, info="")
@@ -241,10 +239,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                     if lines is not None:
                         lines.advance(info=info)
 
-                run = run_evaluation(selection.tasks, runtime, policy, settings, options, skipped=selection.skipped,
+                run = run_evaluation(selection.tasks, opened.runtime, policy, settings, options, skipped=selection.skipped,
                                      metadata=metadata, on_episode=on_episode)
-        finally:
-            runtime.close()
         write_outputs(run, paths, baseline=baseline, report=not args.no_report, rollouts=rollouts, db_root=selection.db_root)
         _print_summary(run.results, paths)
         if baseline is not None:

@@ -61,7 +61,7 @@ def trained_on_4bit_base(adapter: Path) -> bool:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parse_args(argv, prog)
-    from skyrl_tool_agent.cli import setup_logging
+    from skyrl_tool_agent.jobs.progress import setup_logging
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):

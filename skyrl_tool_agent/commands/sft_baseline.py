@@ -38,11 +38,11 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parse_args(argv, prog)
     output = args.result
-    from skyrl_tool_agent.cli import log_every, setup_logging
+    from skyrl_tool_agent.jobs.progress import log_every, setup_logging
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
-        from skyrl_tool_agent.pipeline import continue_warm_start
+        from skyrl_tool_agent.jobs.arms import continue_warm_start
 
         started: list[float] = []  # the supervised clock starts at the first step (after the first evaluation)
         log_due = log_every()

@@ -11,7 +11,7 @@ start and holds the evaluations too; every phase fails soft, and OUT/speedrun.js
 each phase ends (a kill leaves the phases before). OUT gets only flat files: speedrun.json,
 speedrun.md (the tables), speedrun.png (the curves), grpo_metrics.jsonl, speedrun.log. Models and
 run directories go to --work-dir (default: a new temporary directory). The speedrun's own shape
-(`skyrl_tool_agent.speedrun.SPEEDRUN_OVERRIDES`) comes before --set, which wins. The model size
+(`skyrl_tool_agent.jobs.speedrun_plan.SPEEDRUN_OVERRIDES`) comes before --set, which wins. The model size
 defaults were not chosen by a measurement.
 """
 
@@ -58,15 +58,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str | None = None, *, from_process_start: bool = True) -> int:
     """`from_process_start`: the budget counts from the process's start (interpreter and imports
     included); False (a caller running it in its own long-lived process): from this call."""
-    from skyrl_tool_agent.speedrun import process_age_s
+    from skyrl_tool_agent.jobs.budget import process_start
 
-    started = time.monotonic() - (process_age_s() if from_process_start else 0.0)
+    started = process_start() if from_process_start else time.monotonic()  # the main job's clock
     args = build_parser(prog).parse_args(argv)
-    from skyrl_tool_agent.cli import setup_logging
+    from skyrl_tool_agent.jobs.progress import setup_logging
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
-        from skyrl_tool_agent.speedrun import LOG_FILE, SPEEDRUN_OVERRIDES, Speedrun, SpeedrunPlan
+        from skyrl_tool_agent.jobs.speedrun import Speedrun
+        from skyrl_tool_agent.jobs.speedrun_plan import LOG_FILE, SPEEDRUN_OVERRIDES, SpeedrunPlan
         from skyrl_tool_agent.warmstart.scratch import ModelShape
 
         args.overrides = [*SPEEDRUN_OVERRIDES, *args.overrides]

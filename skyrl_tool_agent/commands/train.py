@@ -107,7 +107,7 @@ def raise_unless_rank_lost(backend: object, error: BaseException) -> None:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parse_args(argv, prog)
-    from skyrl_tool_agent.cli import setup_logging, training_progress
+    from skyrl_tool_agent.jobs.progress import setup_logging, training_progress
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
@@ -136,11 +136,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             if not get_token():
                 raise UserInputError(f"--push-to-hub {repo}: no Hugging Face token (set HF_TOKEN or run "
                                      "`hf auth login`); nothing was trained")
-        from skyrl_tool_agent.reporting import print_before_after, push_to_hub
+        from skyrl_tool_agent.reports.tables import print_before_after, push_to_hub
 
         from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
-        from skyrl_tool_agent.job_budget import process_start
-        from skyrl_tool_agent.pipeline import run_training
+        from skyrl_tool_agent.jobs.budget import process_start
+        from skyrl_tool_agent.jobs.train import run_training
 
         backend = None
         if "WORLD_SIZE" in os.environ:  # torchrun / accelerate / deepspeed: every rank runs this

@@ -311,7 +311,7 @@ class TrainingConfig(Section):
         "The whole main job's wall time, from the start of the run (load, the probe, the evaluations "
         "before and after GRPO, GRPO, saving, the report): the evaluations are sized from the step-0 "
         "probe's measured speed (a stratified subset of the eval tasks, the same before and after; "
-        "see skyrl_tool_agent/job_budget.py), and GRPO gets the time left between them, at most "
+        "see skyrl_tool_agent/jobs/budget.py), and GRPO gets the time left between them, at most "
         "time_budget_minutes. The start of the run logs the plan; null = no whole-job limit.",
         h100=None,
         gt=0,

@@ -20,6 +20,7 @@ import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.batching import TaskBatcher
 from skyrl_tool_agent.data.curriculum import DIFFICULTIES, CurriculumSampler
 from skyrl_tool_agent.data.streaming import EmptyStreamError, StreamingDataset, TaskSource
@@ -199,3 +200,19 @@ class TaskDataLoader:
         for d, stream_state in state["streams"].items():
             self.streams[d].load_state_dict(stream_state)
         self.sampler.load_state_dict(state["sampler"])
+
+
+def build_loader(config: Config, train_tasks: list[Task]) -> TaskDataLoader:
+    """A GRPO run's loader over `train_tasks`: `grpo.curriculum`'s sampler, `grpo.batcher`'s batches
+    (off: `training.tasks_per_step` tasks a step), seeded and sized by the run."""
+    g, t = config.grpo, config.training
+    c = g.curriculum
+    sampler = CurriculumSampler(c.mode, start_mix=c.start.model_dump(), end_mix=c.end.model_dump(),
+                                fixed_mix=c.fixed.model_dump() if c.fixed else None, high=c.adaptive_high,
+                                low=c.adaptive_low, min_attempts=c.adaptive_min_attempts,
+                                min_weight=c.adaptive_min_weight, ema_alpha=c.adaptive_ema_alpha)
+    if g.batcher.enabled:
+        batcher = TaskBatcher(target_turns=g.batcher.target_turns, max_batch=g.batcher.max_batch)
+    else:
+        batcher = TaskBatcher(target_turns=float("inf"), max_batch=t.tasks_per_step)
+    return TaskDataLoader(train_tasks, sampler, batcher, seed=t.seed, total_steps=t.max_steps, group_size=g.group_size)

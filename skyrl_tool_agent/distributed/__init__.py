@@ -9,7 +9,7 @@ full-parameter training with DeepSpeed ZeRO-3, each started by a launcher that s
 * `zero3`          full mode: resolved DeepSpeed config, ZeRO-3 sharded model + reference, `DeepSpeedPolicy`
 * `trainer`        full mode: `DistributedGRPOTrainer` (ZeRO-3 engine)
 * `checkpoint`     full mode's engine checkpoints + consolidated 16-bit export; the agreed resume point
-* `run`            `DeepSpeedBackend`; the backends are what `pipeline.run_training` runs on every rank
+* `run`            `DeepSpeedBackend`; the backends are what `jobs.train.run_training` runs on every rank
 
 Nothing here is imported by single-process runs; DeepSpeed is imported only by full mode.
 """

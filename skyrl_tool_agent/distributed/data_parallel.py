@@ -31,9 +31,9 @@ from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.distributed.agreement import check_same_tasks, task_ids_digest
 from skyrl_tool_agent.distributed.comm import DistContext
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.grpo.batch import TrainBatch
+from skyrl_tool_agent.grpo.batch import TrainBatch, on_device
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals
-from skyrl_tool_agent.grpo.trainer import GRPOTrainer, on_device
+from skyrl_tool_agent.grpo.trainer import GRPOTrainer
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.rollout.trajectory import Trajectory

@@ -81,7 +81,7 @@ class ReplicatedGRPOTrainer(DataParallelTrainer):
 
 
 class ReplicatedBackend:
-    """What `pipeline.run_training` needs on every rank of a LoRA/QLoRA launch (torchrun,
+    """What `jobs.train.run_training` needs on every rank of a LoRA/QLoRA launch (torchrun,
     accelerate launch, deepspeed): the process group (its ranks agreeing on settings and output
     directory: `agreement.agree_on_launch`), and a `ReplicatedGRPOTrainer`."""
 

@@ -1,7 +1,7 @@
-"""`DeepSpeedBackend`: what `pipeline.run_training` needs to run on every rank of a DeepSpeed launch.
+"""`DeepSpeedBackend`: what `jobs.train.run_training` needs to run on every rank of a DeepSpeed launch.
 
 The training job itself (before/after evaluation, checkpoints, metrics.jsonl, final/ export,
-curves) is `pipeline.run_training`, one loop for one process and for many: this backend joins the
+curves) is `jobs.train.run_training`, one loop for one process and for many: this backend joins the
 process group, validates the DeepSpeed config before any work, and builds the ZeRO-3 policy and
 `DistributedGRPOTrainer`. Rank 0 writes the files and logs; every rank takes part in rollouts,
 evaluation, updates and saves.

@@ -293,3 +293,14 @@ def anatomy_changes(before: Sequence[str | None], before_solved: Sequence[int | 
         except NothingScored:
             continue
     return out
+
+
+def anatomy_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]] | None:
+    """Each error category's rate change between two greedy evaluations of the same tasks with
+    its paired-bootstrap interval (`eval.anatomy.anatomy_changes`), or None when either lacks the
+    anatomy (`error_categories`, `solved`)."""
+    b, a = before.get("error_categories"), after.get("error_categories")
+    if not b or not a or len(b) != len(a) or len(before.get("solved") or ()) != len(b) \
+            or len(after.get("solved") or ()) != len(a):
+        return None
+    return {c: d.to_dict() for c, d in anatomy_changes(b, before["solved"], a, after["solved"]).items()}

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from statistics import mean
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.anatomy import anatomy_counts, classify_episodes
@@ -30,7 +32,8 @@ from skyrl_tool_agent.rollout.trajectory import Trajectory
 if TYPE_CHECKING:  # torch loads only when a policy samples (as in rollout.agents)
     from skyrl_tool_agent.policy.qwen import SamplingParams
 
-__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "greedy_params", "sampled_evaluation"]
+__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "greedy_params", "probe_record", "sampled_evaluation",
+           "training_evaluation", "training_params"]
 
 
 @dataclass
@@ -87,3 +90,51 @@ def sampled_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], 
         torch.manual_seed(seed)
         trajectories = run(tasks, k, params, settings, on_episode_done)
     return sampled_record(trajectories, k, params.temperature)
+
+
+#: Offsets of the run's seed for its measurements' draws: the sampled evaluation's and the probe's
+#: (primes, so they meet neither each other nor the training steps' seeds).
+SAMPLED_SEED_OFFSET, PROBE_SEED_OFFSET = 7919, 104729
+
+
+def training_params(config: Config) -> SamplingParams:
+    """The training sampler's parameters (`grpo.temperature`, `grpo.top_p`, the turn's token cap)."""
+    from skyrl_tool_agent.policy.qwen import SamplingParams
+
+    g = config.grpo
+    return SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
+
+
+def training_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], config: Config, *,
+                        params: SamplingParams | None = None,
+                        on_episode_done: Callable[[Trajectory], None] | None = None,
+                        collect: Collect | None = None) -> GreedyRun:
+    """The evaluation a training run reports (`GRPOTrainer.evaluate`, the SFT arm's, the same
+    routine): greedy on `tasks`, with `solved` per task; with `training.eval_samples` k, also
+    `sampled`: k episodes per task at the training temperature (`params`, default
+    `training_params`), drawn from the run's seed + `SAMPLED_SEED_OFFSET`."""
+    settings = CollectorSettings.from_config(config, evaluation=True)  # report semantics
+    run = greedy_evaluation(policy, runtime, tasks, settings, on_episode_done=on_episode_done, collect=collect)
+    if k := config.training.eval_samples:
+        run.record["sampled"] = sampled_evaluation(policy, runtime, tasks, k, params or training_params(config), settings,
+                                                   seed=config.training.seed + SAMPLED_SEED_OFFSET,
+                                                   on_episode_done=on_episode_done, collect=collect)
+    return run
+
+
+def probe_record(policy: Any, runtime: EnvRuntime, revisited: Sequence[Task], held_out: Sequence[Task],
+                 config: Config, params: SamplingParams, settings: CollectorSettings, *,
+                 collect: Collect | None = None) -> dict[str, float]:
+    """One sampled episode of each probe task (the same tasks every time, the same seed), in one
+    collection: the success of revisited training tasks (`probe/`) and of held-out tasks never
+    trained on (`probe/held_out_`): whether what a run learns carries over."""
+    record = sampled_evaluation(policy, runtime, [*revisited, *held_out], 1, params, settings,
+                                seed=config.training.seed + PROBE_SEED_OFFSET, collect=collect)
+    out: dict[str, float] = {}
+    split = len(revisited)
+    for prefix, fractions in (("probe/", record["per_task"][:split]), ("probe/held_out_", record["per_task"][split:])):
+        scored = [f for f in fractions if f is not None]
+        if fractions:
+            out[f"{prefix}execution_accuracy"] = mean(scored) if scored else None  # type: ignore[assignment]
+            out[f"{prefix}tasks"] = float(len(fractions))
+    return out

@@ -15,7 +15,7 @@ For a config (`training.data`, `env.task_family`, `training.seed`):
   train, pool, validation or dev (`data.builtin.test_split`); never trained on, never tuned on;
 * **run_eval** -- what a training run evaluates (`training.eval_split`, `eval_num_tasks`).
 
-Training (`pipeline`), the evaluate command, the model builds and the benchmarks all take their
+Training (`jobs.train`), the evaluate command, the model builds and the benchmarks all take their
 tasks from `TaskSplits`, so a split means the same tasks wherever it is used.
 
 A task file is checked as it loads (`data.validation`: fields, sizes, db_ids, each distinct gold

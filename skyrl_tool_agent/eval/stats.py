@@ -69,3 +69,14 @@ def paired_bootstrap(before: Sequence[float | None], after: Sequence[float | Non
     low, high = np.quantile(means, [tail, 1 - tail])
     return PairedDelta(n=len(diff), before=float(b.mean()), after=float(a.mean()), delta=float(diff.mean()),
                        low=float(low), high=float(high), confidence=confidence, unscored=len(before) - len(pairs))
+
+
+def paired_delta(before: list[float | None] | None, after: list[float | None] | None) -> dict[str, float] | None:
+    """The paired-bootstrap interval of mean(after) - mean(before) over the tasks scored on both
+    sides (`eval.stats`), or None when either side has no per-task outcomes or nothing was scored."""
+    if not before or not after or len(before) != len(after):
+        return None
+    try:  # tasks unscored on either side (infrastructure errors) are left out of the interval
+        return paired_bootstrap(before, after).to_dict()
+    except NothingScored:
+        return None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.eval.weave_setup import WeaveMode
 from skyrl_tool_agent.rollout.trajectory import Trajectory
@@ -88,3 +89,23 @@ class TrainingWeave:
                 logger.warning("Weave Evaluation %s failed (%s: %s); training goes on",
                                evaluation_name(self.run_name, step), type(exc).__name__, exc)
                 return None
+
+
+def training_weave(config: Config, run_logger: Any, eval_tasks: list[Task]) -> Any:
+    """The run's `eval.weave_training.TrainingWeave`: its evaluations as Weave Evaluations named
+    after the W&B run (else the output directory) when W&B is online; otherwise the one line that
+    says where they would have gone and the `eval` command that puts the trained model there."""
+    from skyrl_tool_agent.env.families import resolve_family
+    from skyrl_tool_agent.eval.vocabulary import vocabulary
+    from skyrl_tool_agent.eval.weave_setup import weave_mode
+    from skyrl_tool_agent.eval.weave_training import TrainingWeave
+
+    t = config.training
+    out = t.resolved_output_dir()
+    run_name = getattr(run_logger, "wandb_run_name", None) or out.name
+    subset = f" --limit {len(eval_tasks)} --seed {t.seed}" if t.eval_split == "dev" else ""
+    later = (f"WANDB_API_KEY=<key> skyrl-tool-agent eval --policy model --model-path {out / 'final'} "
+             f"--split {t.eval_split}{subset} --name {run_name}-final")
+    return TrainingWeave(mode=weave_mode(t.wandb.mode), wandb_mode=t.wandb.resolved_mode(),
+                         project=t.wandb.weave_project(), run_name=run_name,
+                         sql=vocabulary(resolve_family(config.env.task_family).name).sql, later=later)

@@ -4,7 +4,7 @@ token t+1), plus group rewards -> per-token advantages."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -129,3 +129,9 @@ def decide_episodes(
     kept = [bool(keep_group[i // group_size]) and bool(tr.token_ids) for i, tr in enumerate(trajectories)]
     dropped = int((clean & ~informative).sum()) if filter_uniform else 0
     return EpisodeDecisions(adv.reshape(-1).tolist(), kept, scored, dropped, int((~clean).sum()), int(keep_group.sum()))
+
+
+def on_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """`batch` with every tensor on `device` (collated batches live on the CPU)."""
+    return TrainBatch(**{f.name: None if getattr(batch, f.name) is None else getattr(batch, f.name).to(device)
+                         for f in fields(batch)})

@@ -288,3 +288,26 @@ def load_checkpoint(path: Path, *, policy: Any, optimizer: torch.optim.Optimizer
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # e.g. written for another model
         raise CheckpointError(f"checkpoint {path} does not fit this run: {type(exc).__name__}: {exc}") from exc
     return state
+
+
+def restore_loader_state(ckpt: Path, state: Any, loader: Any, max_steps: int) -> int:
+    """Check and restore trainer_state.json's data-loader state into `loader`; returns its step. A
+    crafted or damaged state, or one saved by a run with another seed, max_steps or group size, is
+    a CheckpointError (one `error:` line), never a traceback or a step count from nowhere."""
+    step = state.get("step") if isinstance(state, dict) else None
+    saved = state.get("loader") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= max_steps:
+        raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} has step {step!r}; this run has steps 0 to "
+                              f"{max_steps} (training.max_steps)")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} has no data-loader state")
+    try:
+        loader.load_state_dict(saved)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not fit this run: data-loader state: {type(exc).__name__}: {exc} "
+            "(resume with the run's own training.seed, training.max_steps and grpo.group_size)") from exc
+    if loader.step != step:
+        raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} says step {step} but its data loader is at "
+                              f"step {loader.step}")
+    return step

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import resource
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,19 +26,19 @@ from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.greedy import greedy_evaluation, sampled_evaluation
+from skyrl_tool_agent.eval.greedy import probe_record, training_evaluation
 from skyrl_tool_agent.eval.metrics import eval_metrics, reward_term_means, summarize
 from skyrl_tool_agent.grpo.advantages import turn_token_advantages
-from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes, plan_micro_batches
+from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes, on_device, plan_micro_batches
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals, TrainingInterrupted
 from skyrl_tool_agent.grpo.rollout_log import rollout_records
-from skyrl_tool_agent.grpo.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from skyrl_tool_agent.grpo.checkpoint import latest_checkpoint, load_checkpoint, restore_loader_state, save_checkpoint
 from skyrl_tool_agent.grpo.losses import grpo_loss, loss_normalizer
 from skyrl_tool_agent.grpo.optimizer import build_optimizer
 from skyrl_tool_agent.grpo.run_logging import RunLogger
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.kernels.fused_lora import fused_lora
-from skyrl_tool_agent.memory.device import device_memory
+from skyrl_tool_agent.memory.device import device_memory, peak_rss_gib
 from skyrl_tool_agent.memory.shape import ModelShape
 from skyrl_tool_agent.memory.sizing import plan_for
 from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
@@ -58,19 +56,6 @@ class StepOutput:
     tasks: list[Task] = dataclasses.field(default_factory=list)
     advantages: list[float] = dataclasses.field(default_factory=list)
     kept: list[bool] = dataclasses.field(default_factory=list)
-
-
-def peak_rss_gib() -> float:
-    """This process's peak resident memory so far (the kernel's high-water mark, VmHWM), GiB: the
-    figure a machine's RAM must hold, rollout, update and evaluations included."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # macOS reports bytes, Linux KiB
-
-
-def on_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    """`batch` with every tensor on `device` (collated batches live on the CPU)."""
-    return TrainBatch(**{f.name: None if getattr(batch, f.name) is None else getattr(batch, f.name).to(device)
-                         for f in dataclasses.fields(batch)})
 
 
 class GRPOTrainer:
@@ -92,7 +77,7 @@ class GRPOTrainer:
         self.loader = loader
         self.eval_tasks = list(eval_tasks)
         #: Training tasks, and held-out tasks never trained on, probed every `training.probe_every`
-        #: steps (`probe`); set by the pipeline (`set_probes`).
+        #: steps (`probe`); set by the job (`jobs.train.set_probes`).
         self.probe_tasks: list[Task] = []
         self.held_out_probe_tasks: list[Task] = []
         self.output_dir = output_dir
@@ -121,7 +106,7 @@ class GRPOTrainer:
         self.eval_progress: Callable[[int, int], None] | None = None
         #: Called when `train` starts from step 0 (for the evaluation and probe before GRPO) and after
         #: each evaluation or probe it makes before the last step, once its metrics are logged (the
-        #: pipeline rewrites the run's curves, table and report; rank 0 only). Signals are caught by
+        #: main job rewrites the run's curves, table and report; rank 0 only). Signals are caught by
         #: then: a Ctrl-C during it stops at the safe point, with a checkpoint.
         self.after_measurement: Callable[[], None] | None = None
         self._clock_started: float | None = None  # monotonic time at which the clock read 0, while training
@@ -129,7 +114,6 @@ class GRPOTrainer:
         # Lockstep turns (deterministic): generation batches (hence sampling RNG use) do not depend on
         # tool latency, so a resumed run samples exactly what an uninterrupted one would.
         self.collector_settings = CollectorSettings.from_config(config)
-        self.eval_settings = CollectorSettings.from_config(config, evaluation=True)  # report semantics
         self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
 
     # ---------------------------------------------------------------- resume
@@ -142,34 +126,11 @@ class GRPOTrainer:
             logger.info("no checkpoint under %s: starting fresh", self.checkpoint_dir)
             return False
         state = load_checkpoint(ckpt, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.step = self._restore_trainer_state(ckpt, state)
+        self.step = restore_loader_state(ckpt, state, self.loader, self.config.training.max_steps)
         self.prior_elapsed_s = float(state.get("elapsed_s", 0.0))
         logger.info("resumed from %s at step %d (%.1f min of the time budget spent)", ckpt, self.step,
                     self.prior_elapsed_s / 60)
         return True
-
-    def _restore_trainer_state(self, ckpt: Path, state: Any) -> int:
-        """Check and restore trainer_state.json's loader state; returns its step. A crafted or
-        damaged state, or one saved by a run with another seed, max_steps or group size, is a
-        CheckpointError (one `error:` line), never a traceback or a step count from nowhere."""
-        t = self.config.training
-        step = state.get("step") if isinstance(state, dict) else None
-        loader = state.get("loader") if isinstance(state, dict) else None
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= t.max_steps:
-            raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} has step {step!r}; this run has steps 0 to "
-                                  f"{t.max_steps} (training.max_steps)")
-        if not isinstance(loader, dict):
-            raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} has no data-loader state")
-        try:
-            self.loader.load_state_dict(loader)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-            raise CheckpointError(
-                f"checkpoint {ckpt} does not fit this run: data-loader state: {type(exc).__name__}: {exc} "
-                "(resume with the run's own training.seed, training.max_steps and grpo.group_size)") from exc
-        if self.loader.step != step:
-            raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} says step {step} but its data loader is at "
-                                  f"step {self.loader.step}")
-        return step
 
     def save(self) -> Path:
         return save_checkpoint(
@@ -198,26 +159,19 @@ class GRPOTrainer:
                                 settings or self.collector_settings, on_episode_done)
 
     def evaluate(self) -> dict[str, Any]:
-        """Greedy execution accuracy etc. on the fixed dev subset, with `solved`: 1/0 per eval task
-        in `eval_tasks` order (for paired confidence intervals between two evaluations):
-        `eval.greedy.greedy_evaluation`, its episodes run by `collect`. With
-        `training.eval_samples` k, also `sampled`: k episodes per task at the training temperature
-        (`eval.metrics.sampled_record`: avg@k, pass@k, per-task fractions)."""
-        k = self.config.training.eval_samples
-        done, report, total = [0], self.eval_progress, len(self.eval_tasks) * (1 + k)
+        """The run's evaluation of `eval_tasks` (`eval.greedy.training_evaluation`: greedy with
+        `solved` per task, avg@k with `training.eval_samples`), its episodes run by `collect`."""
+        done, report = [0], self.eval_progress
+        total = len(self.eval_tasks) * (1 + self.config.training.eval_samples)
 
         def episode_done(_: Trajectory) -> None:
             done[0] += 1
             if report is not None:
                 report(done[0], total)
 
-        run = greedy_evaluation(self.policy, self.runtime, self.eval_tasks, self.eval_settings,
-                                on_episode_done=episode_done, collect=self.collect)
+        run = training_evaluation(self.policy, self.runtime, self.eval_tasks, self.config, params=self.sampling,
+                                  on_episode_done=episode_done, collect=self.collect)
         self.last_eval_trajectories = run.trajectories
-        if k:
-            run.record["sampled"] = sampled_evaluation(self.policy, self.runtime, self.eval_tasks, k, self.sampling,
-                                                       self.eval_settings, seed=self.config.training.seed + 7919,
-                                                       on_episode_done=episode_done, collect=self.collect)
         return run.record
 
     @property
@@ -226,21 +180,9 @@ class GRPOTrainer:
         return len(self.probe_tasks) + len(self.held_out_probe_tasks)
 
     def probe(self) -> dict[str, float]:
-        """One sampled episode of each probe task (the same tasks every time, the same seed), in one
-        collection: the success of revisited training tasks over the run (`training.probe_tasks`),
-        and of held-out tasks it never trains on (`training.probe_held_out_tasks`): whether what it
-        learns carries over."""
-        record = sampled_evaluation(self.policy, self.runtime, [*self.probe_tasks, *self.held_out_probe_tasks], 1,
-                                    self.sampling, self.collector_settings, seed=self.config.training.seed + 104729,
-                                    collect=self.collect)
-        out: dict[str, float] = {}
-        split = len(self.probe_tasks)
-        for prefix, fractions in (("probe/", record["per_task"][:split]), ("probe/held_out_", record["per_task"][split:])):
-            scored = [f for f in fractions if f is not None]
-            if fractions:
-                out[f"{prefix}execution_accuracy"] = mean(scored) if scored else None  # type: ignore[assignment]
-                out[f"{prefix}tasks"] = float(len(fractions))
-        return out
+        """The probe of `probe_tasks` and `held_out_probe_tasks` (`eval.greedy.probe_record`)."""
+        return probe_record(self.policy, self.runtime, self.probe_tasks, self.held_out_probe_tasks, self.config,
+                            self.sampling, self.collector_settings, collect=self.collect)
 
     # --------------------------------------------------------------- update
     # The four hooks below are the optimizer "engine": plain torch here; the DeepSpeed trainer

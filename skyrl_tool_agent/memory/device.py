@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,3 +42,10 @@ def format_bytes(n: int) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n / 1024:.1f} KiB"
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far (the kernel's high-water mark, VmHWM), GiB: the
+    figure a machine's RAM must hold, rollout, update and evaluations included."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # macOS reports bytes, Linux KiB

@@ -3,7 +3,7 @@ project's tokenizer, supervised on oracle episodes of the generated pool (the wa
 AdamW, warmup, cosine fitted to the time cap) until its greedy execution accuracy on the pool's
 validation split is flat by the plateau rule (`warmstart.plateau.PlateauRule`), or the cap ends it.
 
-The speedrun's first phase (`skyrl_tool_agent.speedrun`): on a GPU the recipe that took the
+The speedrun's first phase (`skyrl_tool_agent.jobs.speedrun`): on a GPU the recipe that took the
 shipped model hours on two CPU cores takes minutes. Dev is never looked at here.
 """
 

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from skyrl_tool_agent.eval.atomic import replaced_atomically  # noqa: E402
+from skyrl_tool_agent.reports.atomic import replaced_atomically  # noqa: E402
 
 # Panels of the training curves: (title, y range or None for auto, [(metrics key, label, kind)]).
 # A key ending in "@" is completed from the rows (eval/avg@4 for `training.eval_samples` 4).

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import mean, median
 from typing import Any
 
 
@@ -93,7 +94,7 @@ def anatomy_table(record: dict[str, Any]) -> list[str]:
 def plot_speedrun(record: dict[str, Any], out_png: Path) -> Path:
     """Three panels: the build's validation curve; GRPO's training reward and probe by step; dev
     greedy EX and avg@k of both arms against training minutes, with their interval bands."""
-    from skyrl_tool_agent.eval.plots import plt, save_figure
+    from skyrl_tool_agent.reports.plots import plt, save_figure
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     build = record.get("build") or {}
@@ -139,3 +140,22 @@ def plot_speedrun(record: dict[str, Any], out_png: Path) -> Path:
     fig.suptitle(f"speedrun, {record['plan']['minutes']:g} min budget, "
                  f"{(record['phases'].get('setup') or {}).get('device', '?')}", fontsize=10)
     return save_figure(fig, out_png)
+
+
+def throughput(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-step means (after the first step, which captures CUDA graphs and warms caches, when
+    there are more), and the peak GPU memory of any step."""
+    if not steps:
+        return {}
+    rows = steps[1:] if len(steps) > 1 else steps
+
+    def avg(key: str) -> float | None:
+        values = [r[key] for r in rows if r[key] is not None]
+        return mean(values) if values else None
+
+    peaks = [r["gpu_peak_gib"] for r in steps if r["gpu_peak_gib"] is not None]
+    return {"steps_averaged": len(rows), "first_step_s": steps[0]["rollout_s"] + steps[0]["update_s"],
+            **{f"{key}_mean": avg(key) for key in ("rollout_s", "update_s", "generated_tokens_per_s",
+                                                    "turns_per_episode", "tool_calls_per_episode", "reward")},
+            "step_s_median": median(r["rollout_s"] + r["update_s"] for r in rows),
+            "gpu_peak_gib": max(peaks) if peaks else None}

@@ -345,17 +345,13 @@ def check_deepspeed(device: torch.device) -> tuple[str, str]:
 def check_mcp_servers() -> tuple[str, str]:
     """The configured MCP servers start and list their tools (on the configured databases)."""
     from skyrl_tool_agent.config import load_config
-    from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.eval.splits import TaskSplits
+    from skyrl_tool_agent.jobs.run import open_run
 
     config = load_config()
-    splits = TaskSplits.load(config)
-    runtime = EnvRuntime(config.env, splits.db_root)  # starts every server and lists its tools
-    try:
-        listed = {server.name: [t.name for t in runtime.all_tools if t.server == server.name]
+    with open_run(config, TaskSplits.load(config).db_root) as run:  # starts every server and lists its tools
+        listed = {server.name: [t.name for t in run.runtime.all_tools if t.server == server.name]
                   for server in config.env.mcp_servers}
-    finally:
-        runtime.close()
     empty = [name for name, tools in listed.items() if not tools]
     detail = "; ".join(f"{name}: {', '.join(tools) or 'no tools'}" for name, tools in listed.items())
     return (WARN if empty else PASS), f"{len(listed)} server(s) started and listed their tools ({detail})"

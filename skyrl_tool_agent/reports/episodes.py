@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from skyrl_tool_agent.env.chat_format import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from skyrl_tool_agent.eval.report_sql import ResultPreviewer
+from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
 
 #: Longest message text shown per turn (tool results of big queries are cut, with a note).
 MAX_MESSAGE_CHARS = 6000

@@ -1,13 +1,16 @@
-"""A run's tables: the before/after table (printed at the end, and metrics_table.md during the run),
-the model card and the optional Hub upload."""
+"""A run's tables: the before/after record and table (printed at the end, and metrics_table.md
+during the run), the model card and the optional Hub upload."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from skyrl_tool_agent.eval.anatomy import anatomy_deltas
 from skyrl_tool_agent.eval.metrics import HEADLINE_KEYS, format_rate
+from skyrl_tool_agent.eval.stats import paired_delta
 from skyrl_tool_agent.eval.vocabulary import vocabulary
 
 logger = logging.getLogger(__name__)
@@ -23,21 +26,10 @@ def print_before_after(summary: Any) -> None:
     title = (f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
              f"{summary.seconds / 60:.1f} min")
     table = Table()
-    table.add_column("metric")
-    table.add_column("before GRPO", justify="right")
-    table.add_column("after GRPO", justify="right")
-    table.add_column("delta", justify="right")
-    for key in HEADLINE_KEYS:
-        if key not in summary.before or key not in summary.after:
-            continue
-        b, a = summary.before[key], summary.after[key]
-        label = words.accuracy if key == "execution_accuracy" else key
-        table.add_row(label, format_rate(b), format_rate(a), "n/a" if a is None or b is None else f"{a - b:+.3f}")
-    for key in ("scored", "infra_errors"):  # what every rate above is over
-        if key in summary.before or key in summary.after:
-            table.add_row(key, f"{summary.before.get(key, 0):.0f}", f"{summary.after.get(key, 0):.0f}", "")
-    for label, b, a in sampled_rows(summary.before, summary.after):
-        table.add_row(label, format_rate(b), format_rate(a), "n/a" if a is None or b is None else f"{a - b:+.3f}")
+    for col in ("metric", "before GRPO", "after GRPO", "delta"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for row in metric_rows(summary.before, summary.after, words):
+        table.add_row(*row)
     Console().print(title)
     Console().print(table)
     Console().print(delta_sentence(summary.delta, summary.before, summary.after, label=words.accuracy_label))
@@ -55,6 +47,19 @@ def print_before_after(summary: Any) -> None:
     if summary.stop_reason:
         Console().print(f"training stopped: {summary.stop_reason}")
     Console().print(f"outputs: {summary.output_dir} (report.html, metrics.jsonl, training_curves.png, final/)")
+
+
+def metric_rows(before: dict[str, Any], after: dict[str, Any], words: Any) -> list[tuple[str, str, str, str]]:
+    """(label, before, after, change) of the headline metrics, what every rate is over (scored,
+    infra errors: no change) and the sampled rows: the before/after table, printed or in Markdown."""
+    def rate(label: str, b: float | None, a: float | None) -> tuple[str, str, str, str]:
+        return label, format_rate(b), format_rate(a), "n/a" if a is None or b is None else f"{a - b:+.3f}"
+
+    rows = [rate(words.accuracy if key == "execution_accuracy" else key, before[key], after[key])
+            for key in HEADLINE_KEYS if key in before and key in after]
+    rows += [(key, f"{before.get(key, 0):.0f}", f"{after.get(key, 0):.0f}", "") for key in ("scored", "infra_errors")
+             if key in before or key in after]
+    return rows + [rate(*row) for row in sampled_rows(before, after)]
 
 
 def sampled_rows(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, float | None, float | None]]:
@@ -114,11 +119,7 @@ def before_after_markdown(record: dict[str, Any], words: Any, *, after_label: st
     metrics, what they are over, avg@k and pass@k, the changes with their intervals and why
     answers are wrong; `after_label` names the second column. `words`: the family's vocabulary."""
     before, after, delta = record["before"], record["after"], record.get("execution_accuracy_delta")
-    rows = "\n".join(f"| {words.accuracy if key == 'execution_accuracy' else key} | {format_rate(before[key])} | "
-                     f"{format_rate(after[key])} |" for key in HEADLINE_KEYS if key in before and key in after)
-    rows += "".join(f"\n| {key} | {before.get(key, 0):.0f} | {after.get(key, 0):.0f} |" for key in ("scored", "infra_errors")
-                    if key in before or key in after)
-    rows += "".join(f"\n| {label} | {format_rate(b)} | {format_rate(a)} |" for label, b, a in sampled_rows(before, after))
+    rows = "\n".join(f"| {label} | {b} | {a} |" for label, b, a, _ in metric_rows(before, after, words))
     change = f"\n{delta_sentence(delta, before, after, label=words.accuracy_label).capitalize()}.\n"
     if record.get("avg_at_k_delta"):
         k = before["sampled"]["k"]
@@ -135,7 +136,7 @@ def write_metrics_table(path: Path, record: dict[str, Any], words: Any, *, state
                         after_label: str) -> Path:
     """`path` (metrics_table.md): `before_after_markdown` under the run's `state` in words,
     replaced atomically (a run rewrites it after each evaluation and probe)."""
-    from skyrl_tool_agent.eval.atomic import write_text_atomically
+    from skyrl_tool_agent.reports.atomic import write_text_atomically
 
     n = record["before"].get("n")
     tasks = f"{n:.0f} tasks" if isinstance(n, (int, float)) else "tasks"
@@ -192,3 +193,35 @@ The full record (per-task outcomes, training curves) is in the run directory: `b
     path = folder / "README.md"
     ModelCard(f"---\n{data.to_yaml()}\n---\n{body}").save(path)
     return path
+
+
+@dataclass
+class RunSummary:
+    before: dict[str, Any]
+    after: dict[str, Any]
+    steps: int
+    seconds: float
+    output_dir: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str = ""
+    #: Execution-accuracy change on the eval tasks with its paired-bootstrap 95% interval.
+    delta: dict[str, float] | None = None
+    #: The task family (`TaskFamily.name`): the end-of-run table speaks its words.
+    family: str = "sql"
+    #: The avg@k change (training.eval_samples) with its paired-bootstrap 95% interval.
+    sampled_delta: dict[str, float] | None = None
+    #: Each error category's rate change (`eval.anatomy`) with its paired-bootstrap 95% interval.
+    anatomy_delta: dict[str, dict[str, float]] | None = None
+
+
+def before_after_record(before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
+                        training_seconds: float) -> dict[str, Any]:
+    """before_after.json's record: both evaluations, the paired-bootstrap interval of the EX change
+    when both carry per-task outcomes, of the avg@k change when both sampled, and of each error
+    category's rate when both carry the error anatomy; the steps, the stop reason, the minutes."""
+    return {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
+            "training_minutes": training_seconds / 60,
+            "execution_accuracy_delta": paired_delta(before.get("solved"), after.get("solved")),
+            "avg_at_k_delta": paired_delta((before.get("sampled") or {}).get("per_task"),
+                                           (after.get("sampled") or {}).get("per_task")),
+            "error_anatomy_delta": anatomy_deltas(before, after)}

@@ -16,12 +16,12 @@ phases before it kept), with `speedrun.json` rewritten as each one ends:
 2. **start**: the start evaluated on the dev tasks (greedy and avg@k with common random numbers,
    `GRPOTrainer.evaluate`); its duration sizes the evaluations still to come, and what is left is
    split evenly between the two arms;
-3. **grpo**: GRPO from the start through the real MCP environment (`pipeline.GRPOCurve`: the
+3. **grpo**: GRPO from the start through the real MCP environment (`jobs.arms.GRPOCurve`: the
    trainer, the rollout engine on CUDA, the probe of revisited training tasks), evaluated on dev at
    `points` marks of its training time;
 4. **sft**: continued supervised training from the same start, on the oracle episodes of the RL
    pool (the tasks GRPO trains on, with their gold answers), at the recipe's tail learning rate,
-   for the training time GRPO used (`pipeline.continue_warm_start`), evaluated at the same marks;
+   for the training time GRPO used (`jobs.arms.continue_warm_start`), evaluated at the same marks;
 5. **report**: paired-bootstrap intervals of every change and of GRPO - SFT, the error anatomy
    of each arm's last evaluation against the start's (`eval.anatomy`), `speedrun.md` (the
    tables), `speedrun.png` (the curves).
@@ -42,137 +42,34 @@ import resource
 import shutil
 import time
 import traceback
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
-from statistics import mean, median
+from statistics import mean
 from typing import Any
 
-from skyrl_tool_agent.cli import log_every
-from skyrl_tool_agent.eval.speedrun_report import markdown_tables, per_task_samples, plot_speedrun
 from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, Config, ModelConfig, UserInputError
-from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.pipeline import (
-    GRPOCurve,
-    anatomy_deltas,
-    continue_warm_start,
-    oracle_collector_settings,
-    paired_delta,
+from skyrl_tool_agent.eval.anatomy import anatomy_deltas
+from skyrl_tool_agent.eval.stats import paired_delta
+from skyrl_tool_agent.jobs.arms import GRPOCurve, continue_warm_start
+from skyrl_tool_agent.jobs.budget import JobBudget
+from skyrl_tool_agent.jobs.build_model import oracle_collector_settings
+from skyrl_tool_agent.jobs.progress import log_every
+from skyrl_tool_agent.jobs.run import open_run
+from skyrl_tool_agent.jobs.speedrun_plan import (
+    CURVES_FILE,
+    EVAL_SLACK,
+    GPU_BUILD_STEPS,
+    METRICS_FILE,
+    RESULT_FILE,
+    TABLE_FILE,
+    SpeedrunPlan,
+    arm_seconds,
+    hold_out_rl_pool,
 )
-from skyrl_tool_agent.warmstart.scratch import ModelShape
+from skyrl_tool_agent.reports.speedrun import markdown_tables, per_task_samples, plot_speedrun, throughput
 
 logger = logging.getLogger(__name__)
-
-#: The speedrun's episode and step shape, applied before the user's --set (which wins). The gpu
-#: profile's GRPO shape (16 tasks x 16 episodes, several turns, 256 episodes in flight, 4 MCP
-#: server sessions and more for the 16 cores there) on the CPU profile's environment (schema in
-#: the prompt, execute_sql, the built-in data): the gpu profile's own environment is Spider with
-#: every tool offered and no schema, for a hub model, which a model built in minutes cannot explore.
-#: Weights in fp32 everywhere (the supervised phases keep fp32 master weights; evaluating every arm
-#: and the start in one dtype keeps their differences the policies'). Micro-batches of 32 episodes:
-#: a model of a few million parameters leaves a GPU idle at 8.
-SPEEDRUN_OVERRIDES = (
-    "grpo.group_size=16", "training.tasks_per_step=16", "grpo.max_turns=4",
-    "env.collector.concurrency=256", "env.sessions_per_server=8",
-    "training.eval_samples=8", "training.eval_every=0", "training.probe_tasks=64", "training.probe_every=5",
-    "training.checkpoint_every=0", "training.keep_checkpoints=1", "training.time_budget_minutes=null",
-    "training.max_steps=100000", "training.rollouts_every=0", "training.wandb.mode=disabled",
-    "training.data.train_pool=generated", "model.dtype=float32", "training.micro_batch_size=32",
-)
-
-#: Supervised steps of the build on CUDA when `--build-steps` is not given: the schedule's length,
-#: fixed (batches of 64: about the 115,000 examples the shipped start saw). Not yet measured on a
-#: GPU at this pace; the build's time cap guards it.
-GPU_BUILD_STEPS = 2000
-
-#: Later evaluations are sized as the start's times this (a trained policy may answer differently).
-EVAL_SLACK = 1.2
-#: Files in the output directory.
-RESULT_FILE, TABLE_FILE, CURVES_FILE, METRICS_FILE, LOG_FILE = (
-    "speedrun.json", "speedrun.md", "speedrun.png", "grpo_metrics.jsonl", "speedrun.log")
-
-
-@dataclass
-class SpeedrunPlan:
-    """What the speedrun does and within what time (the command's flags)."""
-
-    minutes: float = 10.0
-    shape: ModelShape = field(default_factory=ModelShape)
-    #: Fraction of the budget for the build (oracle episodes + supervised training to the plateau).
-    build_share: float = 0.45
-    #: Supervised steps of the build: the cosine schedule's fixed length, the time cap only a guard
-    #: (None: `GPU_BUILD_STEPS` on CUDA; elsewhere the schedule is fitted to the time cap).
-    build_steps: int | None = None
-    #: Pool tasks held out of the build for GRPO (and the SFT arm) to train on (`hold_out_rl_pool`).
-    rl_pool_tasks: int = 256
-    sft_batch_size: int = 64
-    #: Oracle episodes of a stratified subset of this many pool tasks (None: the whole pool).
-    pool_tasks: int | None = None
-    #: Validation tasks the build's curve is measured on (None: the whole split).
-    validation_tasks: int | None = None
-    build_evaluations: int = 6
-    #: Dev evaluations per arm, evenly over its training time (fewer when time is short).
-    points: int = 2
-    #: Seconds kept free at the end: one GRPO step past a mark, the report's files.
-    margin_s: float | None = None
-
-    def check(self) -> None:
-        """One `UserInputError` for a plan that cannot run."""
-        if self.minutes <= 0:
-            raise UserInputError(f"--minutes must be positive, got {self.minutes:g}")
-        if not 0 < self.build_share < 1:
-            raise UserInputError(f"--build-share must be between 0 and 1, got {self.build_share:g}")
-        if reason := self.shape.check():
-            raise UserInputError(f"model shape: {reason}")
-        for name in ("sft_batch_size", "build_evaluations", "points"):
-            if getattr(self, name) < 1:
-                raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.rl_pool_tasks < 1:
-            raise UserInputError("--rl-pool-tasks must be at least 1")
-        if self.pool_tasks is not None and self.rl_pool_tasks >= self.pool_tasks:
-            raise UserInputError(f"--rl-pool-tasks {self.rl_pool_tasks} leaves nothing of --pool-tasks "
-                                 f"{self.pool_tasks} for the build")
-        for name in ("pool_tasks", "validation_tasks", "build_steps"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
-
-    @property
-    def margin(self) -> float:
-        return self.margin_s if self.margin_s is not None else max(5.0, 0.04 * 60 * self.minutes)
-
-
-def arm_seconds(remaining_s: float, eval_s: float, points: int, margin_s: float, setup_s: float = 0.0) -> float:
-    """Training seconds each arm gets when `remaining_s` must hold both arms' training, `points`
-    evaluations each (sized `eval_s` x EVAL_SLACK), the second arm's `setup_s` (model, servers)
-    and `margin_s`."""
-    return (remaining_s - 2 * points * EVAL_SLACK * eval_s - setup_s - margin_s) / 2
-
-
-def hold_out_rl_pool(pool: Sequence[Task], n: int, *, seed: int) -> tuple[list[Task], list[Task]]:
-    """(build pool, RL pool): `n` tasks of `pool` (a stratified fixed subset) for reinforcement
-    learning, and the rest of the pool less every task whose gold query is one of theirs (the
-    generated pool repeats a query under other wordings), so the build never sees an RL task's
-    answer. `UserInputError` when nothing is left for the build."""
-    from skyrl_tool_agent.data.batching import fixed_subset
-
-    rl = fixed_subset(list(pool), n, seed=seed)
-    held = {t.gold_sql for t in rl}
-    build = [t for t in pool if t.gold_sql not in held]
-    if not build:
-        raise UserInputError(f"holding {len(rl)} RL tasks out of {len(pool)} pool tasks leaves none for the build")
-    return build, rl
-
-
-def process_age_s() -> float:
-    """Seconds since this process started (Linux /proc; 0 elsewhere): the interpreter's start and
-    the imports before a command's first line count against its budget too."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
 
 class Speedrun:
     """One run (module docstring). `started` is the monotonic time the budget counts from."""
@@ -182,8 +79,8 @@ class Speedrun:
         plan.check()
         self.config, self.plan = config, plan
         self.output_dir, self.work_dir = output_dir, work_dir
-        self.started = started
-        self.end = started + 60 * plan.minutes
+        self.budget = JobBudget(60 * plan.minutes, None, started=started)  # the main job's budget, on its clock
+        self.started, self.end = started, started + self.budget.total_s
         self.record: dict[str, Any] = {
             "command": command, "plan": {**asdict(plan), "margin_s": plan.margin},
             "size_chosen_by": "flags (the defaults were not chosen by a measurement on validation)",
@@ -197,10 +94,10 @@ class Speedrun:
 
     # ------------------------------------------------------------------ bookkeeping
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.budget.total_s - self.budget.left_s()
 
     def remaining(self) -> float:
-        return self.end - time.monotonic()
+        return self.budget.left_s()
 
     def write(self) -> None:
         """speedrun.json, replaced whole (a kill leaves the previous one or the new one)."""
@@ -265,15 +162,17 @@ class Speedrun:
             self.build(entry)
         if not (self.start_dir / "config.json").is_file():
             return self.record
-        with self.phase("start") as entry:
-            self.evaluate_start(entry)
-        if self.start_eval is None:
-            return self.record
-        points, each_s = self.plan_arms()
-        grpo_s = None
-        if each_s > 0:
-            with self.phase("grpo") as entry:
-                grpo_s = self.grpo(entry, points, each_s)
+        with contextlib.ExitStack() as grpo_arm:  # the GRPO arm's model and servers, closed on every path
+            with self.phase("start") as entry:
+                self.evaluate_start(entry, grpo_arm)
+            if self.start_eval is None:
+                return self.record
+            points, each_s = self.plan_arms()
+            grpo_s = None
+            if each_s > 0:
+                with self.phase("grpo") as entry:
+                    grpo_s = self.grpo(entry, points, each_s)
+        if each_s > 0:  # after the GRPO arm let go of its model and servers
             with self.phase("sft") as entry:
                 self.sft(entry, points, grpo_s if grpo_s is not None else each_s)
         with self.phase("report") as entry:
@@ -307,15 +206,14 @@ class Speedrun:
                      dev_tasks=len(self.splits.run_eval()), vocab_size=len(self.tokenizer))
 
     def build(self, entry: dict[str, Any]) -> None:
-        from skyrl_tool_agent.env.pools import EnvRuntime
         from skyrl_tool_agent.rollout.collector import CollectorSettings
         from skyrl_tool_agent.warmstart.build import oracle_episodes
         from skyrl_tool_agent.warmstart.scratch import build_from_scratch
         from skyrl_tool_agent.warmstart.sft import SFTSettings, conversation_to_ids
 
         deadline = self.started + self.plan.build_share * 60 * self.plan.minutes
-        runtime = EnvRuntime(self.config.env, self.splits.db_root)
-        try:
+        with open_run(self.config, self.splits.db_root) as run:
+            runtime = run.runtime
             t0 = time.monotonic()
             episodes = oracle_episodes(runtime, [*self.build_pool, *self.rl_pool], oracle_collector_settings(self.config))
             self.examples = [conversation_to_ids(episodes[t.task_id], self.tokenizer) for t in self.build_pool
@@ -343,8 +241,6 @@ class Speedrun:
                 sft=sft, eval_settings=CollectorSettings.from_config(self.config, evaluation=True),
                 deadline=deadline, evaluations=self.plan.build_evaluations, device=str(self.device),
                 progress=on_step, provenance={"command": self.record["command"]})
-        finally:
-            runtime.close()
         loss = built["sft"]["loss"]
         size_mb = sum((self.start_dir / f).stat().st_size for f in built["files"]) / 1e6
         self.record["build"] = {
@@ -359,10 +255,11 @@ class Speedrun:
             "validation_curve": built["sft"]["evals"], "plateau": built["plateau"], "model_dir": str(self.start_dir),
             "weights_fingerprint": built["weights_fingerprint"]}
 
-    def evaluate_start(self, entry: dict[str, Any]) -> None:
+    def evaluate_start(self, entry: dict[str, Any], arm: contextlib.ExitStack) -> None:
         """Starts the GRPO arm (its trainer evaluates the start, as the main job does)."""
         t0 = time.monotonic()
-        self.grpo_arm = GRPOCurve(self.arm_config(), self.work_dir / "grpo", splits=self.splits, pool=self.rl_pool)
+        self.grpo_arm = arm.enter_context(GRPOCurve(self.arm_config(), self.work_dir / "grpo", splits=self.splits,
+                                                    pool=self.rl_pool))
         self.arm_setup_s = time.monotonic() - t0
         due = log_every(10.0)
 
@@ -373,11 +270,7 @@ class Speedrun:
 
         self.grpo_arm.trainer.eval_progress = eval_line
         t0 = time.monotonic()
-        try:
-            self.start_eval = self.grpo_arm.evaluate_start()
-        except BaseException:
-            self.grpo_arm.close()
-            raise
+        self.start_eval = self.grpo_arm.evaluate_start()
         self.eval_s = time.monotonic() - t0
         self.record["start"] = self.start_eval
         entry.update(eval_s=self.eval_s, arm_setup_s=self.arm_setup_s)
@@ -408,7 +301,6 @@ class Speedrun:
             self.record["arms_plan"]["skipped"] = "no time left for the arms after the start's evaluation"
             logger.warning("speedrun: no time left for GRPO and SFT (%.0f s left, an evaluation takes %.0f s)",
                            self.remaining(), self.eval_s)
-            self.grpo_arm.close()
         else:
             logger.info("speedrun: %.0f s of training per arm, %d dev evaluation(s) each (~%.0f s)", each, points,
                         self.eval_s)
@@ -418,11 +310,7 @@ class Speedrun:
         """GRPO for `each_s` seconds of training, evaluated at `points` marks; returns its training seconds."""
         arm = self.grpo_arm
         steps: list[dict[str, Any]] = []
-        try:
-            tool_calls = _ToolCallTally(arm.trainer)
-        except BaseException:
-            arm.close()
-            raise
+        tool_calls = _ToolCallTally(arm.trainer)
 
         def on_step(m: dict[str, Any]) -> None:
             row = {"step": m["step"], "elapsed_s": m["time/elapsed_s"], "rollout_s": m["time/rollout_s"],
@@ -452,10 +340,10 @@ class Speedrun:
                     break
         finally:
             result.update(training_s=arm.trained_s, total_steps=arm.trainer.step,
-                          stop_reason=arm.trainer.stop_reason, throughput=_throughput(steps),
+                          stop_reason=arm.trainer.stop_reason, throughput=throughput(steps),
                           sampler=arm.trainer.policy.sampler())
             metrics = self.work_dir / "grpo" / "metrics.jsonl"
-            arm.close()
+            arm.close()  # its metrics.jsonl is complete
             if metrics.is_file():
                 shutil.copyfile(metrics, self.output_dir / METRICS_FILE)
         return arm.trained_s if arm.curve else None
@@ -530,23 +418,3 @@ class _ToolCallTally:
         if settings is None and trajectories:
             self.last = mean(t.result.tool_calls for t in trajectories)
         return trajectories
-
-
-
-def _throughput(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-step means (after the first step, which captures CUDA graphs and warms caches, when
-    there are more), and the peak GPU memory of any step."""
-    if not steps:
-        return {}
-    rows = steps[1:] if len(steps) > 1 else steps
-
-    def avg(key: str) -> float | None:
-        values = [r[key] for r in rows if r[key] is not None]
-        return mean(values) if values else None
-
-    peaks = [r["gpu_peak_gib"] for r in steps if r["gpu_peak_gib"] is not None]
-    return {"steps_averaged": len(rows), "first_step_s": steps[0]["rollout_s"] + steps[0]["update_s"],
-            **{f"{key}_mean": avg(key) for key in ("rollout_s", "update_s", "generated_tokens_per_s",
-                                                    "turns_per_episode", "tool_calls_per_episode", "reward")},
-            "step_s_median": median(r["rollout_s"] + r["update_s"] for r in rows),
-            "gpu_peak_gib": max(peaks) if peaks else None}

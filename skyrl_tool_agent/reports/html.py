@@ -26,7 +26,7 @@ from typing import Any
 from markupsafe import Markup
 
 from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
-from skyrl_tool_agent.eval.atomic import write_text_atomically
+from skyrl_tool_agent.reports.atomic import write_text_atomically
 from skyrl_tool_agent.eval.compare import (
     anatomy_comparison,
     baseline_outcomes,
@@ -35,15 +35,15 @@ from skyrl_tool_agent.eval.compare import (
     outcome_changes,
     sorted_difficulties,
 )
-from skyrl_tool_agent.eval.report_assets import CSS, JS
-from skyrl_tool_agent.eval.report_episodes import (
+from skyrl_tool_agent.reports.html_assets import CSS, JS
+from skyrl_tool_agent.reports.episodes import (
     episode,
     shared_system_prompt,
     tool_names,
 )
-from skyrl_tool_agent.eval.report_rollouts import rollouts_view
-from skyrl_tool_agent.eval.report_sql import ResultPreviewer
-from skyrl_tool_agent.eval.report_templates import environment, fmt
+from skyrl_tool_agent.reports.rollouts import rollouts_view
+from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
+from skyrl_tool_agent.reports.templates import environment, fmt
 from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
 __all__ = ["SUMMARY_METRICS", "TrainingRunView", "render_report", "tool_names", "write_report"]

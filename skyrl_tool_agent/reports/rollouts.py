@@ -21,8 +21,8 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.databases import name_problem, shown_name
 from skyrl_tool_agent.data.json_input import JsonNestingError, loads_bounded
 from skyrl_tool_agent.data.validation import IDENTIFIER_MAX_CHARS
-from skyrl_tool_agent.eval.report_episodes import episode, shared_system_prompt
-from skyrl_tool_agent.eval.report_sql import ResultPreviewer
+from skyrl_tool_agent.reports.episodes import episode, shared_system_prompt
+from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ the final one once the run ends) compared with the evaluation before training (m
 questions newly solved and newly broken), with the run's sampled training episodes
 (`rollouts.jsonl`) as a Training rollouts view, headed by the run's state and curves.
 
-Written by the training pipeline into its output directory (`pipeline.RunOutputs`: after the first
+Written by the training pipeline into its output directory (`reports.run_files.RunOutputs`: after the first
 evaluation, after every evaluation and probe, and at the end; each file replaced atomically):
 `eval_final.json`, `eval_final_trajectories.jsonl`, `eval_final_by_difficulty.png` and `report.html`.
 """
@@ -21,17 +21,16 @@ from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.eval.evaluate import (
     EvaluationRun,
-    OutputPaths,
     build_records,
     compute_results,
     difficulty_of,
-    write_outputs,
 )
+from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
 from skyrl_tool_agent.env.families import resolve_family
 from skyrl_tool_agent.eval.anatomy import classify_episodes
-from skyrl_tool_agent.eval.report import TrainingRunView
+from skyrl_tool_agent.reports.html import TrainingRunView
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
-from skyrl_tool_agent.eval.report_rollouts import ROLLOUTS_FILE, load_rollouts
+from skyrl_tool_agent.reports.rollouts import ROLLOUTS_FILE, load_rollouts
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 

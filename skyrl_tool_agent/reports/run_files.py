@@ -1,0 +1,103 @@
+"""A GRPO run's files for a person: while it runs, training_curves.png, metrics_table.md and
+report.html (`RunOutputs`); at its end, before_after.json, error_anatomy.png and the model card
+(`finish_run`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from skyrl_tool_agent.config import Config
+from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.reports.tables import RunSummary, before_after_record, write_metrics_table, write_model_card
+
+logger = logging.getLogger(__name__)
+
+
+def run_state(step: int, max_steps: int, minutes: float, stop_reason: str = "") -> str:
+    """A run's state in words, as its curves, table and report carry it: the step, the minutes of
+    GRPO, and "running" or why it stopped."""
+    return f"step {step} of {max_steps}, {minutes:.1f} min of GRPO, " + (
+        f"stopped: {stop_reason}" if stop_reason else "running")
+
+
+class RunOutputs:
+    """A run's training_curves.png, metrics_table.md (the before/after table: the evaluation before
+    GRPO against the latest one) and report.html (the latest evaluation's episodes against the one
+    before, the training rollouts so far, the curves), each with the run's state (`run_state`),
+    each replaced atomically: written by rank 0 after the first evaluation and probe, after every
+    evaluation and probe during training (`GRPOTrainer.after_measurement`), and at the end. One
+    writer for all of them, so a long run shows what it learns while it runs."""
+
+    def __init__(self, config: Config, eval_tasks: list[Task], before: dict[str, Any], db_root: Path) -> None:
+        self.config, self.eval_tasks, self.before, self.db_root = config, eval_tasks, before, db_root
+        self.out = config.training.resolved_output_dir()
+
+    def write(self, trainer: Any, *, after: dict[str, Any] | None = None, stop_reason: str = "",
+              grpo_seconds: float | None = None) -> None:
+        """Write the three files for `trainer`'s step and latest evaluation (`after`, default its
+        `last_eval`, the one before GRPO until there is another; its episodes are the trainer's
+        `last_eval_trajectories`); `stop_reason`: why the run stopped ("" while it runs);
+        `grpo_seconds`: the GRPO clock where training stopped (default: the trainer's clock now)."""
+        from skyrl_tool_agent.env.families import resolve_family
+        from skyrl_tool_agent.reports.plots import plot_training_curves
+        from skyrl_tool_agent.reports.html import TrainingRunView
+        from skyrl_tool_agent.reports.training import write_training_report
+        from skyrl_tool_agent.eval.vocabulary import vocabulary
+
+        t = self.config.training
+        if after is not None:
+            evaluated_at = trainer.step
+        else:
+            after, evaluated_at = ((trainer.last_eval, trainer.last_eval_step) if trainer.last_eval is not None
+                                   else (self.before, 0))
+        minutes = (trainer.elapsed_s() if grpo_seconds is None else grpo_seconds) / 60
+        state = run_state(trainer.step, t.max_steps, minutes, stop_reason)
+        curves = plot_training_curves(self.out / "metrics.jsonl", self.out / "training_curves.png",
+                                      eval_split=t.eval_split, kl_off=self.config.grpo.kl_coef == 0, state=state)
+        record = before_after_record(self.before, after, trainer.step, stop_reason=stop_reason,
+                                     training_seconds=trainer.train_seconds)
+        write_metrics_table(self.out / METRICS_TABLE_FILE, record, vocabulary(resolve_family(self.config.env.task_family).name),
+                            state=state, split=t.eval_split,
+                            after_label="after GRPO" if stop_reason else f"step {evaluated_at}")
+        if trainer.last_eval_trajectories:  # a resumed run has none until it evaluates: its report stays
+            # report.html: the latest evaluation's episodes against `before`, with the run's rollouts.jsonl
+            write_training_report(self.config, self.eval_tasks, trainer.last_eval_trajectories, self.before,
+                                  db_root=self.db_root, step=evaluated_at, run=TrainingRunView(state, curves))
+
+    def write_during_run(self, trainer: Any, *, stop_reason: str = "") -> None:
+        """`write` where a failure to write (a full disk, a file made read-only) must not end the
+        training: one warning, and the next evaluation or probe tries again."""
+        try:
+            self.write(trainer, stop_reason=stop_reason)
+        except OSError as exc:
+            logger.warning("the run's curves, table and report were not rewritten at step %d (%s: %s)",
+                           trainer.step, type(exc).__name__, exc)
+
+
+#: The before/after table of a run, in its output directory (`RunOutputs`).
+METRICS_TABLE_FILE = "metrics_table.md"
+
+
+def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
+               seconds: float, history: list[dict[str, Any]], training_seconds: float, config: Config) -> RunSummary:
+    """Write before_after.json (`before_after_record`), error_anatomy.png and the model card in
+    final/ (the curves, the table and report.html: `RunOutputs`)."""
+    from skyrl_tool_agent.reports.plots import plot_error_anatomy
+
+    record = before_after_record(before, after, steps, stop_reason=stop_reason, training_seconds=training_seconds)
+    (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
+    if before.get("error_anatomy") and after.get("error_anatomy"):
+        plot_error_anatomy([("before GRPO", before["error_anatomy"]), ("after GRPO", after["error_anatomy"])],
+                           out / "error_anatomy.png",
+                           title=f"Why answers are wrong ({config.training.eval_split}, greedy)")
+    if (out / "final").is_dir():
+        write_model_card(out / "final", config, record)
+    from skyrl_tool_agent.env.families import resolve_family
+
+    return RunSummary(before, after, steps, seconds, out, history, stop_reason, record["execution_accuracy_delta"],
+                      family=resolve_family(config.env.task_family).name, sampled_delta=record["avg_at_k_delta"],
+                      anatomy_delta=record["error_anatomy_delta"])
+
