@@ -140,7 +140,7 @@ def build_frontier(config: Config, *, model_dir: Path | None = None, num_tasks: 
     from skyrl_tool_agent.data.batching import fixed_subset
     from skyrl_tool_agent.data.frontier import FRONTIER_FILE
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.policy.qwen import SamplingParams
+    from skyrl_tool_agent.policy.sampling_params import SamplingParams
     from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.frontier import measure_frontier
 
@@ -151,7 +151,7 @@ def build_frontier(config: Config, *, model_dir: Path | None = None, num_tasks: 
     pool = splits.pool_and_validation()[0]
     tasks = pool if num_tasks is None else fixed_subset(pool, num_tasks, seed=config.training.seed)
     g = config.grpo
-    params = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
+    params = SamplingParams.of(g)
     runtime = EnvRuntime(config.env, splits.db_root)
     try:
         frontier = measure_frontier(model_dir, runtime, tasks, samples=samples, params=params,
@@ -591,7 +591,8 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
     the `weights_fingerprint` of the model before training."""
     from skyrl_tool_agent.env.pools import EnvRuntime
     from skyrl_tool_agent.eval.greedy import greedy_evaluation, sampled_evaluation
-    from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+    from skyrl_tool_agent.policy.qwen import QwenPolicy
+    from skyrl_tool_agent.policy.sampling_params import SamplingParams
     from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import oracle_conversations
     from skyrl_tool_agent.warmstart.plateau import continuation_settings
@@ -614,7 +615,7 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
         def evaluate(_step: int = 0) -> dict[str, Any]:  # exactly as GRPOTrainer.evaluate runs it
             record = greedy_evaluation(policy, runtime, eval_tasks, eval_settings).record
             if t.eval_samples:
-                params = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
+                params = SamplingParams.of(g)
                 record["sampled"] = sampled_evaluation(policy, runtime, eval_tasks, t.eval_samples, params, eval_settings,
                                                        seed=t.seed + 7919)
             return record

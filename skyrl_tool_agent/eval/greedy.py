@@ -17,20 +17,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.anatomy import anatomy_counts, classify_episodes
 from skyrl_tool_agent.eval.metrics import evaluation_record, sampled_record
 from skyrl_tool_agent.eval.vocabulary import vocabulary
+from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.rollout.collector import Collect, CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
-if TYPE_CHECKING:  # torch loads only when a policy samples (as in rollout.agents)
-    from skyrl_tool_agent.policy.qwen import SamplingParams
-
-__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "greedy_params", "sampled_evaluation"]
+__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "sampled_evaluation"]
 
 
 @dataclass
@@ -41,13 +39,6 @@ class GreedyRun:
     trajectories: list[Trajectory]
 
 
-def greedy_params(settings: CollectorSettings) -> SamplingParams:
-    """Greedy decoding: argmax at every token (top_p 1 keeps it exact), the settings' turn cap."""
-    from skyrl_tool_agent.policy.qwen import SamplingParams
-
-    return SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=settings.max_new_tokens_per_turn)
-
-
 def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings, *,
                       on_episode_done: Callable[[Trajectory], None] | None = None,
                       collect: Collect | None = None) -> GreedyRun:
@@ -56,7 +47,7 @@ def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], s
     process, `rollout.collector.collect_episodes`); the trainer passes its own `collect`, which a data-parallel
     trainer shards over its ranks. `on_episode_done` is called as each episode finishes."""
     run = collect or functools.partial(collect_episodes, policy, runtime)
-    trajectories = run(tasks, 1, greedy_params(settings), settings, on_episode_done)
+    trajectories = run(tasks, 1, GREEDY, settings, on_episode_done)
     record = evaluation_record(trajectories)
     if runtime is not None and vocabulary(runtime.family.name).sql:  # a rank without servers has none to read
         record.update(anatomy_record(trajectories, tasks, runtime.db_root, record["solved"]))
