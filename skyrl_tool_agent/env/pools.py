@@ -48,7 +48,6 @@ class EnvSettings:
 
     tool_call_format: str
     sql_timeout_s: float
-    call_timeout_s: float
     rubric: Rubric  # the reward's terms (env.reward.terms)
     shaping_penalty: float  # 0 = no per-turn shaping
     keep_distinct: bool = True  # the training reward's DISTINCT semantics (env.reward.keep_distinct)
@@ -149,7 +148,6 @@ class EnvRuntime:
         self.settings = EnvSettings(
             tool_call_format=config.tool_call_format,
             sql_timeout_s=config.sql_timeout_s,
-            call_timeout_s=config.call_timeout_s,
             shaping_penalty=config.shaping_penalty if config.shaping_rewards else 0.0,
             rubric=rubric,
             keep_distinct=config.reward.keep_distinct,

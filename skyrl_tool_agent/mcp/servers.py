@@ -23,7 +23,7 @@ from skyrl_tool_agent.mcp.copies import IsolatedServer, isolated_server, remove_
 from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPClientPool, MCPConfigError, MCPPoolClosed
 from skyrl_tool_agent.mcp.reaper import run_reaper
 from skyrl_tool_agent.mcp.specs import ToolResult, ToolSpec
-from skyrl_tool_agent.mcp.warm import WarmServers, _EpisodeState
+from skyrl_tool_agent.mcp.warm import WarmServers, _EpisodeState, start_on_copy
 
 logger = logging.getLogger(__name__)
 
@@ -181,14 +181,7 @@ class EpisodeTools:
             pool = self._pools.get(server.spec.name)
             if pool is None:
                 self._dir = self._dir or run_reaper().new_dir("episode-")
-                directory = self._dir / server.spec.name
-                try:
-                    spec = await asyncio.to_thread(server.copy_into, directory)
-                    pool = MCPClientPool([spec], call_timeout_s=self.call_timeout_s, sessions_per_server=1)
-                    await pool.start()
-                except BaseException:
-                    shutil.rmtree(directory, ignore_errors=True)
-                    raise
+                pool = await start_on_copy(server, self._dir / server.spec.name, self.call_timeout_s)
                 self._pools[server.spec.name] = pool
             return pool
 

@@ -29,6 +29,19 @@ from skyrl_tool_agent.mcp.specs import ToolResult, ToolSpec
 
 logger = logging.getLogger(__name__)
 
+
+async def start_on_copy(server: IsolatedServer, directory: Path, call_timeout_s: float) -> MCPClientPool:
+    """One process of `server`, started on a fresh copy of its writable paths in `directory`
+    (removed again if it does not start)."""
+    try:
+        spec = await asyncio.to_thread(server.copy_into, directory)
+        pool = MCPClientPool([spec], call_timeout_s=call_timeout_s, sessions_per_server=1)
+        await pool.start()
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return pool
+
 #: Files below this size are digested on the event loop (tens of microseconds), not in a thread.
 _INLINE_BYTES = 1 << 20
 
@@ -86,13 +99,7 @@ class WarmServers:
 
     async def _new_process(self) -> _WarmProcess:
         directory = run_reaper().new_dir(f"warm-{self.name}-")
-        try:
-            spec = await asyncio.to_thread(self.server.copy_into, directory)
-            pool = MCPClientPool([spec], call_timeout_s=self.call_timeout_s, sessions_per_server=1)
-            await pool.start()
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
+        pool = await start_on_copy(self.server, directory, self.call_timeout_s)
         self.counts["started"] += 1
         proc = _WarmProcess(directory, pool, self.server.paths_in(directory))
         proc.digest = await self._digest(proc.paths)
