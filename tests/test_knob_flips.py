@@ -409,7 +409,7 @@ def flip_turn_credit_discount(kit: Kit) -> None:
 
 def flip_sampling(kit: Kit) -> None:
     trainer = kit.trainer(kit.config(grpo__top_p=0.5, grpo__max_new_tokens_per_turn=7))
-    assert (trainer.sampling.top_p, trainer.sampling.max_new_tokens) == (0.5, 7)
+    assert (trainer.sampling.top_p, trainer.collector_settings.max_new_tokens_per_turn) == (0.5, 7)
 
 
 def flip_lockstep(kit: Kit) -> None:
