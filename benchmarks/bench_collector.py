@@ -146,11 +146,11 @@ def profile_run(runs: Runs, concurrency: int, top: int = 20) -> str:
     async def switch(on: bool) -> None:  # runs on the pool's loop thread: profiles that thread
         pool_prof.enable() if on else pool_prof.disable()
 
-    runs.runtime.pool.run(switch(True))
+    runs.runtime.servers.pool.run(switch(True))
     main_prof.enable()
     runs.run("profile", concurrency, False)
     main_prof.disable()
-    runs.runtime.pool.run(switch(False))
+    runs.runtime.servers.pool.run(switch(False))
     out = io.StringIO()
     for title, prof in (("collector thread", main_prof), ("MCP pool loop thread", pool_prof)):
         out.write(f"==== cProfile, {title}, concurrency {concurrency} (by own time)\n")

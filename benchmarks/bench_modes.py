@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, Config  # noqa: E402
 from skyrl_tool_agent.policy.engine import RolloutEngine  # noqa: E402
+from skyrl_tool_agent.policy.sampling_params import SamplingParams  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,7 +60,7 @@ def config(mode: str, device: str = "cpu", model_dir: str | None = None) -> Conf
 
 def sample(engine: RolloutEngine, prompts: list[list[int]], new_tokens: int, seed0: int) -> float:
     start = time.perf_counter()
-    results = engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
+    results = engine.generate(prompts, SamplingParams(), max_new_tokens=new_tokens,
                               seeds=[seed0 + i for i in range(len(prompts))])
     assert all(len(ids) == new_tokens for ids, _, _ in results)
     return time.perf_counter() - start

@@ -44,6 +44,7 @@ from common import RESULTS_DIR, Samples, console, machine_info, print_table, rat
 import torch  # noqa: E402
 
 from skyrl_tool_agent.policy.engine import RolloutEngine  # noqa: E402
+from skyrl_tool_agent.policy.sampling_params import SamplingParams  # noqa: E402
 
 VARIANTS = ("generate", "generate_static", "engine")
 
@@ -132,7 +133,7 @@ def run_variant(name: str, model: torch.nn.Module, prompts: list[list[int]], new
                                        stop_ids=[], pad_id=0)
         engine: RolloutEngine = state[key]
         before = dict(engine.stats)
-        results = engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
+        results = engine.generate(prompts, SamplingParams(), max_new_tokens=new_tokens,
                                   seeds=list(range(rows)))
         assert all(len(ids) == new_tokens for ids, _, _ in results)
         extra = {k: engine.stats[k] - before[k] for k in ("decode_s", "decode_steps", "prefill_s", "capture_s")}

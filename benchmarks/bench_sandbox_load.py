@@ -44,7 +44,8 @@ from common import (  # also puts the repo root on sys.path
     write_json,
 )
 
-from skyrl_tool_agent.mcp.pool import MCPClientPool, ServerSpec
+from skyrl_tool_agent.config import MCPServerConfig
+from skyrl_tool_agent.mcp.pool import MCPClientPool
 
 SLOW_QUERIES = [
     "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r",
@@ -107,7 +108,7 @@ def _vm_mib(pid: int, field: str) -> float:
     return int(text.split(f"{field}:")[1].split()[0]) / 1024
 
 
-async def measure_memory(spec: ServerSpec) -> dict[str, Any]:
+async def measure_memory(spec: MCPServerConfig) -> dict[str, Any]:
     """RSS (MiB) of a fresh server before, at the peak of and after each of `LARGE_QUERIES`; the
     answers, and whether the next cheap call answers."""
     pool = MCPClientPool([spec], sessions_per_server=1, call_timeout_s=MEMORY_TIMEOUT_S + 30, startup_timeout_s=600)
@@ -131,9 +132,9 @@ async def measure_memory(spec: ServerSpec) -> dict[str, Any]:
     return out
 
 
-def _spec(db: Path, timeout_s: float, *extra: str) -> ServerSpec:
+def _spec(db: Path, timeout_s: float, *extra: str) -> MCPServerConfig:
     args = ["-m", "mcp_tools.sqlite_server", "--db", str(db), "--timeout-s", str(timeout_s), *extra]
-    return ServerSpec(name="sqlite", command=sys.executable, args=args, cwd=str(REPO_ROOT))
+    return MCPServerConfig(name="sqlite", command=sys.executable, args=args, cwd=str(REPO_ROOT))
 
 
 #: Server variants: the express lane on (the default) and off (every call waits for a main thread).

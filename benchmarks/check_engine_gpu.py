@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from skyrl_tool_agent.config import ModelConfig  # noqa: E402
 from skyrl_tool_agent.kernels.decode_attention import decode_attention, reference_decode_attention  # noqa: E402
 from skyrl_tool_agent.policy.engine import RolloutEngine  # noqa: E402
+from skyrl_tool_agent.policy.sampling_params import SamplingParams  # noqa: E402
 from skyrl_tool_agent.kernels.logprobs import token_logprobs  # noqa: E402
 from skyrl_tool_agent.policy.qwen import QwenPolicy  # noqa: E402
 
@@ -32,7 +33,7 @@ def prompts(vocab: int, rows: int, group: int = 8) -> list[list[int]]:
 
 
 def run(engine: RolloutEngine, batch: list[list[int]], temperature: float, max_new: int = 48) -> list:
-    return engine.generate(batch, max_new_tokens=max_new, temperature=temperature, top_p=1.0,
+    return engine.generate(batch, SamplingParams(temperature=temperature), max_new_tokens=max_new,
                            seeds=[7 * i + 1 for i in range(len(batch))])
 
 

@@ -28,6 +28,7 @@ from skyrl_tool_agent.memory import model as mm  # noqa: E402
 from skyrl_tool_agent.memory.device import device_memory, format_bytes  # noqa: E402
 from skyrl_tool_agent.memory.shape import ModelShape  # noqa: E402
 from skyrl_tool_agent.memory.sizing import plan_for  # noqa: E402
+from skyrl_tool_agent.policy.sampling_params import SamplingParams  # noqa: E402
 
 
 def peak_of(fn, device: torch.device) -> int:
@@ -102,7 +103,7 @@ def main() -> None:
     step.prefill([(step.root, 0, torch.randint(3, shape.vocab - 1, (root,)).tolist())], sample=False)
     per_row = min(width - root - 8, step.prefill_tokens)
     n = max(1, step.prefill_tokens // per_row)
-    step.set_slots(range(n), [1] * n, [1.0] * n, [1.0] * n, [root] * n)
+    step.set_slots(range(n), [1] * n, [SamplingParams()] * n, [root] * n)
     work = [(i, root, torch.randint(3, shape.vocab - 1, (per_row,)).tolist()) for i in range(n)]
     report("prefill working set", mm.prefill_working_bytes(setup, chunk_tokens=n * per_row, capacity=root + per_row),
            peak_of(lambda: step.prefill(work, sample=True), device))

@@ -103,9 +103,9 @@ def _sampling_prompts(tokenizer) -> list[list[int]]:
 
 def _sample(policy) -> dict:
     """The policy's engine: 4 episodes of 12 tokens at temperature 1, seeded 11..14."""
-    from skyrl_tool_agent.policy.qwen import SamplingParams
+    from skyrl_tool_agent.policy.sampling_params import SamplingParams
 
-    gens = policy.generate(_sampling_prompts(policy.tokenizer), SamplingParams(temperature=1.0, max_new_tokens=12),
+    gens = policy.generate(_sampling_prompts(policy.tokenizer), SamplingParams(), max_new_tokens=12,
                            seeds=[11, 12, 13, 14])
     return {"ids": [g.token_ids for g in gens], "logprobs": [g.logprobs for g in gens]}
 

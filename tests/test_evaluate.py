@@ -34,6 +34,7 @@ from skyrl_tool_agent.eval.evaluate import EvalOptions, run_evaluation
 from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
 from skyrl_tool_agent.eval.metrics import pass_at_k, pass_at_k_levels
 from skyrl_tool_agent.eval.policies import load_eval_policy
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.rollout.agents import Agent, AgentTurn
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from tests.conftest import BUILTIN_DATA, REPO_ROOT
@@ -197,7 +198,7 @@ def test_pass_at_k_through_a_sampled_run(runtime):
     # Samples 0 and 2 of each question answer right, 1 and 3 wrong: c=2 of n=4.
     agent = ScriptedAgent({}, good=lambda g: g % 2 == 0)
     run = run_evaluation(SHOP_TASKS, runtime, agent, CollectorSettings(max_turns=2),
-                         EvalOptions(num_samples=4, temperature=1.0))
+                         EvalOptions(num_samples=4, sampling=SamplingParams(temperature=1.0)))
     r = run.results
     assert (r["n"], r["episodes"]) == (3, 12)
     assert r["execution_accuracy"] == pytest.approx(0.5)
@@ -205,7 +206,7 @@ def test_pass_at_k_through_a_sampled_run(runtime):
     assert all(rec["num_samples"] == 4 and rec["num_correct"] == 2 for rec in run.records)
     assert [s["group_index"] for s in run.records[0]["samples"]] == [0, 1, 2, 3]
     with pytest.raises(UserInputError):
-        EvalOptions(num_samples=4, temperature=0.0)
+        EvalOptions(num_samples=4, sampling=SamplingParams(temperature=0.0))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from skyrl_tool_agent.config import Config, EnvConfig
-from skyrl_tool_agent.env.pools import EnvRuntime, server_specs
+from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.mcp.pool import BackgroundMCPPool
 from skyrl_tool_agent.eval.metrics import summarize
 from skyrl_tool_agent.rewards import DatabaseUnavailableError, GoldQueryError, GoldResultCache, score_answer
@@ -34,7 +34,7 @@ def started_runtime(db_root: Path) -> Iterator[EnvRuntime]:
     """A runtime over `db_root` whose servers may take minutes to start: this suite also runs on
     loaded 2-core machines, where a niced server process needs tens of seconds to come up."""
     config = EnvConfig(call_timeout_s=60)
-    with BackgroundMCPPool(server_specs(config, db_root), call_timeout_s=60, startup_timeout_s=300) as pool:
+    with BackgroundMCPPool(config.resolved_servers(db_root), call_timeout_s=60, startup_timeout_s=300) as pool:
         runtime = EnvRuntime(config, db_root, pool=pool)
         try:
             yield runtime

@@ -18,11 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from skyrl_tool_agent.config import load_config
-from skyrl_tool_agent.env.isolation import point_at
+from skyrl_tool_agent.config import MCPServerConfig, load_config
 from skyrl_tool_agent.env.pools import EnvDataError, EnvRuntime
+from skyrl_tool_agent.mcp.copies import point_at
 from skyrl_tool_agent.mcp.reaper import OWNER_FILE, sweep_dead_runs
-from skyrl_tool_agent.mcp.specs import ServerSpec
 from tests.fixtures.config_files import REPO
 from tests.fixtures.third_party import mcp_server_sqlite
 from tests.fixtures.tiny_db import make_shop_db
@@ -94,7 +93,7 @@ def test_interleaved_episodes_never_see_each_others_writes_on_shared_processes(t
         # call before c's arrived, and no second process was ever needed (a CI failure, 2026-11-28).
         (b_text, _), (c_text, _) = b.shared.run(together(), timeout_s=120)
         assert "'n': 4" in b_text and "'n': 2" in c_text
-        warm = runtime.warm["shop"]
+        warm = runtime.servers.warm["shop"]
         deadline = time.monotonic() + 120  # the second process starts aside (the calls need not wait for it)
         while warm.processes() < pool_size and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -115,13 +114,13 @@ def test_a_writable_path_written_differently_on_the_command_line_is_still_the_co
     original = (tmp_path / "dbs" / "shop.sqlite")
     copy = Path("/copies/0/shop.sqlite")
     for written in ("./dbs/shop.sqlite", "dbs/../dbs/shop.sqlite", str(original), "dbs//shop.sqlite"):
-        spec = ServerSpec(name="s", command="x", args=["--db-path", written, f"--db={written}"])
+        spec = MCPServerConfig(name="s", command="x", args=["--db-path", written, f"--db={written}"])
         pointed = point_at(spec, [("dbs/shop.sqlite", original, copy)], base)
         assert pointed.args == ["--db-path", str(copy), f"--db={copy}"], (written, pointed.args)
-    directory = point_at(ServerSpec(name="s", command="x", args=["./data/sub/file.txt"]),
+    directory = point_at(MCPServerConfig(name="s", command="x", args=["./data/sub/file.txt"]),
                          [("data", tmp_path / "data", Path("/c/data"))], base)
     assert directory.args == ["/c/data/sub/file.txt"]
-    unrelated = ServerSpec(name="s", command="x", args=["--db-path", "./dbs/other.sqlite", "--verbose"])
+    unrelated = MCPServerConfig(name="s", command="x", args=["--db-path", "./dbs/other.sqlite", "--verbose"])
     assert point_at(unrelated, [("dbs/shop.sqlite", original, copy)], base) == unrelated
 
 
@@ -145,7 +144,7 @@ def test_dot_slash_on_the_command_line_runs_on_the_copy(tmp_path, server_exe):
 TRAINER = textwrap.dedent("""
     import json, sys, threading, time
     import psutil
-    from skyrl_tool_agent.config import load_config
+    from skyrl_tool_agent.config import MCPServerConfig, load_config
     from skyrl_tool_agent.env.pools import EnvRuntime
     exe, db_root, database, misbehaving = sys.argv[1:5]
     server = {"name": "shop", "command": exe, "args": ["--db-path", database], "writable_paths": [database]}

@@ -409,7 +409,7 @@ def flip_turn_credit_discount(kit: Kit) -> None:
 
 def flip_sampling(kit: Kit) -> None:
     trainer = kit.trainer(kit.config(grpo__top_p=0.5, grpo__max_new_tokens_per_turn=7))
-    assert (trainer.sampling.top_p, trainer.sampling.max_new_tokens) == (0.5, 7)
+    assert (trainer.sampling.top_p, trainer.collector_settings.max_new_tokens_per_turn) == (0.5, 7)
 
 
 def flip_lockstep(kit: Kit) -> None:
@@ -421,6 +421,7 @@ def flip_lockstep(kit: Kit) -> None:
 
     from skyrl_tool_agent.config import EnvConfig
     from skyrl_tool_agent.env.pools import EnvRuntime
+    from skyrl_tool_agent.policy.sampling_params import SamplingParams
     from skyrl_tool_agent.rollout.agents import make_agent
     from skyrl_tool_agent.rollout.collector import TrajectoryCollector
     from tests.fixtures.config_files import REPO
@@ -433,7 +434,7 @@ def flip_lockstep(kit: Kit) -> None:
         for lockstep in (True, False):
             deterministic = CollectorSettings.from_config(kit.config(env__collector__lockstep=lockstep)).deterministic
             assert deterministic is lockstep
-            collector = TrajectoryCollector(runtime, make_agent(policy, temperature=1.0), tokenizer=policy.tokenizer,
+            collector = TrajectoryCollector(runtime, make_agent(policy, SamplingParams()), tokenizer=policy.tokenizer,
                                             settings=dataclasses.replace(settings, deterministic=deterministic))
             asyncio.run(collector.collect(tasks, group_size=2))
             batches[lockstep] = collector.last_stats["mean_generation_batch"]

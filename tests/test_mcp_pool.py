@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from skyrl_tool_agent.config import MCPServerConfig
 from skyrl_tool_agent.mcp.pool import (
     BackgroundMCPPool,
     MCPClientPool,
@@ -22,7 +23,6 @@ from skyrl_tool_agent.mcp.pool import (
     MCPPoolError,
     MCPServerUnavailable,
     MCPToolNotFound,
-    ServerSpec,
     ToolResult,
 )
 
@@ -47,9 +47,9 @@ def dbs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return make_db(root / "a.sqlite", 5), make_db(root / "b.sqlite", 7)
 
 
-def spec(db: Path, name: str = "sqlite", **kwargs) -> ServerSpec:
+def spec(db: Path, name: str = "sqlite", **kwargs) -> MCPServerConfig:
     args = ["-m", "mcp_tools.sqlite_server", "--db", str(db), "--timeout-s", "2"]
-    return ServerSpec(name=name, command=sys.executable, args=args, cwd=str(REPO_ROOT), **kwargs)
+    return MCPServerConfig(name=name, command=sys.executable, args=args, cwd=str(REPO_ROOT), **kwargs)
 
 
 def children() -> set[int]:
@@ -187,10 +187,10 @@ async def test_hung_server_times_out_and_is_replaced(dbs: tuple[Path, Path]) -> 
 @pytest.mark.anyio
 async def test_server_that_fails_to_start_is_a_config_error() -> None:
     before = children()
-    crashing = ServerSpec(name="crash", command=sys.executable, args=["-c", "import sys; sys.exit(3)"])
+    crashing = MCPServerConfig(name="crash", command=sys.executable, args=["-c", "import sys; sys.exit(3)"])
     with pytest.raises(MCPConfigError, match="crash"):
         await MCPClientPool([crashing], startup_timeout_s=5).start()
-    silent = ServerSpec(name="silent", command=sys.executable, args=["-c", "import time; time.sleep(60)"])
+    silent = MCPServerConfig(name="silent", command=sys.executable, args=["-c", "import time; time.sleep(60)"])
     start = time.monotonic()
     with pytest.raises(MCPConfigError, match="silent"):
         await MCPClientPool([silent], startup_timeout_s=0.5).start()

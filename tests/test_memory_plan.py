@@ -29,6 +29,7 @@ from skyrl_tool_agent.memory.plan import PlanError, plan_run, plan_slots
 from skyrl_tool_agent.memory.shape import QWEN25, ModelShape, qwen25
 from skyrl_tool_agent.policy import engine as engine_module
 from skyrl_tool_agent.policy.engine import RolloutEngine
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.slot_model import default_prefill_tokens
 from tests.fixtures.peak_bytes import PeakBytes
 from tests.fixtures.samplers import STOP, lora_qwen
@@ -76,10 +77,10 @@ def _two_turn_episodes(engine: RolloutEngine, prompts: list[list[int]]) -> list:
     observation), driven from its own thread as the collector drives them; released at its end."""
 
     def episode(key: int) -> tuple:
-        params = dict(temperature=1.0, top_p=1.0, key=key, seed=500 + key)
-        first = engine.submit(prompts[key], max_new_tokens=10, **params).result(timeout=30)
+        params = dict(key=key, seed=500 + key)
+        first = engine.submit(prompts[key], SamplingParams(), max_new_tokens=10, **params).result(timeout=30)
         observation = [3 + (key * 7 + i) % 90 for i in range(4 + key % 3)]
-        second = engine.submit(prompts[key] + first[0] + observation, max_new_tokens=8, **params).result(timeout=30)
+        second = engine.submit(prompts[key] + first[0] + observation, SamplingParams(), max_new_tokens=8, **params).result(timeout=30)
         engine.release(key)
         return first, second
 
@@ -94,7 +95,7 @@ def test_a_budget_below_the_demand_makes_episodes_wait_with_the_same_tokens(monk
     try:
         assert ample.slots == len(prompts)
         alone = _two_turn_episodes(ample, prompts)
-        one_turn = ample.generate(prompts, max_new_tokens=6, temperature=1.0, top_p=1.0, seeds=range(len(prompts)))
+        one_turn = ample.generate(prompts, SamplingParams(), max_new_tokens=6, seeds=range(len(prompts)))
         assert ample.stats["waited"] == 0
         setup = mm.Setup(ample.weights.shape, dtype_bytes=ample.weights.dtype.itemsize)
         working = int(mm.engine_working_bytes(setup, rows=len(prompts), capacity=ample.capacity,
@@ -113,7 +114,7 @@ def test_a_budget_below_the_demand_makes_episodes_wait_with_the_same_tokens(monk
         waited = _two_turn_episodes(tight, prompts)
         assert tight.stats["waited"] >= len(prompts) - 2 and tight.stats["wait_s"] > 0
         # `generate` (one turn per prompt, blocking) frees each slot as its turn ends, so the rest get one.
-        assert [ids for ids, _, _ in tight.generate(prompts, max_new_tokens=6, temperature=1.0, top_p=1.0,
+        assert [ids for ids, _, _ in tight.generate(prompts, SamplingParams(), max_new_tokens=6,
                                                     seeds=range(len(prompts)))] == [ids for ids, _, _ in one_turn]
     finally:
         tight.close()
@@ -280,7 +281,7 @@ def test_the_plan_is_within_a_fifth_of_the_bytes_measured(small_model_dir, mode)
             assert abs(engine.weights.nbytes() - snapshot) <= 0.2 * max(snapshot, 2**20), (mode, through, engine.weights.nbytes(), snapshot)
             root = 600
             step.prefill([(step.root, 0, torch.randint(3, 2000, (root,)).tolist())], sample=False)
-            step.set_slots(range(4), [1] * 4, [1.0] * 4, [1.0] * 4, [root] * 4)
+            step.set_slots(range(4), [1] * 4, [SamplingParams()] * 4, [root] * 4)
             work = [(i, root, torch.randint(3, 2000, (1000,)).tolist()) for i in range(4)]
             _within(_peak(lambda: step.prefill(work, sample=True)),
                     mm.prefill_working_bytes(setup, chunk_tokens=4000, capacity=root + 1000), f"{mode} prefill")

@@ -40,6 +40,7 @@ from skyrl_tool_agent.eval.evaluate import (
     run_evaluation,
 )
 from skyrl_tool_agent.eval.policies import load_eval_policy
+from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.eval.splits import load_eval_tasks
 from skyrl_tool_agent.policy.loading import resolve_model_path
 from skyrl_tool_agent.rollout.agents import OracleAgent, TurnRequest, make_agent
@@ -319,7 +320,7 @@ def test_retries_back_off_exponentially_then_succeed():
     script = [(429, {"error": {"message": "slow down"}}, 0.0), (503, "busy", 0.0), (200, _completion("", [call]), 0.0)]
     with ScriptedServer(script) as http:
         agent = make_agent(Endpoint(http.url, "m", api_key="k-123", backoff_s=0.2, max_retries=3),
-                           temperature=0.7, top_p=0.9, seed=3)
+                           SamplingParams(temperature=0.7, top_p=0.9), seed=3)
         [turn] = _act(agent)
     assert isinstance(agent, OpenAIChatAgent)
     assert turn.text == '<tool_call>\n{"name": "execute_sql", "arguments": {"sql": "SELECT 1"}}\n</tool_call>'
@@ -341,7 +342,7 @@ def test_turn_failures_and_fatal_errors():
     ]
     for status, body, error, attempts in turn_failures:
         with ScriptedServer([(status, body, 0.0)]) as http:
-            agent = make_agent(Endpoint(http.url, "m", max_retries=2, backoff_s=0.01), temperature=0.0)
+            agent = make_agent(Endpoint(http.url, "m", max_retries=2, backoff_s=0.01), GREEDY)
             [turn] = _act(agent)
             assert "seed" not in http.hits[0][2]  # greedy: nothing to seed
         assert (turn.text, turn.finish_reason, turn.meta) == ("", "error", {"endpoint_error": error, "attempts": attempts})

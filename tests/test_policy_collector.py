@@ -12,7 +12,7 @@ from skyrl_tool_agent.config import EnvConfig
 from skyrl_tool_agent.env.chat_format import render_conversation, render_observation
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.grpo.batch import collate
-from skyrl_tool_agent.policy.qwen import SamplingParams
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.rollout.agents import PolicyAgent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
@@ -67,7 +67,7 @@ def test_reload_through_auto_classes_gives_identical_ids_and_logits(model_dir):
 def test_collector_group_trajectories_masks_and_logprobs(runtime, model_dir):
     policy = tiny_policy(model_dir, mode="lora")
     settings = CollectorSettings(max_turns=4, max_new_tokens_per_turn=48, max_total_tokens=1500, concurrency=8)
-    agent = PolicyAgent(policy, SamplingParams(temperature=1.0, max_new_tokens=48))
+    agent = PolicyAgent(policy, SamplingParams())
     collector = TrajectoryCollector(runtime, agent, tokenizer=policy.tokenizer, settings=settings)
     torch.manual_seed(0)
     trajectories = asyncio.run(collector.collect(SHOP_TASKS[:2], group_size=4))

@@ -25,7 +25,8 @@ from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
-from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.weights import unsupported_reason
 from skyrl_tool_agent.rollout.agents import make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
@@ -43,7 +44,7 @@ def test_an_episode_holds_its_slot_until_it_ends_and_the_engine_stays_for_the_ne
     released when it ends; the engine (cache, graphs) is built once and reused."""
     tasks = _check_tasks(4)
     policy = QwenPolicy.from_config(ModelConfig(), mode="lora")
-    agent = make_agent(policy, temperature=1.0, max_new_tokens=64)
+    agent = make_agent(policy, SamplingParams())
     runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
     held_while_running: list[int] = []
     try:
@@ -90,7 +91,7 @@ def test_two_sampled_evaluations_share_their_draws_whatever_the_batching():
 
     tasks = _check_tasks(5)
     policy = QwenPolicy.from_config(ModelConfig(), mode="lora")
-    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=64)
+    params = SamplingParams(temperature=1.0, top_p=1.0)
     runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
     runs = []
     try:
@@ -126,7 +127,7 @@ def test_a_model_the_engine_cannot_run_samples_through_generate_and_says_why(cap
     assert "cannot run this model" in caplog.text and "model.generate" in caplog.text
     assert policy.rollout_engine(slots=2, capacity=64) is None
     prompt = [5, 6, 7, 8, 9]
-    out = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=6))[0]
+    out = policy.generate([prompt], SamplingParams(temperature=0.0), max_new_tokens=6)[0]
     ref = llama.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0,
                          eos_token_id=policy.stop_token_ids)[0, len(prompt):].tolist()
     assert out.token_ids == ref[:len(out.token_ids)] and len(out.logprobs) == len(out.token_ids)

@@ -72,11 +72,11 @@ def _batch(policy):
 
 def _sample(policy) -> None:
     """The rollout engine: prompts sharing a prefix (its root) and not."""
-    from skyrl_tool_agent.policy.qwen import SamplingParams
+    from skyrl_tool_agent.policy.sampling_params import SamplingParams
 
     prefix = list(range(5, 25))
-    out = policy.generate([prefix + [30, 31], prefix + [40]], SamplingParams(temperature=1.0, max_new_tokens=6))
-    out += policy.generate([[7, 8, 9], [10, 11]], SamplingParams(temperature=1.0, max_new_tokens=6))
+    out = policy.generate([prefix + [30, 31], prefix + [40]], SamplingParams(), max_new_tokens=6)
+    out += policy.generate([[7, 8, 9], [10, 11]], SamplingParams(), max_new_tokens=6)
     assert len(out) == 4 and all(g.token_ids for g in out)
 
 
@@ -188,7 +188,8 @@ def test_qlora_samples_through_the_engine_what_the_4bit_model_says(model_dir, th
     import logging
 
     from skyrl_tool_agent.config import Config
-    from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+    from skyrl_tool_agent.policy.qwen import QwenPolicy
+    from skyrl_tool_agent.policy.sampling_params import SamplingParams
 
     raw = _config(model_dir).model_dump()
     raw["model"]["quantization"]["compute_dtype"] = "float32"
@@ -210,8 +211,8 @@ def test_qlora_samples_through_the_engine_what_the_4bit_model_says(model_dir, th
     prefix = list(range(5, 25))
     prompts = [prefix + [30, 31], prefix + [40], prefix + [30, 31], [7, 8, 9]]
     for round_ in range(2):
-        greedy = policy.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
-        sampled = policy.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8), seeds=[1, 2, 3, 4])
+        greedy = policy.generate(prompts, SamplingParams(temperature=0.0), max_new_tokens=8)
+        sampled = policy.generate(prompts, SamplingParams(), max_new_tokens=8, seeds=[1, 2, 3, 4])
         for prompt, gen, draw in zip(prompts, greedy, sampled):
             for ids, logprobs, is_greedy in ((gen.token_ids, gen.logprobs, True), (draw.token_ids, draw.logprobs, False)):
                 full = torch.tensor([prompt + ids])

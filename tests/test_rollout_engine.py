@@ -31,6 +31,7 @@ from skyrl_tool_agent.kernels.cpu_threads import release_thread_pool
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.policy.engine import IDLE_RELEASE_S, RolloutEngine
 from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
 from skyrl_tool_agent.policy.weights import SamplingWeights
 from tests.fixtures.config_files import REPO
@@ -56,8 +57,11 @@ def _argmax_chain(model: torch.nn.Module, prompt: list[int], steps: int) -> list
     return out
 
 
-def _turns(engine: RolloutEngine, prompts: list[list[int]], keys: list[int], seeds: list[int], **params) -> list:
-    futures = [engine.submit(p, key=k, seed=s, **params) for p, k, s in zip(prompts, keys, seeds)]
+def _turns(engine: RolloutEngine, prompts: list[list[int]], keys: list[int], seeds: list[int], *, max_new_tokens: int,
+           temperature: float, top_p: float) -> list:
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    futures = [engine.submit(p, params, max_new_tokens=max_new_tokens, key=k, seed=s)
+               for p, k, s in zip(prompts, keys, seeds)]
     return [f.result(timeout=120) for f in futures]
 
 
@@ -121,9 +125,11 @@ def test_an_episode_samples_the_same_tokens_alone_and_continuously_batched():
     engine = RolloutEngine(model, slots=16, capacity=160, stop_ids=[STOP], pad_id=0, stop_check_interval=3)
     try:
         half = len(prompts) // 2
-        futures = [engine.submit(p, key=i, seed=seeds[i], **params) for i, p in enumerate(prompts[:half])]
+        futures = [engine.submit(p, SamplingParams(), key=i, seed=seeds[i], max_new_tokens=24)
+                   for i, p in enumerate(prompts[:half])]
         time.sleep(0.05)
-        futures += [engine.submit(p, key=half + i, seed=seeds[half + i], **params) for i, p in enumerate(prompts[half:])]
+        futures += [engine.submit(p, SamplingParams(), key=half + i, seed=seeds[half + i], max_new_tokens=24)
+                    for i, p in enumerate(prompts[half:])]
         together = [f.result(timeout=120) for f in futures]
         # Rows that ended early left holes the others were moved into (packed for the CPU attention).
         assert engine.stats["chunks"] > 1 and engine.stats["slot_moves"] > 0
@@ -140,14 +146,14 @@ def test_more_episodes_than_slots_wait_for_a_released_slot():
     engine = RolloutEngine(model, slots=2, capacity=120, stop_ids=[STOP], pad_id=0)
     try:
         prompts = _prompts(n_tasks=2, per_task=2)
-        futures = [engine.submit(p, key=i, seed=i, max_new_tokens=6, temperature=1.0, top_p=1.0)
+        futures = [engine.submit(p, SamplingParams(), key=i, seed=i, max_new_tokens=6)
                    for i, p in enumerate(prompts)]
         done = [f.result(timeout=60) for f in futures[:2]]
         assert not futures[2].done() and not futures[3].done()  # no slot yet
         engine.release(0)
         engine.release(1)
         assert all(len(f.result(timeout=60)[0]) >= 1 for f in futures[2:]) and len(done) == 2
-        too_long = engine.submit([5] * 100, key=9, seed=0, max_new_tokens=50, temperature=1.0, top_p=1.0)
+        too_long = engine.submit([5] * 100, SamplingParams(), key=9, seed=0, max_new_tokens=50)
         with pytest.raises(ValueError, match="capacity"):
             too_long.result(timeout=5)
     finally:
@@ -325,7 +331,7 @@ def test_threads_that_wait_for_the_engine_free_their_openmp_threads():
         assert threads() == alone + 1
         g = torch.Generator().manual_seed(0)
         long = [torch.randint(3, 97, (400,), generator=g).tolist() for _ in range(2)]  # a prefill of parallel ops
-        engine.generate(long, max_new_tokens=4, temperature=1.0, top_p=1.0, seeds=[1, 2])
+        engine.generate(long, SamplingParams(), max_new_tokens=4, seeds=[1, 2])
         deadline = time.monotonic() + 10
         while threads() != alone + 1 and time.monotonic() < deadline:
             time.sleep(0.02)

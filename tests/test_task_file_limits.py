@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from mcp_tools.result_caps import MAX_ERROR_CHARS, MAX_RESPONSE_BYTES
+from skyrl_tool_agent.config import MCPServerConfig
 from skyrl_tool_agent.examples.one_file import task_file_overrides
-from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, ServerSpec
+from skyrl_tool_agent.mcp.pool import BackgroundMCPPool
 from tests.fixtures.config_files import REPO
 
 #: The pool's deadline for one call; the server's own limit is 0.8 x this.
@@ -81,7 +82,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundMCPPool
     path = tmp_path_factory.mktemp("task_file") / "limits_task.py"
     path.write_text(TASK_FILE)
     servers = next(json.loads(o.partition("=")[2]) for o in task_file_overrides(path) if o.startswith("env.mcp_servers="))
-    specs = [ServerSpec(**server, cwd=str(REPO)) for server in servers]
+    specs = [MCPServerConfig(**server, cwd=str(REPO)) for server in servers]
     with BackgroundMCPPool(specs, call_timeout_s=CALL_TIMEOUT_S) as started:
         yield started
 

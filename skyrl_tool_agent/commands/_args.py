@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from skyrl_tool_agent.config.overrides import Override
+
+if TYPE_CHECKING:
+    from skyrl_tool_agent.config import MCPServerConfig
 
 
 def new_parser(doc: str | None, prog: str | None = None, **kwargs: Any) -> argparse.ArgumentParser:
@@ -42,12 +47,15 @@ def add_mcp_server(parser: argparse.ArgumentParser | Any) -> None:
                              "episode runs its own process of it on its own copy (env.mcp_servers[].writable_paths)")
 
 
-def _mcp_server_entries(specs: list[str], writable: list[str]) -> list[dict[str, Any]]:
-    """`--mcp-server` / `--mcp-writable` values as env.mcp_servers entries (one error line each)."""
+def mcp_servers_of(specs: list[str], writable: list[str]) -> list[MCPServerConfig]:
+    """`--mcp-server` / `--mcp-writable` values as env.mcp_servers, typed from the flag to the
+    process (one error line each)."""
     import re
     import shlex
 
-    from skyrl_tool_agent.config import UserInputError
+    from pydantic import ValidationError
+
+    from skyrl_tool_agent.config import MCPServerConfig, UserInputError
 
     servers: dict[str, dict[str, Any]] = {}
     for spec in specs:
@@ -70,15 +78,16 @@ def _mcp_server_entries(specs: list[str], writable: list[str]) -> list[dict[str,
             raise UserInputError(f"--mcp-writable {item!r}: no --mcp-server named {name!r} (named: "
                                  f"{', '.join(servers) or 'none'})")
         servers[name].setdefault("writable_paths", []).append(path)
-    return list(servers.values())
+    try:
+        return [MCPServerConfig(**server) for server in servers.values()]
+    except ValidationError as exc:  # the validators quote the value they reject
+        raise UserInputError(f"--mcp-server: {exc.errors()[0]['msg']}") from None
 
 
 def task_file_args(args: argparse.Namespace) -> None:
     """Put `--task-file`'s overrides, then `--mcp-server`'s, before the command's own `--set`s
     (`args.overrides`), which win."""
-    import json
-
-    first: list[str] = []
+    first: list[str | Override] = []
     if getattr(args, "task_file", None):
         from skyrl_tool_agent.examples.one_file import task_file_overrides
 
@@ -88,6 +97,6 @@ def task_file_args(args: argparse.Namespace) -> None:
 
         raise UserInputError("--mcp-writable names a server of --mcp-server; give --mcp-server 'NAME=COMMAND ARGS'")
     if getattr(args, "mcp_server", None):
-        entries = _mcp_server_entries(args.mcp_server, args.mcp_writable)
-        first.append(f"env.mcp_servers={json.dumps(entries)}")
+        servers = mcp_servers_of(args.mcp_server, args.mcp_writable)
+        first.append(Override(" ".join(args.mcp_server), "env", ("mcp_servers",), servers, flag="--mcp-server"))
     args.overrides = [*first, *args.overrides]

@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         rollouts = load_rollouts(args.rollouts) if args.rollouts else None
         if args.policy in (ORACLE, OPENAI) and args.model_path:
             raise UserInputError("--model-path is for --policy model")
+        from skyrl_tool_agent.policy.sampling_params import SamplingParams
+
         temperature = args.temperature if args.temperature is not None else (
             config.grpo.temperature if args.num_samples > 1 else 0.0)
         family = resolve_family(config.env.task_family)
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                                     skip_bad_records=args.skip_bad_records)
         w = config.training.wandb
         options = EvalOptions(
-            num_samples=args.num_samples, temperature=temperature, top_p=args.top_p,
+            num_samples=args.num_samples, sampling=SamplingParams(temperature=temperature, top_p=args.top_p),
             name=args.name or f"{config.training.data.dataset if family.uses_databases else family.name}-{args.split}", weave_project=w.weave_project(),
             weave_mode=weave_mode(w.mode), seed=args.seed,
             model_path={"model": args.model_path or config.model.name_or_path, OPENAI: args.model}.get(args.policy),

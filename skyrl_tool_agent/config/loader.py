@@ -255,10 +255,10 @@ def profile_defaults(name: str, profile: str) -> dict[str, Any]:
     return yaml.safe_load(section_yaml(name, schema(), profile))
 
 
-def _parse_overrides(overrides: Sequence[str]) -> tuple[Override, ...]:
+def _parse_overrides(overrides: Sequence[str | Override]) -> tuple[Override, ...]:
     if isinstance(overrides, str):  # a lone string would be iterated character by character
         overrides = [overrides]
-    return tuple(parse_override(text, tuple(SECTIONS)) for text in overrides)
+    return tuple(o if isinstance(o, Override) else parse_override(o, tuple(SECTIONS)) for o in overrides)
 
 
 def _validate(name: str, data: dict[str, Any], shown: str, overrides: Sequence[Override]) -> Section:
@@ -322,7 +322,7 @@ def _read_single_file(path: str | Path) -> dict[str, dict[str, Any]]:
 
 def load_config(
     config_dir: str | Path | None = None,
-    overrides: Sequence[str] = (),
+    overrides: Sequence[str | Override] = (),
     *,
     config_file: str | Path | None = None,
     model_config: str | Path | None = None,

@@ -24,16 +24,18 @@ _NO_GOT = {"missing", "extra_forbidden", "value_error", "assertion_error"}
 
 @dataclass(frozen=True)
 class Override:
-    """One parsed `--set` argument: `section.path...=value` (value parsed as YAML)."""
+    """One parsed `--set` argument: `section.path...=value` (value parsed as YAML), or a flag's typed
+    value (`flag`: how errors name it, e.g. `--mcp-server`; its value a model, never text)."""
 
     text: str
     section: str
     path: tuple[str, ...]
     value: Any
+    flag: str = "--set"
 
     @property
     def label(self) -> str:
-        return f"--set {self.text}"
+        return f"{self.flag} {self.text}"
 
 
 def parse_override(text: str, sections: Sequence[str]) -> Override:
@@ -85,6 +87,8 @@ def apply_override(data: dict[str, Any], override: Override) -> Loc:
         else:
             if isinstance(node, dict) and (key not in node or node[key] is None):
                 node[key] = {}
+            if isinstance(node[key], BaseModel):  # a flag's typed value that a later --set edits
+                node[key] = node[key].model_dump()
             node = node[key]
     return tuple(loc)
 

@@ -34,7 +34,8 @@ from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.grpo.batch import TrainBatch, on_device
 from skyrl_tool_agent.grpo.interrupts import StopOnSignals
 from skyrl_tool_agent.grpo.trainer import GRPOTrainer
-from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 

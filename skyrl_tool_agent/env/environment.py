@@ -145,7 +145,7 @@ class MCPToolEnvironment(BaseTextEnv):
         self.tool_calls = 0
         self.tool_errors = 0
         self.reward: RewardBreakdown | None = None
-        #: This episode's tool calls (its own process of each server that writes: `env.isolation`).
+        #: This episode's tool calls (whatever a server writes is isolated per episode: `mcp.servers`).
         self.episode_tools = runtime.episode_tools()
 
     # ----------------------------------------------------------------- prompt

@@ -21,21 +21,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from skyrl_tool_agent.config.base import expand_path
-from skyrl_tool_agent.config.env import SKYRL_SQL_DATA_DIRS, EnvConfig, MCPServerConfig, SkyRLEnvConfig
+from skyrl_tool_agent.config.env import SKYRL_SQL_DATA_DIRS, EnvConfig, SkyRLEnvConfig
 from skyrl_tool_agent.config.errors import UserInputError
 from skyrl_tool_agent.config.overrides import validation_message
 from skyrl_tool_agent.env.families import TaskFamily, family_system_prompt, resolve_family
-from skyrl_tool_agent.env.isolation import (
-    EpisodeTools,
-    IsolatedServer,
-    OriginalData,
-    WarmServers,
-    isolated_server,
-    remove_dir,
-    scratch_dir,
-)
-from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPConfigError, ServerSpec, ToolSpec
+from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPConfigError, ToolSpec
+from skyrl_tool_agent.mcp.servers import EpisodeTools, ServerSet
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
+from skyrl_tool_agent.rewards.originals import OriginalData
 from skyrl_tool_agent.rewards.rubric import Rubric
 
 logger = logging.getLogger(__name__)
@@ -55,19 +48,9 @@ class EnvSettings:
 
     tool_call_format: str
     sql_timeout_s: float
-    call_timeout_s: float
     rubric: Rubric  # the reward's terms (env.reward.terms)
     shaping_penalty: float  # 0 = no per-turn shaping
     keep_distinct: bool = True  # the training reward's DISTINCT semantics (env.reward.keep_distinct)
-
-
-def server_specs(config: EnvConfig, db_root: Path) -> list[ServerSpec]:
-    """The configured servers as pool specs, `${db_root}` filled in (see `EnvConfig`)."""
-    return [_spec(server) for server in config.resolved_servers(db_root)]
-
-
-def _spec(server: MCPServerConfig) -> ServerSpec:
-    return ServerSpec(**server.model_dump(exclude={"writable_paths", "stateful"}))
 
 
 class EnvDataError(UserInputError, ValueError):
@@ -124,16 +107,6 @@ def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bin
     return out
 
 
-def _check_unique_tools(tools: Sequence[ToolSpec]) -> None:
-    """Two servers listing one tool name: the pool's `MCPConfigError` (across pools too)."""
-    seen: dict[str, str] = {}
-    for tool in tools:
-        other = seen.setdefault(tool.name, tool.server)
-        if other != tool.server:
-            raise MCPConfigError(f"tool {tool.name!r} is listed by servers {other!r} and {tool.server!r}; "
-                                 "set tool_prefix on one of them")
-
-
 def _duplicate_tool_message(exc: MCPConfigError, config: EnvConfig) -> str:
     """The pool's start failure as one line naming the config key and the fix."""
     text = str(exc)
@@ -145,14 +118,15 @@ def _duplicate_tool_message(exc: MCPConfigError, config: EnvConfig) -> str:
 
 
 class EnvRuntime:
-    """A started MCP pool plus everything episodes of one configuration share.
+    """The run's MCP servers (`mcp.servers.ServerSet`) plus everything episodes of one configuration share.
 
     Everything a configuration can get wrong against the servers it starts is checked here, when
     the run builds its runtime, as one `EnvDataError` line naming the key and the fix: servers that
     do not start, two servers listing one tool name, offered tools no server lists, a tool map onto
-    a tool that does not exist, schema_in_prompt without a schema tool. A server declared stateful
-    or given writable paths runs once per episode (`env.isolation`), and the run's original data
-    is hashed now and checked before every scoring and at `close` (`OriginalData`)."""
+    a tool that does not exist, schema_in_prompt without a schema tool. Each episode asks the server
+    set for its tools (`episode_tools`: whatever a server writes is isolated per episode), and the
+    run's original data is hashed now and checked before every scoring and at `close`
+    (`rewards.originals`). `pool`: a started pool to route every call to (not owned, not closed)."""
 
     def __init__(self, config: EnvConfig, db_root: str | Path | None, pool: BackgroundMCPPool | None = None) -> None:
         self.config = config
@@ -174,29 +148,31 @@ class EnvRuntime:
         self.settings = EnvSettings(
             tool_call_format=config.tool_call_format,
             sql_timeout_s=config.sql_timeout_s,
-            call_timeout_s=config.call_timeout_s,
             shaping_penalty=config.shaping_penalty if config.shaping_rewards else 0.0,
             rubric=rubric,
             keep_distinct=config.reward.keep_distinct,
         )
         self.gold_cache = GoldResultCache(maxsize=config.reward.gold_cache_size)
-        self._owns_pool = pool is None
-        self._scratch: Path | None = None
-        #: Servers that run once per episode, on their own copies (`env.isolation`).
-        self.isolated: list[IsolatedServer] = []
-        #: The warm pools of the servers with writable paths (not stateful), by server name.
-        self.warm: dict[str, WarmServers] = {}
-        self._listed: list[ToolSpec] | None = None
         self._closed = False
         self.originals: OriginalData | None = None
         #: Originals found changed when the run ended (`close`), one line each.
         self.data_faults: list[str] = []
-        if pool is None:
-            # else the server dies at start with an opaque TaskGroup error
-            if self.family.uses_databases and not self.db_root.is_dir():
-                raise EnvDataError(f"database root not found: {self.db_root}")
-            pool = self._start_pool(config)
-        self.pool = pool
+        # else the server dies at start with an opaque TaskGroup error
+        if pool is None and self.family.uses_databases and not self.db_root.is_dir():
+            raise EnvDataError(f"database root not found: {self.db_root}")
+        #: Every server process of the run, behind one door.
+        self.servers = ServerSet(config.resolved_servers(self.db_root), call_timeout_s=config.call_timeout_s,
+                                 sessions_per_server=config.sessions_per_server,
+                                 warm_size=config.isolation_pool_size or os.cpu_count() or 1, pool=pool)
+        if pool is None:  # hashed before any server could write
+            watched = self.servers.writable_originals
+            if self.family.uses_databases:
+                watched.extend(sorted(self.db_root.glob("*/*.sqlite")))
+            self.originals = OriginalData(watched)
+            try:
+                self.servers.start()
+            except MCPConfigError as exc:
+                raise EnvDataError(_duplicate_tool_message(exc, config)) from None
         try:
             self._resolve_tools(config, family_tools)
         except BaseException:
@@ -204,56 +180,9 @@ class EnvRuntime:
             raise
         self._schemas: dict[str, str] = {}
 
-    def _start_pool(self, config: EnvConfig) -> BackgroundMCPPool:
-        servers = config.resolved_servers(self.db_root)
-        specs = []
-        warm: list[IsolatedServer] = []
-        for server in servers:
-            spec = _spec(server)
-            if server.isolated:
-                isolated = isolated_server(server, spec)
-                self.isolated.append(isolated)
-                if not isolated.stateful:
-                    warm.append(isolated)  # its own warm pool, below
-                    continue
-                self._scratch = self._scratch or scratch_dir()
-                spec = isolated.copy_into(self._scratch / server.name)  # the listing instance: its own copy too
-            specs.append(spec)
-        watched = [w for server in self.isolated for _, w in server.writable]
-        if self.family.uses_databases:
-            watched.extend(sorted(self.db_root.glob("*/*.sqlite")))
-        self.originals = OriginalData(watched)
-        pool = BackgroundMCPPool(specs, call_timeout_s=config.call_timeout_s,
-                                 sessions_per_server=config.sessions_per_server, allow_empty=True)
-        size = config.isolation_pool_size or os.cpu_count() or 1
-        try:
-            pool.start()
-            listed = list(pool.list_tools())
-            for isolated in warm:
-                servers_of_it = WarmServers(isolated, size=size, call_timeout_s=config.call_timeout_s)
-                self.warm[isolated.spec.name] = servers_of_it
-                listed.extend(ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema,
-                                       server=isolated.spec.name) for t in pool.run(servers_of_it.start()))
-            _check_unique_tools(listed)
-        except MCPConfigError as exc:
-            self._close_warm(pool)
-            pool.close()
-            remove_dir(self._scratch)
-            raise EnvDataError(_duplicate_tool_message(exc, config)) from None
-        self._listed = listed
-        return pool
-
-    def _close_warm(self, pool: BackgroundMCPPool) -> None:
-        warm, self.warm = self.warm, {}
-        for servers in warm.values():
-            try:
-                pool.run(servers.close(), timeout_s=60)
-            except Exception as exc:  # noqa: BLE001 - closing must not raise
-                logger.warning("closing the warm servers of %r failed: %r", servers.name, exc)
-
     def _resolve_tools(self, config: EnvConfig, family_tools: Mapping[str, tuple[str, ...]]) -> None:
         #: Every tool the servers list (the env may read the schema with one not offered).
-        self.all_tools: list[ToolSpec] = list(self._listed if self._listed is not None else self.pool.list_tools())
+        self.all_tools: list[ToolSpec] = list(self.servers.tools)
         listed = {t.name: t for t in self.all_tools}
         for role, mapping in config.tool_map.items():
             if mapping.tool not in listed:
@@ -286,11 +215,8 @@ class EnvRuntime:
         offered = ", ".join(sorted(offered_names)) or "none"
         for server in config.mcp_servers:
             names = ", ".join(t.name for t in self.all_tools if t.server == server.name)
-            warm = self.warm.get(server.name)
-            mode = (f" (writes isolated: up to {warm.size} warm processes, each call on its episode's own copy)"
-                    if warm is not None else " (a process per episode, on its own copy)" if server.isolated else "")
-            logger.info("MCP server %r%s: %s; offered to the policy: %s", server.name, mode, names or "no tools",
-                        offered)
+            logger.info("MCP server %r%s: %s; offered to the policy: %s", server.name, self.servers.describe(server.name),
+                        names or "no tools", offered)
 
     def family_call(self, role: str, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         """The call that plays the family's tool `role` with its own `arguments`: the mapped tool
@@ -307,8 +233,7 @@ class EnvRuntime:
 
     def episode_tools(self) -> EpisodeTools:
         """The tools of one new episode (its own servers start at its first call to one)."""
-        return EpisodeTools(self.pool, self.isolated, call_timeout_s=self.settings.call_timeout_s, warm=self.warm,
-                            tools=self.all_tools)
+        return self.servers.episode_tools()
 
     def check_originals(self) -> None:
         """Before scoring: `OriginalDataChanged` if data the reward reads changed during the run."""
@@ -344,12 +269,7 @@ class EnvRuntime:
         if self._closed:
             return
         self._closed = True
-        if self.warm:
-            self._close_warm(self.pool)
-        if self._owns_pool:
-            self.pool.close()
-        remove_dir(self._scratch)
-        self._scratch = None
+        self.servers.close()
         if self.originals is not None and not self.data_faults:
             self.data_faults = self.originals.verify()
             for fault in self.data_faults:

@@ -27,7 +27,8 @@ from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.anatomy import anatomy_counts, classify_episodes
 from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, is_exact_match
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
-from skyrl_tool_agent.rollout.agents import Agent, make_agent
+from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
+from skyrl_tool_agent.rollout.agents import make_agent
 from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from skyrl_tool_agent.rollout.openai_agent import Endpoint, probe_endpoint
 from skyrl_tool_agent.rollout.trajectory import Trajectory
@@ -43,13 +44,12 @@ DIFFICULTY_ORDER = ("easy", "medium", "hard", "extra")
 class EvalOptions:
     """How an evaluation samples and how it is named/tracked.
 
-    `num_samples` episodes per question; temperature 0 = greedy (then `num_samples` must be 1).
+    `num_samples` episodes per question, sampled with `sampling` (greedy: then `num_samples` must be 1).
     `weave_mode` is usually `weave_eval.weave_mode(config.training.wandb.mode)`.
     """
 
     num_samples: int = 1
-    temperature: float = 0.0
-    top_p: float = 1.0
+    sampling: SamplingParams = GREEDY
     name: str = "sql-eval"
     weave_project: str = "skyrl-tool-agent"
     weave_mode: Literal["online", "disabled"] = "disabled"
@@ -61,7 +61,7 @@ class EvalOptions:
     def __post_init__(self) -> None:
         if self.num_samples < 1:
             raise UserInputError(f"--num-samples must be >= 1, got {self.num_samples}")
-        if self.num_samples > 1 and self.temperature <= 0:
+        if self.num_samples > 1 and self.sampling.greedy:
             raise UserInputError("pass@k with --num-samples > 1 needs sampling: give --temperature > 0")
 
 
@@ -77,14 +77,6 @@ class EvaluationRun:
 
 #: Episode limits as in training (`grpo.*`), concurrency from `env.collector` (see `CollectorSettings.from_config`).
 collector_settings = CollectorSettings.from_config
-
-
-def make_eval_agent(policy: Any, settings: CollectorSettings, options: EvalOptions) -> tuple[Agent, Any]:
-    """(agent, tokenizer to record tokens with, or None) for `policy`: 'oracle', a `QwenPolicy`, an
-    `Endpoint` (a served model) or any `Agent`, through `rollout.agents.make_agent`."""
-    agent = make_agent(policy, temperature=options.temperature, top_p=options.top_p,
-                       max_new_tokens=settings.max_new_tokens_per_turn, seed=options.seed)
-    return agent, agent.tokenizer
 
 
 def policy_kind(policy: Any) -> str:
@@ -157,7 +149,7 @@ async def _run_episodes(runner: EpisodeRunner, options: EvalOptions, policy_name
             weave_info["mode"] = mode
             model = PolicyModel(name=object_name(_model_name(policy_name, options)), policy=policy_name,
                                 model_path=options.model_path, step=options.step, num_samples=options.num_samples,
-                                temperature=options.temperature)
+                                temperature=options.sampling.temperature)
             try:
                 weave_info["summary"] = await run_weave_evaluation(runner.tasks, runner, model, name=options.name,
                                                                  sql=options.family == "sql")
@@ -207,8 +199,8 @@ def run_evaluation(
         policy = replace(policy, model=served["model"])
     if served is not None and options.model_path is None:
         options = replace(options, model_path=policy.model)
-    agent, tokenizer = make_eval_agent(policy, settings, options)
-    collector = TrajectoryCollector(runtime, agent, tokenizer=tokenizer, settings=settings)
+    agent = make_agent(policy, options.sampling, seed=options.seed)  # its tokenizer (None: text) records tokens
+    collector = TrajectoryCollector(runtime, agent, tokenizer=agent.tokenizer, settings=settings)
     runner = EpisodeRunner(collector, tasks, options.num_samples, on_episode)
     policy_name = policy_kind(policy)
     start = time.monotonic()
@@ -220,7 +212,7 @@ def run_evaluation(
                               family=options.family, categories=categories)
     results.update({  # metadata last: it may name the policy (a task family's oracle is an agent)
         "name": options.name, "policy": policy_name, "model_path": options.model_path, "step": options.step,
-        "temperature": options.temperature, "top_p": options.top_p, "max_turns": settings.max_turns,
+        "temperature": options.sampling.temperature, "top_p": options.sampling.top_p, "max_turns": settings.max_turns,
         "seconds": seconds, "episodes_per_s": len(trajectories) / seconds if seconds > 0 else 0.0,
         "weave": weave_info, **(metadata or {}),
     })

@@ -18,7 +18,7 @@ import functools
 from collections.abc import Callable, Sequence
 from statistics import mean
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.tasks import Task
@@ -26,14 +26,12 @@ from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.anatomy import anatomy_counts, classify_episodes
 from skyrl_tool_agent.eval.metrics import evaluation_record, sampled_record
 from skyrl_tool_agent.eval.vocabulary import vocabulary
+from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.rollout.collector import Collect, CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
-if TYPE_CHECKING:  # torch loads only when a policy samples (as in rollout.agents)
-    from skyrl_tool_agent.policy.qwen import SamplingParams
-
-__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "greedy_params", "probe_record", "sampled_evaluation",
-           "training_evaluation", "training_params"]
+__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "probe_record", "sampled_evaluation",
+           "training_evaluation"]
 
 
 @dataclass
@@ -44,13 +42,6 @@ class GreedyRun:
     trajectories: list[Trajectory]
 
 
-def greedy_params(settings: CollectorSettings) -> SamplingParams:
-    """Greedy decoding: argmax at every token (top_p 1 keeps it exact), the settings' turn cap."""
-    from skyrl_tool_agent.policy.qwen import SamplingParams
-
-    return SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=settings.max_new_tokens_per_turn)
-
-
 def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings, *,
                       on_episode_done: Callable[[Trajectory], None] | None = None,
                       collect: Collect | None = None) -> GreedyRun:
@@ -59,7 +50,7 @@ def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], s
     process, `rollout.collector.collect_episodes`); the trainer passes its own `collect`, which a data-parallel
     trainer shards over its ranks. `on_episode_done` is called as each episode finishes."""
     run = collect or functools.partial(collect_episodes, policy, runtime)
-    trajectories = run(tasks, 1, greedy_params(settings), settings, on_episode_done)
+    trajectories = run(tasks, 1, GREEDY, settings, on_episode_done)
     record = evaluation_record(trajectories)
     if runtime is not None and vocabulary(runtime.family.name).sql:  # a rank without servers has none to read
         record.update(anatomy_record(trajectories, tasks, runtime.db_root, record["solved"]))
@@ -97,14 +88,6 @@ def sampled_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], 
 SAMPLED_SEED_OFFSET, PROBE_SEED_OFFSET = 7919, 104729
 
 
-def training_params(config: Config) -> SamplingParams:
-    """The training sampler's parameters (`grpo.temperature`, `grpo.top_p`, the turn's token cap)."""
-    from skyrl_tool_agent.policy.qwen import SamplingParams
-
-    g = config.grpo
-    return SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
-
-
 def training_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], config: Config, *,
                         params: SamplingParams | None = None,
                         on_episode_done: Callable[[Trajectory], None] | None = None,
@@ -112,11 +95,11 @@ def training_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task],
     """The evaluation a training run reports (`GRPOTrainer.evaluate`, the SFT arm's, the same
     routine): greedy on `tasks`, with `solved` per task; with `training.eval_samples` k, also
     `sampled`: k episodes per task at the training temperature (`params`, default
-    `training_params`), drawn from the run's seed + `SAMPLED_SEED_OFFSET`."""
+    `grpo`'s), drawn from the run's seed + `SAMPLED_SEED_OFFSET`."""
     settings = CollectorSettings.from_config(config, evaluation=True)  # report semantics
     run = greedy_evaluation(policy, runtime, tasks, settings, on_episode_done=on_episode_done, collect=collect)
     if k := config.training.eval_samples:
-        run.record["sampled"] = sampled_evaluation(policy, runtime, tasks, k, params or training_params(config), settings,
+        run.record["sampled"] = sampled_evaluation(policy, runtime, tasks, k, params or SamplingParams.of(config.grpo), settings,
                                                    seed=config.training.seed + SAMPLED_SEED_OFFSET,
                                                    on_episode_done=on_episode_done, collect=collect)
     return run

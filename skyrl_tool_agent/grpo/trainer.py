@@ -41,7 +41,8 @@ from skyrl_tool_agent.kernels.fused_lora import fused_lora
 from skyrl_tool_agent.memory.device import device_memory, peak_rss_gib
 from skyrl_tool_agent.memory.shape import ModelShape
 from skyrl_tool_agent.memory.sizing import plan_for
-from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.weights import base_model, is_sharded, sampling_dtype
 from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
@@ -114,7 +115,7 @@ class GRPOTrainer:
         # Lockstep turns (deterministic): generation batches (hence sampling RNG use) do not depend on
         # tool latency, so a resumed run samples exactly what an uninterrupted one would.
         self.collector_settings = CollectorSettings.from_config(config)
-        self.sampling = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
+        self.sampling = SamplingParams.of(g)
 
     # ---------------------------------------------------------------- resume
     def resume(self, path: str | None) -> bool:

@@ -103,7 +103,7 @@ def build_frontier(config: Config, *, model_dir: Path | None = None, num_tasks: 
     `frontier.json` into `model_dir` and returns its summary."""
     from skyrl_tool_agent.data.batching import fixed_subset
     from skyrl_tool_agent.data.frontier import FRONTIER_FILE
-    from skyrl_tool_agent.policy.qwen import SamplingParams
+    from skyrl_tool_agent.policy.sampling_params import SamplingParams
     from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.frontier import measure_frontier
 
@@ -114,7 +114,7 @@ def build_frontier(config: Config, *, model_dir: Path | None = None, num_tasks: 
     pool = splits.pool_and_validation()[0]
     tasks = pool if num_tasks is None else fixed_subset(pool, num_tasks, seed=config.training.seed)
     g = config.grpo
-    params = SamplingParams(temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens_per_turn)
+    params = SamplingParams.of(g)
     with open_run(config, splits.db_root) as run:
         frontier = measure_frontier(model_dir, run.runtime, tasks, samples=samples, params=params,
                                     settings=CollectorSettings.from_config(config),

@@ -154,6 +154,7 @@ def check_graph_capture(device: torch.device) -> tuple[str, str]:
     if device.type != "cuda":
         return SKIP, "GPU-only (no CUDA device): the CPU samples without CUDA graphs"
     from skyrl_tool_agent.policy.engine import RolloutEngine
+    from skyrl_tool_agent.policy.sampling_params import GREEDY
 
     policy = _policy(device)
     prompt = _prompt_ids(policy.tokenizer)
@@ -165,7 +166,7 @@ def check_graph_capture(device: torch.device) -> tuple[str, str]:
         engine = RolloutEngine(policy.model, slots=rows, capacity=len(prompt) + new, stop_ids=[],
                                pad_id=policy.tokenizer.pad_token_id, cuda_graphs=graphs)
         start = time.perf_counter()
-        runs[label] = [r[0] for r in engine.generate(batch, max_new_tokens=new, temperature=0.0, top_p=1.0,
+        runs[label] = [r[0] for r in engine.generate(batch, GREEDY, max_new_tokens=new,
                                                       seeds=list(range(rows)))]
         torch.cuda.synchronize(device)
         runs[f"{label}_s"] = time.perf_counter() - start
@@ -195,7 +196,7 @@ def sampling_engine(policy: Any) -> Any:
 def check_training_step(device: torch.device) -> tuple[str, str]:
     from skyrl_tool_agent.grpo.advantages import group_advantages
     from skyrl_tool_agent.grpo.losses import grpo_loss
-    from skyrl_tool_agent.policy.qwen import SamplingParams
+    from skyrl_tool_agent.policy.sampling_params import SamplingParams
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -203,7 +204,7 @@ def check_training_step(device: torch.device) -> tuple[str, str]:
     prompt = _prompt_ids(policy.tokenizer)
     group = 4
     torch.manual_seed(1)
-    gens = policy.generate([prompt] * group, SamplingParams(temperature=1.0, max_new_tokens=24),
+    gens = policy.generate([prompt] * group, SamplingParams(temperature=1.0), max_new_tokens=24,
                            seeds=list(range(1, group + 1)))
     width = len(prompt) + max(len(g.token_ids) for g in gens)
     pad = policy.tokenizer.pad_token_id

@@ -1,6 +1,6 @@
 """Pooled MCP clients: `MCPClientPool` (asyncio) and `BackgroundMCPPool` (thread-backed, for sync callers).
 
-`MCPClientPool(servers)` starts `sessions_per_server` stdio processes per `ServerSpec` (each told the
+`MCPClientPool(servers)` starts `sessions_per_server` stdio processes per `MCPServerConfig` (each told the
 pool's call timeout in its environment, `mcp_tools.call_lanes.CLIENT_DEADLINE_ENV_VAR`), lists their
 tools once, and routes `call_tool(name, ...)` to a server that lists `name` (round-robin over its
 live sessions, which concurrent callers share). Tool names must be unique across servers: a
@@ -41,7 +41,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult
 
 from skyrl_tool_agent.config.base import default_of
-from skyrl_tool_agent.config.env import EnvConfig
+from skyrl_tool_agent.config.env import EnvConfig, MCPServerConfig
 from skyrl_tool_agent.mcp.slots import ServerSlot, SlotGroup
 from skyrl_tool_agent.mcp.specs import (
     MCPConfigError,
@@ -49,7 +49,6 @@ from skyrl_tool_agent.mcp.specs import (
     MCPPoolError,
     MCPServerUnavailable,
     MCPToolNotFound,
-    ServerSpec,
     ToolResult,
     ToolSpec,
 )
@@ -62,7 +61,6 @@ __all__ = [
     "MCPPoolError",
     "MCPServerUnavailable",
     "MCPToolNotFound",
-    "ServerSpec",
     "ToolResult",
     "ToolSpec",
 ]
@@ -98,7 +96,7 @@ class MCPClientPool:
 
     def __init__(
         self,
-        servers: Sequence[ServerSpec],
+        servers: Sequence[MCPServerConfig],
         *,
         call_timeout_s: float = default_of(EnvConfig, "call_timeout_s"),
         sessions_per_server: int = default_of(EnvConfig, "sessions_per_server"),
@@ -277,7 +275,7 @@ class BackgroundMCPPool:
     at interpreter exit. Usable as a context manager.
     """
 
-    def __init__(self, servers: Sequence[ServerSpec], **pool_kwargs: Any) -> None:
+    def __init__(self, servers: Sequence[MCPServerConfig], **pool_kwargs: Any) -> None:
         self._pool = MCPClientPool(servers, **pool_kwargs)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

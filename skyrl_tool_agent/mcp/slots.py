@@ -28,7 +28,7 @@ from mcp.client.session import ClientSession
 from mcp_types import Tool
 
 from mcp_tools.call_lanes import CLIENT_DEADLINE_ENV_VAR
-from skyrl_tool_agent.mcp.specs import ServerSpec
+from skyrl_tool_agent.config.env import MCPServerConfig
 from skyrl_tool_agent.mcp.transport import ServerOutput, server_transport
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class ServerSlot:
 
     def __init__(
         self,
-        spec: ServerSpec,
+        spec: MCPServerConfig,
         index: int,
         group: SlotGroup,
         *,
@@ -271,7 +271,7 @@ class ServerSlot:
 class SlotGroup:
     """The slots of one server spec; hands out ready slots round-robin."""
 
-    def __init__(self, spec: ServerSpec) -> None:
+    def __init__(self, spec: MCPServerConfig) -> None:
         self.spec = spec
         self.slots: list[ServerSlot] = []
         self._next = 0

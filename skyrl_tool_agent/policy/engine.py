@@ -44,7 +44,7 @@ from skyrl_tool_agent.memory.device import device_memory, format_bytes
 from skyrl_tool_agent.memory.plan import SlotPlan, plan_slots
 from skyrl_tool_agent.policy.prefix import MIN_SHARED_PREFIX, common_prefix_length
 from skyrl_tool_agent.policy.slot_model import SlotModel, default_prefill_tokens
-from skyrl_tool_agent.policy.token_sampling import is_greedy
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.weights import SamplingWeights
 
 logger = logging.getLogger(__name__)
@@ -58,9 +58,8 @@ TurnResult = tuple[list[int], list[float], bool]
 @dataclass
 class _Request:
     prompt: list[int]
+    params: SamplingParams
     max_new_tokens: int
-    temperature: float
-    top_p: float
     key: Hashable
     seed: int
     future: Future = field(default_factory=Future)
@@ -152,11 +151,12 @@ class RolloutEngine:
                           reserved_bytes=memory.in_use + working + update_bytes, explanation=explanation)
 
     # ------------------------------------------------------------------ public API (any thread)
-    def submit(self, prompt: Sequence[int], *, max_new_tokens: int, temperature: float, top_p: float,
-               key: Hashable, seed: int) -> Future:
+    def submit(self, prompt: Sequence[int], params: SamplingParams, *, max_new_tokens: int, key: Hashable,
+               seed: int) -> Future:
         """Queue one turn of episode `key` (a continuation when `prompt` extends what the episode's
-        slot holds, else a fresh start); the future resolves to (ids, log-probs, stopped)."""
-        request = _Request(list(prompt), max_new_tokens, temperature, top_p, key, seed & 0x7FFFFFFF)
+        slot holds, else a fresh start), sampled with `params`; the future resolves to (ids,
+        log-probs, stopped)."""
+        request = _Request(list(prompt), params, max_new_tokens, key, seed & 0x7FFFFFFF)
         if not request.prompt:
             request.future.set_exception(ValueError("empty prompt"))
         elif len(request.prompt) + max_new_tokens > self.max_tokens:
@@ -182,14 +182,13 @@ class RolloutEngine:
             self._thread.join()
         self.step.close()
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, top_p: float,
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, max_new_tokens: int,
                  seeds: Sequence[int]) -> list[TurnResult]:
         """One turn per prompt, blocking; each prompt is its own episode (released after)."""
         keys = [("generate", id(self), i, s) for i, s in enumerate(seeds)]
         futures = []
         for prompt, key, seed in zip(prompts, keys, seeds):
-            future = self.submit(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                 key=key, seed=seed)
+            future = self.submit(prompt, params, max_new_tokens=max_new_tokens, key=key, seed=seed)
             # Freed as soon as its turn is done: with more prompts than slots the others wait for it.
             future.add_done_callback(lambda _, key=key: self.release(key))
             futures.append(future)
@@ -293,8 +292,7 @@ class RolloutEngine:
             slot.root = self._reads_root(request.prompt)
         admitted = continuing + fresh
         self.step.set_slots([s.index for _, s in admitted], [r.seed for r, _ in admitted],
-                            [r.temperature for r, _ in admitted], [r.top_p for r, _ in admitted],
-                            [s.root for _, s in admitted])
+                            [r.params for r, _ in admitted], [s.root for _, s in admitted])
         work = [(s.index, len(s.tokens), r.prompt[len(s.tokens):]) for r, s in continuing]
         # A prompt several fresh episodes ask for (a GRPO group) runs once, all but its last token,
         # and its keys are copied to the others' slots; each then runs its last token and draws.
@@ -312,7 +310,7 @@ class RolloutEngine:
                 work += [(s.index, len(prompt) - 1, [prompt[-1]]) for s in slots]
             else:
                 work.append((slots[0].index, slots[0].root, list(prompt[slots[0].root:])))
-        self.step.prefill(work, sample=True, nucleus=any(not is_greedy(r.temperature) and r.top_p < 1 for r, _ in admitted))
+        self.step.prefill(work, sample=True, nucleus=any(r.params.nucleus for r, _ in admitted))
         for request, slot in admitted:
             slot.tokens = list(request.prompt)
             self._rows.append(_Row(slot, request, len(request.prompt), len(request.prompt)))
@@ -361,7 +359,7 @@ class RolloutEngine:
             self._pack_rows()
         rows = self._rows = sorted(self._rows, key=lambda r: r.slot.index)  # consecutive slots: no gather
         starts = [r.length for r in rows]
-        nucleus = any(not is_greedy(r.request.temperature) and r.request.top_p < 1 for r in rows)
+        nucleus = any(r.request.params.nucleus for r in rows)
         ids, logps = self.step.decode([r.slot.index for r in rows], starts, self.interval, nucleus)
         still: list[_Row] = []
         for row, start, row_ids, row_logps in zip(rows, starts, ids, logps):

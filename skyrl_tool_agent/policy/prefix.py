@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from skyrl_tool_agent.policy.checkpointing import recomputing
 from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, head_token_stats, token_logprobs
-from skyrl_tool_agent.policy.token_sampling import logprob_temperature
+from skyrl_tool_agent.policy.sampling_params import logprob_temperature
 from skyrl_tool_agent.policy.weights import base_model
 
 # Below this many shared tokens the plain full-sequence path is used (nothing worth sharing).

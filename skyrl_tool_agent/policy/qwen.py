@@ -36,19 +36,10 @@ from skyrl_tool_agent.policy.engine import RolloutEngine
 from skyrl_tool_agent.policy.loading import (check_4bit_training_layout, load_model, load_tokenizer, resolve_device,
                                              resolve_model_path)
 from skyrl_tool_agent.policy.prefix import batch_logprobs
-from skyrl_tool_agent.policy.token_sampling import is_greedy, logprob_temperature
+from skyrl_tool_agent.policy.sampling_params import SamplingParams, logprob_temperature
 from skyrl_tool_agent.policy.weights import SamplingWeights, unsupported_reason
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one turn is sampled. temperature 0 = greedy."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
 
 
 @dataclass
@@ -169,32 +160,32 @@ class QwenPolicy:
             self._engine = None
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, max_new_tokens: int,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
-        """Sample one continuation per prompt, each its own episode (a GRPO group is G copies of a
-        prompt), through the engine: each prompt's tokens are drawn from its seed and their
+        """Sample one continuation of up to `max_new_tokens` per prompt, each its own episode (a
+        GRPO group is G copies of a prompt), through the engine: each prompt's tokens are drawn from its seed and their
         positions (`seeds`, default: drawn from the caller's torch RNG). A collection drives the
         engine itself through `rollout_engine`. Where the engine cannot run the model,
         `model.generate` samples from the torch RNG."""
         if not prompts:
             return []
-        engine = self.rollout_engine(slots=len(prompts), capacity=max(map(len, prompts)) + params.max_new_tokens)
+        engine = self.rollout_engine(slots=len(prompts), capacity=max(map(len, prompts)) + max_new_tokens)
         if engine is None:
-            return self._hf_generate(prompts, params)
+            return self._hf_generate(prompts, params, max_new_tokens)
         if seeds is None:
             seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
-        results = engine.generate(prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                                  top_p=params.top_p, seeds=seeds)
+        results = engine.generate(prompts, params, max_new_tokens=max_new_tokens, seeds=seeds)
         return [Generation(i, lp, "stop" if s else "length") for i, lp, s in results]
 
-    def _hf_generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def _hf_generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                     max_new_tokens: int) -> list[Generation]:
         """`model.generate` on a left-padded batch: the fallback for models the engine cannot run,
         and the tests' reference."""
         batch = self.tokenizer.pad({"input_ids": [list(p) for p in prompts]}, padding_side="left", return_tensors="pt")
         width = batch["input_ids"].shape[1]
-        greedy = is_greedy(params.temperature)
+        greedy = params.greedy
         out = self.model.generate(
-            **batch.to(self.device), max_new_tokens=params.max_new_tokens, do_sample=not greedy,
+            **batch.to(self.device), max_new_tokens=max_new_tokens, do_sample=not greedy,
             temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p, top_k=None,
             eos_token_id=self.stop_token_ids, pad_token_id=self.tokenizer.pad_token_id,
             return_dict_in_generate=True, output_logits=True,

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from skyrl_tool_agent.kernels.decode_attention import (ReferenceDecodeAttention, decode_attention, prefill_attention,
                                                        reference_decode_attention, triton_available)
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
 from skyrl_tool_agent.policy.weights import SamplingWeights, rotate
 
@@ -106,13 +107,13 @@ class SlotModel:
         self.keys = self.values = []
         self.graphs.clear()
 
-    def set_slots(self, slots: Sequence[int], seeds: Sequence[int], temperatures: Sequence[float],
-                  top_ps: Sequence[float], roots: Sequence[int]) -> None:
+    def set_slots(self, slots: Sequence[int], seeds: Sequence[int], params: Sequence[SamplingParams],
+                  roots: Sequence[int]) -> None:
         """How each of `slots` samples from now on, and how many root positions it reads."""
         index = torch.tensor(list(slots), device=self.device)
         self.seed[index] = torch.tensor(list(seeds), device=self.device)
-        self.temperature[index] = torch.tensor(list(temperatures), dtype=torch.float32, device=self.device)
-        self.top_p[index] = torch.tensor(list(top_ps), dtype=torch.float32, device=self.device)
+        self.temperature[index] = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device)
+        self.top_p[index] = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=self.device)
         self.slot_root[index] = torch.tensor(list(roots), device=self.device)
 
     def copy_positions(self, source: int, targets: Sequence[int], start: int, stop: int) -> None:

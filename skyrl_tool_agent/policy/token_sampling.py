@@ -9,11 +9,11 @@ in JAX): the same episode samples the same tokens whether it runs alone or besid
 one turn or several, whatever the stop-check interval. Everything here is tensor ops of static
 shape, so it runs inside a CUDA graph.
 
-This module is the one place that says what sampling means: temperature <= 0 is greedy
-(`is_greedy`); top-p keeps the smallest prefix of the sorted distribution whose mass before the
+What sampling means: temperature <= 0 is greedy (`sampling_params.is_greedy`, here per row on the
+device); top-p keeps the smallest prefix of the sorted distribution whose mass before the
 token is below top_p; the log-prob recorded is the token's under softmax(logits / temperature)
 before truncation (what the trainer's ratio compares against), at temperature 1 for greedy rows
-(`logprob_temperature`).
+(`sampling_params.logprob_temperature`).
 """
 
 from __future__ import annotations
@@ -22,16 +22,6 @@ import torch
 from torch import Tensor
 
 _MASK32 = 0xFFFFFFFF
-
-
-def is_greedy(temperature: float) -> bool:
-    """Temperature 0 (or below) means greedy decoding: the argmax token, no random draw."""
-    return temperature <= 0
-
-
-def logprob_temperature(temperature: float) -> float:
-    """The temperature a sampled token's log-prob is taken at: its sampling temperature, 1 for greedy."""
-    return 1.0 if is_greedy(temperature) else temperature
 
 
 def counter_uniform(seed: Tensor, counter: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import format_answer, format_tool_call
+from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.rollout.turns import Agent, AgentTurn, TurnRequest, as_agent
 
 __all__ = ["Agent", "AgentTurn", "OracleAgent", "PolicyAgent", "SamplingPolicy", "ScriptedAgent", "TurnRequest",
@@ -30,7 +31,8 @@ class SamplingPolicy(Protocol):
 
     tokenizer: Any
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: Any, *, seeds: Sequence[int] | None = None) -> list[Any]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, max_new_tokens: int,
+                 seeds: Sequence[int] | None = None) -> list[Any]:
         """One sampled continuation per prompt, each drawn from its seed."""
 
     def rollout_engine(self, *, slots: int, capacity: int) -> Any:
@@ -50,7 +52,7 @@ class PolicyAgent(Agent):
     was batched with, and two collections from one torch seed share their draws episode by episode.
     """
 
-    def __init__(self, policy: SamplingPolicy, params: Any) -> None:
+    def __init__(self, policy: SamplingPolicy, params: SamplingParams) -> None:
         self.policy = policy
         self.params = params
         self.tokenizer = policy.tokenizer  # the collector records tokens with it
@@ -73,20 +75,17 @@ class PolicyAgent(Agent):
         self.engine = None
 
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
-        from dataclasses import replace
-
         seeds = [self._episode_seed(r.seq) for r in requests]
         if self.engine is not None:
             futures = [
-                asyncio.wrap_future(self.engine.submit(
-                    r.token_ids or [], max_new_tokens=r.max_new_tokens, temperature=self.params.temperature,
-                    top_p=self.params.top_p, key=r.seq, seed=seed))
+                asyncio.wrap_future(self.engine.submit(r.token_ids or [], self.params, max_new_tokens=r.max_new_tokens,
+                                                       key=r.seq, seed=seed))
                 for r, seed in zip(requests, seeds)
             ]
             results = [(ids, logps, "stop" if stopped else "length") for ids, logps, stopped in await asyncio.gather(*futures)]
         else:
-            params = replace(self.params, max_new_tokens=max(r.max_new_tokens for r in requests))
-            generations = await asyncio.to_thread(self.policy.generate, [r.token_ids or [] for r in requests], params,
+            generations = await asyncio.to_thread(self.policy.generate, [r.token_ids or [] for r in requests],
+                                                  self.params, max_new_tokens=max(r.max_new_tokens for r in requests),
                                                   seeds=seeds)
             results = [(g.token_ids, g.logprobs, g.finish_reason) for g in generations]
         return [self._turn(request, *result) for request, result in zip(requests, results)]
@@ -189,29 +188,26 @@ class OracleAgent(ScriptedAgent):
 
 
 
-def make_agent(policy: Any, *, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
-               seed: int = 0) -> Agent:
+def make_agent(policy: Any, params: SamplingParams = GREEDY, *, seed: int = 0) -> Agent:
     """The agent for `policy`, the one seam between "what answers" and the collector:
 
     - the string 'oracle': `OracleAgent` (it adapts its script to the env's tools and max_turns);
-    - an `openai_agent.Endpoint`: `OpenAIChatAgent` (a served model; `max_new_tokens` comes with
-      each request, `seed` seeds sampled requests);
+    - an `openai_agent.Endpoint`: `OpenAIChatAgent` (a served model; `seed` seeds sampled requests);
     - a `QwenPolicy` (a `SamplingPolicy`): `PolicyAgent`;
     - an `Agent` (a class deriving from `turns.Agent` that writes `async act(requests)`): itself.
 
-    temperature 0 = greedy. Agents with a `tokenizer` attribute sample token ids (the collector
-    records tokens with it); the others return text.
+    Model agents sample with `params` (default greedy), each turn up to its request's
+    `max_new_tokens`. Agents with a `tokenizer` attribute sample token ids (the collector records
+    tokens with it); the others return text.
     """
     from skyrl_tool_agent.rollout.openai_agent import Endpoint, OpenAIChatAgent
 
     if hasattr(policy, "act"):  # an agent already (`as_agent` names the fix for one not deriving from Agent)
         return as_agent(policy)
     if isinstance(policy, Endpoint):
-        return OpenAIChatAgent(policy, temperature=temperature, top_p=top_p, seed=seed)
+        return OpenAIChatAgent(policy, params, seed=seed)
     if isinstance(policy, str):
         if policy != "oracle":
             raise ValueError(f"unknown policy {policy!r}: 'oracle', an Endpoint, a QwenPolicy or an Agent")
         return OracleAgent()
-    from skyrl_tool_agent.policy.qwen import SamplingParams
-
-    return PolicyAgent(policy, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens))
+    return PolicyAgent(policy, params)

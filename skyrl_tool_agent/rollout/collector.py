@@ -25,6 +25,7 @@ from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime, EpisodeSetupError
 from skyrl_tool_agent.mcp.pool import MCPPoolError
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.rewards.execution import DatabaseUnavailableError, GoldQueryError
 from skyrl_tool_agent.rollout.agents import make_agent
 from skyrl_tool_agent.rollout.turns import Agent, AgentTurn, TurnRequest, as_agent
@@ -32,7 +33,6 @@ from skyrl_tool_agent.rollout.trajectory import EpisodeResult, Trajectory
 
 if TYPE_CHECKING:
     from skyrl_tool_agent.config import Config
-    from skyrl_tool_agent.policy.qwen import SamplingParams  # torch loads only when a policy samples
 
 logger = logging.getLogger(__name__)
 
@@ -346,6 +346,6 @@ def collect_episodes(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], gr
     """Episodes of `policy` (anything `rollout.agents.make_agent` takes) in this process, one
     collector call: the one route from the trainer (`GRPOTrainer.collect`) and the evaluations to
     the sampler. An agent with a tokenizer records token ids (and so keeps the token budget)."""
-    agent = make_agent(policy, temperature=params.temperature, top_p=params.top_p, max_new_tokens=params.max_new_tokens)
+    agent = make_agent(policy, params)
     collector = TrajectoryCollector(runtime, agent, tokenizer=agent.tokenizer, settings=settings)
     return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))

@@ -57,6 +57,7 @@ from tenacity import (
 
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.env.chat_format import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.rollout.bounded_http import (
     BoundedResponse,
     ResponseTooLarge,
@@ -301,17 +302,15 @@ def _body(model: str, messages: Sequence[dict[str, Any]], *, temperature: float,
 class OpenAIChatAgent(Agent):
     """An `Agent` whose turns come from `endpoint`'s chat completions (see module doc).
 
-    Sampling is the local path's: `temperature` (0 = greedy), `top_p`, and each request's
-    `max_new_tokens` (from `grpo.max_new_tokens_per_turn`, as for a local model). When sampling,
-    each request carries a seed derived from `seed`, the episode and the turn, so servers that honour
+    Sampling is the local path's: `params` (temperature, 0 = greedy, and top-p) and each request's
+    `max_new_tokens` (from `grpo.max_new_tokens_per_turn`, as for a local model). When sampling, each request carries a seed derived from `seed`, the episode and the turn, so servers that honour
     seeds repeat a run. `stats` counts requests, retries, failed turns and tokens, `protocol_errors`
     the turns that left their episode unscored, by reason (`summary()`: both, for results.json).
     """
 
-    def __init__(self, endpoint: Endpoint, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, endpoint: Endpoint, params: SamplingParams = GREEDY, *, seed: int = 0) -> None:
         self.endpoint = endpoint
-        self.temperature = temperature
-        self.top_p = top_p
+        self.params = params
         self.seed = seed
         self.stats: Counter[str] = Counter(dict.fromkeys(STATS, 0))
         self.protocol_errors: Counter[str] = Counter()
@@ -343,13 +342,13 @@ class OpenAIChatAgent(Agent):
         return list(await asyncio.gather(*(self._turn(r) for r in requests)))
 
     def _request_seed(self, request: TurnRequest) -> int | None:
-        if self.temperature <= 0:
+        if self.params.greedy:
             return None
         return (self.seed * 1_000_003 + request.seq * 1_009 + request.turn) % 2**31
 
     async def _turn(self, request: TurnRequest) -> AgentTurn:
         client, slots = self._session()
-        body = _body(self.endpoint.model, request.messages, temperature=self.temperature, top_p=self.top_p,
+        body = _body(self.endpoint.model, request.messages, temperature=self.params.temperature, top_p=self.params.top_p,
                      max_tokens=request.max_new_tokens, seed=self._request_seed(request))
         url = f"{self.endpoint.base_url}/chat/completions"
         limits = ReplyLimits.for_turn(request.max_new_tokens)

@@ -24,7 +24,8 @@ from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.metrics import solved_outcome
 from skyrl_tool_agent.policy.manifest import model_weights_sha256
-from skyrl_tool_agent.policy.qwen import QwenPolicy, SamplingParams
+from skyrl_tool_agent.policy.qwen import QwenPolicy
+from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
 
 logger = logging.getLogger(__name__)
@@ -58,5 +59,5 @@ def measure_frontier(model_dir: Path, runtime: EnvRuntime, tasks: Sequence[Task]
                        unscored, total)
     return Frontier(samples=samples, temperature=params.temperature, model_sha256=model_weights_sha256(model_dir),
                     counts=counts, command=command, seconds=time.monotonic() - t0,
-                    extra={"top_p": params.top_p, "max_new_tokens_per_turn": params.max_new_tokens,
+                    extra={"top_p": params.top_p, "max_new_tokens_per_turn": settings.max_new_tokens_per_turn,
                            "max_turns": settings.max_turns, "unscored": unscored, "seed": seed})
