@@ -104,6 +104,31 @@ class ProgressLines:
 
 
 @contextlib.contextmanager
+def evaluation_progress(what: str, total: int, accuracy_short: str) -> Iterator[Callable[[Any], None]]:
+    """A rich bar over an evaluation's `total` episodes with the running solved rate; the yielded
+    callback takes each finished trajectory (the collector's `on_episode`). In a log file the bar
+    is invisible: `ProgressLines` instead."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                  refresh_per_second=4) as bar:
+        job = bar.add_task(what, total=total, info="")
+        solved = [0, 0]
+        lines = None if bar.console.is_terminal else ProgressLines(what, total)
+
+        def on_episode(traj: Any) -> None:
+            solved[0] += traj.result.solved
+            solved[1] += 1
+            info = f"{accuracy_short} {solved[0] / solved[1]:.3f}"
+            bar.update(job, advance=1, info=info)
+            if lines is not None:
+                lines.advance(info=info)
+
+        yield on_episode
+
+
+@contextlib.contextmanager
 def training_progress(total_steps: int, time_budget_s: float | None = None, *,
                       eval_split: str = "dev", accuracy_short: str = "EX") -> Iterator[Any]:
     """A rich progress bar; the yielded callback takes ('step', metrics), ('grpo_budget', seconds on
