@@ -1,4 +1,4 @@
-"""Helpers shared by the scripts in training/scripts: logging setup and the progress display.
+"""What the commands and jobs show while they run: logging setup, progress lines and bars.
 (Config flags are `skyrl_tool_agent.config.add_config_args` / `config_from_args`.)"""
 
 from __future__ import annotations
