@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from skyrl_tool_agent.commands._args import new_parser
+from skyrl_tool_agent.config import Config, UserInputError, add_config_args, cli_main_guard, config_from_args
+from skyrl_tool_agent.jobs.progress import setup_logging
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -33,19 +34,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                         "--profile auto would take on it)")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="GPUs of the run to plan (full mode shards over them; default: WORLD_SIZE, else 1)")
-    from skyrl_tool_agent.config import add_config_args
-
     add_config_args(p)
     args = p.parse_args(argv)
-    from skyrl_tool_agent.jobs.progress import setup_logging
-
     setup_logging()
-    from skyrl_tool_agent.config import cli_main_guard
-
     with cli_main_guard():
         import torch
 
-        from skyrl_tool_agent.config import UserInputError
         from skyrl_tool_agent.jobs.doctor import doctor
         from skyrl_tool_agent.jobs.doctor_checks import FAIL
         from skyrl_tool_agent.policy.loading import resolve_device
@@ -59,11 +53,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return 1 if any(c.status == FAIL for c in results) else 0
 
 
-def plan_config(args: argparse.Namespace) -> Any:
+def plan_config(args: argparse.Namespace) -> Config:
     """The config of the run train's flags describe (module docstring): `--mode`, and `--gpu-memory`
     planning for the gpu profile, as --profile auto would take on such a card."""
-    from skyrl_tool_agent.config import config_from_args
-
     if args.mode:
         args.overrides = [f"training.mode={args.mode}", *args.overrides]
     if args.gpu_memory is not None and args.profile == "auto":

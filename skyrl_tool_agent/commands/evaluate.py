@@ -33,7 +33,7 @@ from skyrl_tool_agent.commands._args import (
     new_parser,
     task_file_args,
 )
-from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args
+from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
 
 #: The results file's name inside --output-dir (and the default --output).
 RESULTS_FILE = "results.json"
@@ -104,7 +104,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parse_args(argv, prog)
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
-        from skyrl_tool_agent.config import UserInputError
         from skyrl_tool_agent.jobs.evaluate import EvalRequest, evaluate
         from skyrl_tool_agent.reports.evaluation import OutputPaths
         from skyrl_tool_agent.rollout.openai_agent import Endpoint
