@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from skyrl_tool_agent.commands.main import main
-from skyrl_tool_agent.jobs.doctor import CHECKS
+from skyrl_tool_agent.jobs.doctor_checks import CHECKS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_a_failed_graph_capture_fails_the_training_step(monkeypatch):
     """The engine the sampled step used fell back to eager (its stats say `capture_failed`): the
     training step is a FAIL that says so (before: PASS, both runs eager). On a GPU the capture
     check reads the same stat of its own engine."""
-    from skyrl_tool_agent.jobs import doctor
+    from skyrl_tool_agent.jobs import doctor_checks as doctor
 
     class EagerAfterAll:
         stats = {"capture_failed": 1}
@@ -78,7 +78,7 @@ def test_a_failed_graph_capture_fails_the_training_step(monkeypatch):
 def test_one_rank_checks_run_in_a_child_and_a_hang_is_a_fail_line():
     """NCCL's (here gloo's) one-rank init in a child process: PASS with what it did; a child that
     does not answer in time is a FAIL line, never a doctor that hangs."""
-    from skyrl_tool_agent.jobs.doctor import one_rank
+    from skyrl_tool_agent.jobs.doctor_checks import one_rank
 
     status, detail = one_rank("nccl", torch.device("cpu"))
     assert status == "PASS" and "process group of 1 rank, all_reduce exact" in detail, detail

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("grpo", "warmstart"),  # the algorithm and its trainer; the supervised warm start
     ("distributed",),  # the trainer over ZeRO-3 ranks
     ("reports",),  # what a person looks at: report.html, tables, PNGs (reads results, runs nothing)
-    ("jobs",),  # one file per job (train, the arms, the speedrun, model builds, doctor), each run opened by open_run
+    ("jobs",),  # one file per job (train, the arms, the speedrun, model builds, evaluate, doctor), each run opened by open_run
     ("skyrl_tool_agent",),  # the package root (version, registration with skyrl-gym)
     ("commands",),  # the scripts' entry points
 )

@@ -294,8 +294,9 @@ def test_doctor_prints_the_plan_train_would_make_and_fails_where_nothing_fits(tm
     fails with the knobs that would fit; in QLoRA it passes with its episodes in flight."""
     import argparse
 
-    from skyrl_tool_agent.commands.doctor import planned
+    from skyrl_tool_agent.commands.doctor import plan_config
     from skyrl_tool_agent.config import add_config_args
+    from skyrl_tool_agent.jobs.doctor_checks import check_memory_plan
 
     (tmp_path / "config.json").write_text(json.dumps({**QWEN25["Qwen2.5-7B"], "model_type": "qwen2"}))
     parser = add_config_args(argparse.ArgumentParser(allow_abbrev=False))
@@ -303,10 +304,10 @@ def test_doctor_prints_the_plan_train_would_make_and_fails_where_nothing_fits(tm
     def plan(*flags: str):
         args = parser.parse_args(["--set", f"model.name_or_path={tmp_path}", *flags])
         args.mode, args.gpu_memory, args.gpus = "lora", 24.0, None
-        return planned(args, torch.device("cpu"))
+        return check_memory_plan(plan_config(args), torch.device("cpu"), gpu_memory_gib=args.gpu_memory)
 
-    lora = plan()
-    assert lora.status == "FAIL" and "would fit:" in lora.detail and "load_in_4bit=true" in lora.detail, lora.detail
-    qlora = plan("--set", "model.quantization.load_in_4bit=true")
-    assert qlora.status == "PASS" and "episodes in flight" in qlora.detail, qlora.detail
-    assert int(qlora.detail.split("memory plan: ")[1].split(" of ")[0]) >= 8
+    status, detail = plan()
+    assert status == "FAIL" and "would fit:" in detail and "load_in_4bit=true" in detail, detail
+    status, detail = plan("--set", "model.quantization.load_in_4bit=true")
+    assert status == "PASS" and "episodes in flight" in detail, detail
+    assert int(detail.split("memory plan: ")[1].split(" of ")[0]) >= 8

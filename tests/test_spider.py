@@ -7,7 +7,6 @@ import logging
 import sqlite3
 from collections import Counter
 from pathlib import Path
-from types import GeneratorType
 
 import pytest
 
@@ -17,7 +16,7 @@ from skyrl_tool_agent.data.hardness import (
     spider_sql_from_sqlglot,
     to_difficulty,
 )
-from skyrl_tool_agent.data.spider import iter_spider, load_spider, read_json_tolerant
+from skyrl_tool_agent.data.spider import load_spider, read_json_tolerant
 
 # Published distribution of the official evaluation over Spider dev (1,034 questions).
 OFFICIAL_DEV = {"easy": 248, "medium": 446, "hard": 174, "extra": 166}
@@ -76,13 +75,6 @@ def test_dev_loads_972_and_skips_wta_1(spider_root: Path) -> None:
     first = result.tasks[0]
     assert (first.task_id, first.db_id, first.gold_sql) == ("spider-dev-0000", "concert_singer", "SELECT count(*) FROM singer")
     assert (spider_root / "database" / first.db_id / f"{first.db_id}.sqlite").is_file()
-
-
-@pytest.mark.spider
-def test_iter_spider_streams_the_same_tasks(spider_root: Path) -> None:
-    stream = iter_spider(spider_root, "dev")
-    assert isinstance(stream, GeneratorType)
-    assert list(stream) == load_spider(spider_root, "dev").tasks
 
 
 @pytest.mark.spider

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from skyrl_tool_agent.commands._args import new_parser
+from skyrl_tool_agent.config import Config, UserInputError, add_config_args, cli_main_guard, config_from_args
+from skyrl_tool_agent.jobs.progress import setup_logging
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -33,59 +34,33 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                         "--profile auto would take on it)")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="GPUs of the run to plan (full mode shards over them; default: WORLD_SIZE, else 1)")
-    from skyrl_tool_agent.config import add_config_args
-
     add_config_args(p)
     args = p.parse_args(argv)
-    from skyrl_tool_agent.jobs.progress import setup_logging
-
     setup_logging()
-    from skyrl_tool_agent.config import cli_main_guard
-
     with cli_main_guard():
         import torch
 
-        from skyrl_tool_agent.config import UserInputError
-        from skyrl_tool_agent.jobs.doctor import FAIL, run_checks
+        from skyrl_tool_agent.jobs.doctor import doctor
+        from skyrl_tool_agent.jobs.doctor_checks import FAIL
         from skyrl_tool_agent.policy.loading import resolve_device
 
         if args.device == "cuda" and not torch.cuda.is_available():
             raise UserInputError("--device cuda: no CUDA device is visible to torch "
                                  f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})")
         wanted = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        device = resolve_device(wanted)
-        results = run_checks(device, emit=lambda check: print(check.line(), flush=True))
-        results.append(planned(args, device))
-        print(results[-1].line(), flush=True)
-    failed = [c.name for c in results if c.status == FAIL]
-    print(f"doctor: {len(results) - len(failed)} of {len(results)} checks without failure"
-          + (f"; failed: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+        results = doctor(resolve_device(wanted), plan_config(args), gpu_memory_gib=args.gpu_memory, gpus=args.gpus,
+                         emit=lambda line: print(line, flush=True))
+    return 1 if any(c.status == FAIL for c in results) else 0
 
 
-def planned(args: argparse.Namespace, device: Any) -> Any:
-    """The memory plan check of the run train's flags describe (module docstring)."""
-    import os
-
-    import torch
-
-    from skyrl_tool_agent.config import config_from_args
-    from skyrl_tool_agent.jobs.doctor import memory_plan_check
-
+def plan_config(args: argparse.Namespace) -> Config:
+    """The config of the run train's flags describe (module docstring): `--mode`, and `--gpu-memory`
+    planning for the gpu profile, as --profile auto would take on such a card."""
     if args.mode:
         args.overrides = [f"training.mode={args.mode}", *args.overrides]
     if args.gpu_memory is not None and args.profile == "auto":
-        args.profile = "gpu"  # what --profile auto takes on such a card
-    config = config_from_args(args)
-    world = args.gpus or int(os.environ.get("WORLD_SIZE", "1"))
-    if args.gpu_memory is not None:
-        return memory_plan_check(config, device_kind="cuda", device_bytes=int(args.gpu_memory * 2**30), world=world)
-    if device.type == "cuda":
-        return memory_plan_check(config, device_kind="cuda", device_bytes=int(torch.cuda.get_device_properties(device).total_memory),
-                                 world=world)
-    import psutil
-
-    return memory_plan_check(config, device_kind="cpu", device_bytes=psutil.virtual_memory().available, world=world)
+        args.profile = "gpu"
+    return config_from_args(args)
 
 
 if __name__ == "__main__":

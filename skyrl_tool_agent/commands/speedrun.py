@@ -26,6 +26,8 @@ from pathlib import Path
 
 from skyrl_tool_agent.commands._args import add_output_dir, new_parser
 from skyrl_tool_agent.config import add_config_args, cli_main_guard, config_from_args
+from skyrl_tool_agent.jobs.budget import process_start
+from skyrl_tool_agent.jobs.progress import setup_logging
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -58,12 +60,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str | None = None, *, from_process_start: bool = True) -> int:
     """`from_process_start`: the budget counts from the process's start (interpreter and imports
     included); False (a caller running it in its own long-lived process): from this call."""
-    from skyrl_tool_agent.jobs.budget import process_start
-
     started = process_start() if from_process_start else time.monotonic()  # the main job's clock
     args = build_parser(prog).parse_args(argv)
-    from skyrl_tool_agent.jobs.progress import setup_logging
-
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.jobs.speedrun import Speedrun

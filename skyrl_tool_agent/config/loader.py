@@ -32,9 +32,6 @@ logger = logging.getLogger(__name__)
 #: The default section files, shipped inside the package (the repository's configs/ is the same
 #: files as a copy to edit; tests/test_commands.py keeps the two equal).
 PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "defaults"
-#: What `load_config` reads when given no directory and no file: the packaged defaults, so that a
-#: command works from any working directory.
-DEFAULT_CONFIG_DIR = PACKAGED_CONFIG_DIR
 #: Section name -> (schema, file name in the config directory). The first four make up `Config`.
 SECTIONS: dict[str, tuple[type[Section], str]] = {
     "model": (ModelConfig, "model_config.yaml"),
@@ -171,7 +168,7 @@ class Config(BaseModel):
     def load_accelerate(self) -> AccelerateConfig:
         """accelerate_config.yaml (the packaged default, or the path given to load_config), validated; cached."""
         if "accelerate" not in self._distributed:
-            path = self._sources.files.get("accelerate", str(Path(DEFAULT_CONFIG_DIR) / SECTIONS["accelerate"][1]))
+            path = self._sources.files.get("accelerate", str(PACKAGED_CONFIG_DIR / SECTIONS["accelerate"][1]))
             self._distributed["accelerate"] = load_accelerate_config(
                 path, [o.text for o in self._sources.overrides_for("accelerate")]
             )
@@ -181,7 +178,7 @@ class Config(BaseModel):
         """deepspeed_config.json (packaged default or the path given), validated for `training.mode`
         (ZeRO-3 for full, bf16); cached."""
         if "deepspeed" not in self._distributed:
-            path = self._sources.files.get("deepspeed", str(Path(DEFAULT_CONFIG_DIR) / SECTIONS["deepspeed"][1]))
+            path = self._sources.files.get("deepspeed", str(PACKAGED_CONFIG_DIR / SECTIONS["deepspeed"][1]))
             self._distributed["deepspeed"] = load_deepspeed_config(
                 path, [o.text for o in self._sources.overrides_for("deepspeed")], mode=self.training.mode
             )

@@ -119,12 +119,6 @@ class ModelConfig(Section):
             return expand_path(self.embedded_dir)
         return SHIPPED_EMBEDDED_DIR
 
-    def resolved_dtype(self, device_type: str) -> str:
-        """The dtype name `dtype` means on a device of type `device_type` ('cuda', 'cpu', 'mps')."""
-        if self.dtype != "auto":
-            return self.dtype
-        return "bfloat16" if device_type == "cuda" else "float32"
-
 
 def cache_root() -> Path:
     """The project's cache: $SKYRL_TOOL_AGENT_CACHE, else ~/.cache/skyrl_tool_agent (`~`, $VARS expanded)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -95,77 +94,42 @@ def _hardness_of(record: dict[str, Any], source: HardnessSource) -> str:
     return spider_hardness(record["query"])
 
 
-def _iter_records(
-    root: str | Path, split: SpiderSplit, hardness: HardnessSource
-) -> Iterator[tuple[Task | None, str]]:
-    """Yield (task, db_id) per question in file order; task is None when its database is missing."""
+def load_spider(
+    root: str | Path = DEFAULT_SPIDER_ROOT, split: SpiderSplit = "dev", hardness: HardnessSource = "auto"
+) -> SpiderLoadResult:
+    """Load a whole Spider split as tasks in file order, skipping (and counting, per database) the
+    questions without a database file. `task_id` is `spider-<split>-<index in the file>`, so ids
+    stay stable when questions are skipped. `hardness="sqlglot"` ignores a shipped `sql` parse and
+    always classifies the query via sqlglot."""
     path = split_file(root, split)
     records = read_json_tolerant(path)
     if not isinstance(records, list):
         raise ValueError(f"{path}: expected a JSON list of questions")
     db_root = spider_db_root(root)
     present: dict[str, bool] = {}
+    tasks: list[Task] = []
+    skipped: Counter[str] = Counter()
     for index, record in enumerate(records):
         db_id = str(record["db_id"])
         if db_id not in present:
             present[db_id] = db_path_for(db_root, db_id).is_file()
         if not present[db_id]:
-            yield None, db_id
+            skipped[db_id] += 1
             continue
         level = _hardness_of(record, hardness)
-        yield (
-            Task(
-                task_id=f"spider-{split}-{index:04d}",
-                db_id=db_id,
-                question=" ".join(str(record["question"]).split()),
-                gold_sql=str(record["query"]).strip(),
-                difficulty=to_difficulty(level),  # type: ignore[arg-type]
-                source="spider",
-                split=split,
-                spider_hardness=level,  # type: ignore[arg-type]
-            ),
-            db_id,
-        )
-
-
-def _warn_skipped(split: str, skipped: Counter[str]) -> None:
+        tasks.append(Task(
+            task_id=f"spider-{split}-{index:04d}",
+            db_id=db_id,
+            question=" ".join(str(record["question"]).split()),
+            gold_sql=str(record["query"]).strip(),
+            difficulty=to_difficulty(level),  # type: ignore[arg-type]
+            source="spider",
+            split=split,
+            spider_hardness=level,  # type: ignore[arg-type]
+        ))
     if skipped:
-        logger.warning(
-            "Spider %s: skipped %d questions whose database file is missing: %s",
-            split, sum(skipped.values()), dict(sorted(skipped.items())),
-        )
-
-
-def iter_spider(
-    root: str | Path = DEFAULT_SPIDER_ROOT, split: SpiderSplit = "dev", hardness: HardnessSource = "auto"
-) -> Iterator[Task]:
-    """Stream the Spider `split` as tasks in file order, skipping questions without a database file.
-
-    `task_id` is `spider-<split>-<index in the file>`, so ids stay stable when questions are skipped.
-    `hardness="sqlglot"` ignores a shipped `sql` parse and always classifies the query via sqlglot.
-    A warning with the skip count is logged when the iteration finishes.
-    """
-    skipped: Counter[str] = Counter()
-    for task, db_id in _iter_records(root, split, hardness):
-        if task is None:
-            skipped[db_id] += 1
-        else:
-            yield task
-    _warn_skipped(split, skipped)
-
-
-def load_spider(
-    root: str | Path = DEFAULT_SPIDER_ROOT, split: SpiderSplit = "dev", hardness: HardnessSource = "auto"
-) -> SpiderLoadResult:
-    """Load a whole Spider split (see `iter_spider`), reporting the skipped questions per database."""
-    tasks: list[Task] = []
-    skipped: Counter[str] = Counter()
-    for task, db_id in _iter_records(root, split, hardness):
-        if task is None:
-            skipped[db_id] += 1
-        else:
-            tasks.append(task)
-    _warn_skipped(split, skipped)
+        logger.warning("Spider %s: skipped %d questions whose database file is missing: %s",
+                       split, sum(skipped.values()), dict(sorted(skipped.items())))
     return SpiderLoadResult(
         tasks=tasks, skipped=sum(skipped.values()), skipped_db_ids=dict(sorted(skipped.items()))
     )

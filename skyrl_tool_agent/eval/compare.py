@@ -118,11 +118,6 @@ def success_rate(record: Mapping[str, Any]) -> float | None:
     return float(bool(record.get("solved"))) if record.get("scored", True) is not False else None
 
 
-def baseline_success_rates(baseline: Mapping[str, Any]) -> dict[str, float] | None:
-    """`success_rate` of each question of the baseline, by task id (`_per_question`)."""
-    return _per_question(baseline, success_rate)
-
-
 @dataclass(frozen=True)
 class OutcomeChanges:
     """Questions of this run whose outcome differs from the baseline's (records of this run);
@@ -211,7 +206,7 @@ def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
     outcomes are not there or no question is shared."""
     from skyrl_tool_agent.eval.stats import paired_bootstrap
 
-    rates = baseline_success_rates(base)
+    rates = _per_question(base, success_rate)  # the baseline's, by task id
     if rates is None:
         return None
     pairs = [(rates[str(r.get("task_id"))], rate) for r in records

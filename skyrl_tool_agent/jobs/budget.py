@@ -67,9 +67,13 @@ class JobBudget:
         return cls(60.0 * training.job_budget_minutes, training.time_budget_s,
                    started=time.monotonic() if started is None else started)
 
+    def spent_s(self) -> float:
+        """Seconds of the whole budget spent."""
+        return self.clock() - self.started
+
     def left_s(self) -> float:
         """Seconds of the whole budget not yet spent."""
-        return self.total_s - (self.clock() - self.started)
+        return self.total_s - self.spent_s()
 
     def ends_at_wall(self) -> float:
         """The wall-clock time (`time.time()`) by which the job ends."""

@@ -1,4 +1,4 @@
-"""Helpers shared by the scripts in training/scripts: logging setup and the progress display.
+"""What the commands and jobs show while they run: logging setup, progress lines and bars.
 (Config flags are `skyrl_tool_agent.config.add_config_args` / `config_from_args`.)"""
 
 from __future__ import annotations
@@ -101,6 +101,31 @@ class ProgressLines:
         eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
         logger.info("%s %d/%d (%.0f%%), %.0f s elapsed, ETA %.0f s%s", self.what, self.done, self.total,
                     100 * self.done / max(1, self.total), elapsed, eta, f"  {info}" if info else "")
+
+
+@contextlib.contextmanager
+def evaluation_progress(what: str, total: int, accuracy_short: str) -> Iterator[Callable[[Any], None]]:
+    """A rich bar over an evaluation's `total` episodes with the running solved rate; the yielded
+    callback takes each finished trajectory (the collector's `on_episode`). In a log file the bar
+    is invisible: `ProgressLines` instead."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                  refresh_per_second=4) as bar:
+        job = bar.add_task(what, total=total, info="")
+        solved = [0, 0]
+        lines = None if bar.console.is_terminal else ProgressLines(what, total)
+
+        def on_episode(traj: Any) -> None:
+            solved[0] += traj.result.solved
+            solved[1] += 1
+            info = f"{accuracy_short} {solved[0] / solved[1]:.3f}"
+            bar.update(job, advance=1, info=info)
+            if lines is not None:
+                lines.advance(info=info)
+
+        yield on_episode
 
 
 @contextlib.contextmanager

@@ -67,6 +67,7 @@ from skyrl_tool_agent.jobs.speedrun_plan import (
     arm_seconds,
     hold_out_rl_pool,
 )
+from skyrl_tool_agent.reports.atomic import write_text_atomically
 from skyrl_tool_agent.reports.speedrun import markdown_tables, per_task_samples, plot_speedrun, throughput
 
 logger = logging.getLogger(__name__)
@@ -93,23 +94,15 @@ class Speedrun:
         self.arm_setup_s = 0.0  # loading a model and starting the MCP servers (measured on the GRPO arm)
 
     # ------------------------------------------------------------------ bookkeeping
-    def elapsed(self) -> float:
-        return self.budget.total_s - self.budget.left_s()
-
-    def remaining(self) -> float:
-        return self.budget.left_s()
-
     def write(self) -> None:
         """speedrun.json, replaced whole (a kill leaves the previous one or the new one)."""
         import torch
 
-        self.record["elapsed_s"] = self.elapsed()
+        self.record["elapsed_s"] = self.budget.spent_s()
         self.record["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             self.record["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**20 / 1024
-        tmp = self.output_dir / f".{RESULT_FILE}.tmp"
-        tmp.write_text(json.dumps(self.record, indent=1, default=str) + "\n")
-        tmp.replace(self.output_dir / RESULT_FILE)
+        write_text_atomically(self.output_dir / RESULT_FILE, json.dumps(self.record, indent=1, default=str) + "\n")
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[dict[str, Any]]:
@@ -117,9 +110,9 @@ class Speedrun:
         signal that stopped GRPO is re-raised after the record is written)."""
         from skyrl_tool_agent.grpo.interrupts import TrainingInterrupted
 
-        entry: dict[str, Any] = {"status": "running", "started_s": self.elapsed()}
+        entry: dict[str, Any] = {"status": "running", "started_s": self.budget.spent_s()}
         self.record["phases"][name] = entry
-        logger.info("speedrun %s: starting at %.0f of %.0f s", name, self.elapsed(), 60 * self.plan.minutes)
+        logger.info("speedrun %s: starting at %.0f of %.0f s", name, self.budget.spent_s(), 60 * self.plan.minutes)
         t0 = time.monotonic()
         try:
             yield entry
@@ -139,7 +132,7 @@ class Speedrun:
         finally:
             entry["seconds"] = time.monotonic() - t0
             logger.info("speedrun %s: %s in %.1f s (%.0f s left)", name, entry["status"], entry["seconds"],
-                        self.remaining())
+                        self.budget.left_s())
             self.write()
 
     def arm_config(self, **model: Any) -> Config:
@@ -266,7 +259,7 @@ class Speedrun:
         def eval_line(done: int, total: int) -> None:  # evaluations of every dev task take a while
             if due() or done == total:
                 logger.info("dev evaluation: %d of %d episodes, %.0f s left in the budget", done, total,
-                            self.remaining())
+                            self.budget.left_s())
 
         self.grpo_arm.trainer.eval_progress = eval_line
         t0 = time.monotonic()
@@ -289,18 +282,18 @@ class Speedrun:
         points = self.plan.points
 
         def each_for(points: int) -> float:
-            return arm_seconds(self.remaining(), self.eval_s, points, self.plan.margin, self.arm_setup_s)
+            return arm_seconds(self.budget.left_s(), self.eval_s, points, self.plan.margin, self.arm_setup_s)
 
         each = each_for(points)
         while points > 1 and each / points < self.eval_s:  # a segment shorter than an evaluation: fewer points
             points -= 1
             each = each_for(points)
         self.record["arms_plan"] = {"points": points, "training_s_each": each, "eval_s": self.eval_s,
-                                    "remaining_s": self.remaining()}
+                                    "remaining_s": self.budget.left_s()}
         if each <= 0:
             self.record["arms_plan"]["skipped"] = "no time left for the arms after the start's evaluation"
             logger.warning("speedrun: no time left for GRPO and SFT (%.0f s left, an evaluation takes %.0f s)",
-                           self.remaining(), self.eval_s)
+                           self.budget.left_s(), self.eval_s)
         else:
             logger.info("speedrun: %.0f s of training per arm, %d dev evaluation(s) each (~%.0f s)", each, points,
                         self.eval_s)
@@ -326,7 +319,7 @@ class Speedrun:
                         "%.2f turns and %.2f tool calls per episode%s; %.0f s left", row["step"], row["rollout_s"],
                         row["update_s"], row["generated_tokens_per_s"], row["reward"] or 0.0,
                         row["turns_per_episode"] or 0.0, row["tool_calls_per_episode"] or 0.0,
-                        "" if row["probe"] is None else f", probe {row['probe']:.3f}", self.remaining())
+                        "" if row["probe"] is None else f", probe {row['probe']:.3f}", self.budget.left_s())
 
         result: dict[str, Any] = {"steps": steps, "curve": arm.curve}
         self.record["grpo"] = result
@@ -351,7 +344,7 @@ class Speedrun:
     def sft(self, entry: dict[str, Any], points: int, target_s: float) -> None:
         """Continued supervision from the start for `target_s` seconds (GRPO's), or what is left."""
         evals_s = points * EVAL_SLACK * self.eval_s
-        fits = self.remaining() - evals_s - self.arm_setup_s - self.plan.margin / 2
+        fits = self.budget.left_s() - evals_s - self.arm_setup_s - self.plan.margin / 2
         seconds = min(target_s, fits)
         entry.update(target_s=target_s, training_s=seconds)
         if seconds < target_s:
@@ -367,7 +360,7 @@ class Speedrun:
 
         def on_step(step: int, loss: float) -> None:
             if log_due():
-                logger.info("SFT arm: step %d, loss %.4f, %.0f s left", step, loss, self.remaining())
+                logger.info("SFT arm: step %d, loss %.4f, %.0f s left", step, loss, self.budget.left_s())
 
         result = continue_warm_start(self.arm_config(), seconds / 60, eval_at_minutes=marks, progress=on_step,
                                      examples=self.rl_examples, before=self.start_eval,

@@ -69,3 +69,44 @@ def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str,
                      rollouts=rollouts, db_root=db_root, errors_png=paths.errors_png if anatomy else None,
                      run=training_run)
     return paths
+
+
+def print_results(results: dict[str, Any], paths: OutputPaths) -> None:
+    """The evaluation's table on the console (overall and per difficulty), pass@k, the endpoint's
+    requests, why answers are wrong, and where the files went."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from skyrl_tool_agent.eval.anatomy import LABELS
+    from skyrl_tool_agent.eval.metrics import format_rate
+
+    words = vocabulary_of(results)
+    table = Table(title=f"{results['name']} — {results['policy']} (n={results['n']}, skipped={results['skipped']}, "
+                        f"{results['seconds']:.1f} s)")
+    sql = ("exact", "valid SQL") if words.sql else ()
+    for col in ("", "n", "scored", "infra err", words.short, *sql, "turns", "tool calls", "tool err"):
+        table.add_column(col, justify="left" if not col else "right")
+
+    def row(name: str, m: dict[str, Any]) -> None:  # rates are over the scored episodes; None: nothing scored
+        sql = (format_rate(m["exact_match"]), format_rate(m.get("valid_sql_rate"))) if words.sql else ()
+        table.add_row(name, str(m["n"]), f"{m.get('scored', 0):.0f}", f"{m.get('infra_errors', 0):.0f}",
+                      format_rate(m[words.accuracy]), *sql, format_rate(m["mean_turns"], digits=2),
+                      format_rate(m["mean_tool_calls"], digits=2), format_rate(m["tool_error_rate"]))
+
+    row("overall", results)
+    for name, m in results["by_difficulty"].items():
+        row(name, m)
+    console = Console()
+    console.print(table)
+    for k, v in (results.get("pass_at_k") or {}).items():
+        console.print(f"pass@{k}: {format_rate(v)}")
+    if endpoint := results.get("endpoint"):
+        refused = ", ".join(f"{reason} {n}" for reason, n in (endpoint.get("protocol_errors") or {}).items())
+        console.print(f"endpoint {endpoint['base_url']} · model {endpoint['model']} · {endpoint['requests']} requests, "
+                      f"{endpoint['retries']} retries, {endpoint['failed_turns']} turns the server could not produce"
+                      + (f" · episodes unscored by its answers: {refused}" if refused else ""))
+    if anatomy := results.get("error_anatomy"):
+        parts = ", ".join(f"{LABELS[c]} {n}" for c, n in anatomy["counts"].items() if n)
+        console.print(f"why answers are wrong ({anatomy['wrong']} of {anatomy['scored']} scored): {parts or 'none wrong'}")
+    console.print(f"{words.short} {format_rate(results[words.accuracy], results)} · results {paths.results} · trajectories {paths.trajectories}"
+                  + (f" · report {paths.report}" if "report" in results.get("files", {}) else ""))

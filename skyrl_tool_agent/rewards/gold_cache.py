@@ -68,13 +68,6 @@ class GoldResultCache:
             self.put(db_path, sql, result, identity=identity)
         return result
 
-    @property
-    def hit_rate(self) -> float:
-        """Hits / lookups (0.0 before the first lookup)."""
-        with self._lock:
-            total = self.hits + self.misses
-            return self.hits / total if total else 0.0
-
     def clear(self) -> None:
         """Drop all entries and reset the counters."""
         with self._lock:

@@ -25,10 +25,6 @@ class Table:
     columns: tuple[tuple[str, str], ...]
     foreign_keys: tuple[tuple[str, str, str], ...] = ()  # (column, referenced table, referenced column)
 
-    @property
-    def column_names(self) -> list[str]:
-        return [name for name, _ in self.columns]
-
     def ddl(self) -> str:
         """CREATE TABLE statement (one column per line, foreign keys last)."""
         lines = [f"  {name} {decl}" for name, decl in self.columns]
