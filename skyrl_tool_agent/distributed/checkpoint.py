@@ -2,7 +2,7 @@
 
     step-000010/
       deepspeed/state/   engine.save_checkpoint: each rank's parameter + optimizer shards
-      weights/           consolidated 16-bit save_pretrained export + tokenizer (loads with from_pretrained)
+      model/             the model's config.json and tokenizer, no weights (what `export` builds on)
       optim.pt           LR schedule (rank 0; loaded with torch.load(weights_only=True))
       rng_rank{r}.json   each rank's RNG states, as plain JSON data
       trainer_state.json step, data-loader state, world size
@@ -16,7 +16,14 @@ checkpoint's files in parallel, each its share by size, at every save and resume
 own shard files (with its own torch.load); the manifest at least guarantees they are the bytes
 this run wrote. The ranks' shard files must land on
 one filesystem (one node, or a shared filesystem across nodes). Resuming needs the same world
-size (the optimizer shards are per rank); `weights/` can seed a fresh run of any size.
+size (the optimizer shards are per rank).
+
+No consolidated export is written here: gathering the whole model onto rank 0 and writing it again
+at every save cost ~15 GB and a full gather per checkpoint for 7B, and the shards already hold the
+weights. The run's end writes the consolidated export (final/, `DeepSpeedPolicy.save`), and
+`export_consolidated` (`skyrl-tool-agent export step-XXXXXX --output-dir DIR`) builds one from any
+checkpoint on request, offline, from the fp32 master weights in the shards; it can seed a fresh
+run of any size.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 ENGINE_DIR = "deepspeed"
 ENGINE_TAG = "state"
+MODEL_DIR = "model"  # config.json + tokenizer, no weights
+EXPORT_RECORD = "exported_from.json"
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ class CheckpointParts:
 
     ctx: Any  # distributed.comm.DistContext
     engine: Any  # the DeepSpeed engine (weights + optimizer shards)
-    policy: Any  # DeepSpeedPolicy: `save(dir)` writes the consolidated 16-bit export
+    policy: Any  # DeepSpeedPolicy: `save_model_files(dir)` writes config.json + tokenizer (rank 0)
     scheduler: Any  # the LR schedule
     loader: Any  # TaskDataLoader (state_dict / load_state_dict)
     root: Path  # the run's checkpoint directory
@@ -78,9 +87,9 @@ def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int,
         tmp.mkdir(parents=True)
     ctx.barrier()
     parts.engine.save_checkpoint(str(tmp / ENGINE_DIR), tag=ENGINE_TAG, save_latest=False)
-    parts.policy.save(tmp / "weights")
     (tmp / f"rng_rank{ctx.rank}.json").write_text(json.dumps(rng_state()) + "\n")
     if ctx.is_main:
+        parts.policy.save_model_files(tmp / MODEL_DIR)
         torch.save({"scheduler": parts.scheduler.state_dict()}, tmp / "optim.pt")
         state = {"step": step, "loader": parts.loader.state_dict(), "world_size": ctx.world_size,
                  "elapsed_s": elapsed_s}
@@ -171,8 +180,8 @@ def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> tuple[int,
     if state.get("world_size") != ctx.world_size:
         raise UserInputError(
             f"{ckpt} was written by {state.get('world_size')} ranks, this run has {ctx.world_size}: ZeRO-3 "
-            f"optimizer shards are per rank; relaunch with the same count, or start fresh from {ckpt / 'weights'} "
-            "(--set model.name_or_path=...)"
+            f"optimizer shards are per rank; relaunch with the same count, or export it (skyrl-tool-agent export "
+            f"{ckpt} --output-dir DIR) and start fresh from DIR (--set model.name_or_path=DIR)"
         )
     load_path, _ = parts.engine.load_checkpoint(
         str(ckpt / ENGINE_DIR), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
@@ -191,3 +200,51 @@ def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> tuple[int,
     parts.loader.load_state_dict(loader_state)
     logger.info("resumed from %s at step %d (%.1f min of the time budget spent)", ckpt, step, elapsed_s / 60)
     return step, elapsed_s
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """Whether `path` is a full-mode (ZeRO-3) checkpoint `step-XXXXXX/` (its engine shards)."""
+    return (path / ENGINE_DIR / ENGINE_TAG).is_dir()
+
+
+def export_consolidated(checkpoint: Path, out: Path, *, dtype: str = "bfloat16") -> dict[str, Any]:
+    """The model a full-mode checkpoint holds, consolidated from its ZeRO-3 shards into one
+    `save_pretrained` directory (`dtype`, tokenizer included) at `out`: what final/ is at the end
+    of a run, from any checkpoint, with no launch and no GPU. Its files must match the manifest
+    first (DeepSpeed's reader unpickles the shard files). The fp32 master weights are read whole
+    into RAM (a 7B model: ~30 GB) and rounded to `dtype` as the engine rounds its 16-bit weights,
+    so the bf16 export of the last checkpoint equals final/. Returns what was done."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from skyrl_tool_agent.policy.export import DTYPES
+
+    if not is_sharded_checkpoint(checkpoint) or not (checkpoint / MODEL_DIR / "config.json").is_file():
+        raise UserInputError(f"{checkpoint}: not a full-mode (ZeRO-3) checkpoint step-XXXXXX/ "
+                             f"({ENGINE_DIR}/{ENGINE_TAG}/ and {MODEL_DIR}/config.json)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserInputError(f"--output-dir {out}: exists and is not empty; give a new directory")
+    verify_checkpoint(checkpoint)
+    step = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8")).get("step")
+    torch_dtype = DTYPES[dtype]
+    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / ENGINE_DIR), tag=ENGINE_TAG)
+    state = {name: tensor.to(torch_dtype) for name, tensor in state.items()}
+    model_config = AutoConfig.from_pretrained(checkpoint / MODEL_DIR)
+    with torch.device("meta"):  # no second copy of the weights: the state dict's tensors are assigned
+        model = AutoModelForCausalLM.from_config(model_config, dtype=torch_dtype)
+    _, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()  # a tied head shares the embedding, which the shards hold once
+    missing = [name for name, param in model.named_parameters() if param.is_meta]
+    if missing or unexpected:
+        raise CheckpointError(f"{checkpoint}: its shards do not fit its {MODEL_DIR}/config.json (missing "
+                              f"{missing[:3]}, unexpected {unexpected[:3]})")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    for source in (checkpoint / MODEL_DIR).iterdir():  # the tokenizer, as the run saved it
+        if source.is_file() and not (out / source.name).exists():
+            shutil.copy2(source, out / source.name)
+    record = {"checkpoint": str(checkpoint.resolve()), "step": step, "dtype": dtype,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    (out / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    logger.info("exported %s (step %s) consolidated from its ZeRO-3 shards: %s (%s)", checkpoint, step, out, dtype)
+    return record
