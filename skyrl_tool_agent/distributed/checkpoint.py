@@ -6,6 +6,7 @@
       optim.pt           LR schedule (rank 0; loaded with torch.load(weights_only=True))
       rng_rank{r}.json   each rank's RNG states, as plain JSON data
       trainer_state.json step, data-loader state, world size
+      config.yaml        the run's resolved config, which `--resume` compares with the launch's
       manifest.json      sha256 of every file above (each rank hashes its share, by size, once all
                          ranks have written; rank 0 writes them)
 
@@ -41,6 +42,7 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.json_input import loads_bounded
 from skyrl_tool_agent.distributed.data_parallel import balanced_shards
 from skyrl_tool_agent.grpo.checkpoint import (
+    CONFIG_FILE,
     MANIFEST,
     STATE_FILE,
     CheckpointError,
@@ -50,6 +52,7 @@ from skyrl_tool_agent.grpo.checkpoint import (
     rng_state,
     set_rng_state,
     verify_checkpoint,
+    world_size_problem,
     write_manifest,
 )
 from skyrl_tool_agent.policy.manifest import file_sha256, tree_sizes
@@ -73,6 +76,7 @@ class CheckpointParts:
     scheduler: Any  # the LR schedule
     loader: Any  # TaskDataLoader (state_dict / load_state_dict)
     root: Path  # the run's checkpoint directory
+    config_yaml: str  # the run's resolved config, recorded for `--resume` to compare with
 
 
 def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int, elapsed_s: float) -> Path:
@@ -94,6 +98,7 @@ def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int,
         state = {"step": step, "loader": parts.loader.state_dict(), "world_size": ctx.world_size,
                  "elapsed_s": elapsed_s}
         (tmp / STATE_FILE).write_text(json.dumps(state) + "\n")
+        (tmp / CONFIG_FILE).write_text(parts.config_yaml, encoding="utf-8")
     ctx.barrier()
     hashes = hashed_in_parallel(ctx, tmp)  # every rank has written its files (barrier above)
     if ctx.is_main:
@@ -178,11 +183,7 @@ def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> tuple[int,
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         raise CheckpointError(f"cannot load {ckpt}: {STATE_FILE}: {type(exc).__name__}: {exc}") from exc
     if state.get("world_size") != ctx.world_size:
-        raise UserInputError(
-            f"{ckpt} was written by {state.get('world_size')} ranks, this run has {ctx.world_size}: ZeRO-3 "
-            f"optimizer shards are per rank; relaunch with the same count, or export it (skyrl-tool-agent export "
-            f"{ckpt} --output-dir DIR) and start fresh from DIR (--set model.name_or_path=DIR)"
-        )
+        raise UserInputError(world_size_problem(ckpt, state.get("world_size"), ctx.world_size))
     load_path, _ = parts.engine.load_checkpoint(
         str(ckpt / ENGINE_DIR), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
     )
