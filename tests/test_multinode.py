@@ -111,17 +111,29 @@ def make_nodes(root: Path) -> list[Node]:
     return nodes
 
 
+def launcher(kind: str, node: Node, port: int) -> list[str]:
+    """Node `node`'s launcher command: `torchrun --nnodes 2 --node_rank N`, or ("deepspeed") the
+    DeepSpeed launcher's multi-node form without ssh, each node starting its own ranks from a
+    hostfile that names both (`deepspeed --hostfile H --no_ssh --node_rank N`, DeepSpeed >= 0.15)."""
+    head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(NODE_RANKS)]
+    if kind == "deepspeed":
+        hostfile = node.root / "hostfile"
+        hostfile.write_text("".join(f"node-{name} slots={NODE_RANKS}\n" for name in "ab"))
+        head = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh", "--quiet"]
+    return [*head, "--node_rank", str(node.rank), "--master_addr", "127.0.0.1", "--master_port", str(port)]
+
+
 def launch_nodes(nodes: list[Node], args: list[str], *, timeout: float, node1_args: tuple[str, ...] = (),
-                 while_running: Callable[[list[subprocess.Popen]], None] | None = None) -> list[Launched]:
-    """Both nodes' launchers of `train_grpo.py args` (node 1 with `node1_args` after them), each in
-    its own working directory and process group; `while_running(launchers)` is called about every
-    half second until both have exited. On a timeout (or any exception) both groups are killed."""
+                 while_running: Callable[[list[subprocess.Popen]], None] | None = None,
+                 kind: str = "torchrun") -> list[Launched]:
+    """Both nodes' launchers (`launcher(kind)`) of `train_grpo.py args` (node 1 with `node1_args`
+    after them), each in its own working directory and process group; `while_running(launchers)`
+    is called about every half second until both have exited. On a timeout (or any exception) both
+    groups are killed."""
     port = free_port()
     procs, logs = [], []
     for node in nodes:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(NODE_RANKS),
-               "--node_rank", str(node.rank), "--master_addr", "127.0.0.1", "--master_port", str(port),
-               str(SCRIPT), *args, *(node1_args if node.rank == 1 else ())]
+        cmd = [*launcher(kind, node, port), str(SCRIPT), *args, *(node1_args if node.rank == 1 else ())]
         out, err = (node.root / f"launch-{port}.out").open("w+"), (node.root / f"launch-{port}.err").open("w+")
         logs.append((out, err))
         procs.append(subprocess.Popen(cmd, env=node.env(), cwd=node.cwd, stdout=out, stderr=err, text=True,
@@ -204,13 +216,14 @@ class Watch:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny, tmp_path_factory):
-    """The uninterrupted 2-step launch into a shared output directory: (nodes, launched, output, watch,
-    what is left after it)."""
+    """The uninterrupted 2-step launch into a shared output directory, by the DeepSpeed launcher's
+    multi-node form without ssh (the other launches are torchrun's): (nodes, launched, output,
+    watch, what is left after it)."""
     root = tmp_path_factory.mktemp("uninterrupted")
     nodes, out, watch = make_nodes(root), root / "shared" / "run", Watch([0, 0], [0, 0])
     try:
         launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
-                                while_running=lambda launchers: watch.look(nodes, launchers, tiny))
+                                while_running=lambda launchers: watch.look(nodes, launchers, tiny), kind="deepspeed")
         yield nodes, launched, out, watch, leftovers(nodes, tiny)
     finally:
         kill_leftovers(nodes, tiny)
@@ -263,6 +276,9 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
                      f"deepspeed/state/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", f"rng_rank{rank}.json"):
             assert (step2 / name).is_file() and name in listed, name
     assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == 2 * NODE_RANKS
+    # a periodic checkpoint holds no consolidated export; the run's end writes one (final/)
+    assert not (step2 / "weights").exists() and not list(step2.rglob("*.safetensors"))
+    assert (out / "final" / "model.safetensors").is_file()
     # one narrator: node 1 prints no INFO progress and writes nothing of the run's own
     assert not re.search(r"\bINFO\b", launched[1].log), launched[1].log[-3000:]
     assert "before GRPO" not in launched[1].log
