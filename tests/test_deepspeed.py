@@ -188,7 +188,7 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny_run, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
-def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny_run, tmp_path):
+def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny_run, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     args = tiny_run_args(tiny_run, "full", max_steps=2)
@@ -232,6 +232,26 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
     assert any(not torch.equal(mid_state[k], exported.state_dict()[k]) for k in mid_state)  # step 1, not step 2
     assert any(not torch.equal(mid_state[k].float(), initial_state[k].float()) for k in mid_state)  # trained
     assert json.loads((tmp_path / step1.name / "exported_from.json").read_text())["step"] == 1
+    from skyrl_tool_agent.config import ModelConfig
+    from skyrl_tool_agent.eval.policies import load_eval_policy
+    from skyrl_tool_agent.policy.loading import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="ZeRO-3. checkpoint holds shards, not a model: export it first"):
+        load_eval_policy(str(step1), ModelConfig(device="cpu"))  # evaluate --model-path CHECKPOINT says what to do
+    # an export never reads a shard that is not the bytes the run wrote, nor writes over a directory
+    import shutil
+
+    damaged = tmp_path / "damaged" / step1.name
+    shutil.copytree(step1, damaged)
+    shard = next((damaged / "deepspeed" / "state").glob("*optim_states.pt"))
+    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    for source, out, message in ((damaged, tmp_path / "d", "is corrupt or incomplete"),
+                                 (step1, tmp_path / step1.name, "exists and is not empty")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(["export", str(source), "--output-dir", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert exited.value.code == 2 and err.startswith("error:") and message in err and "\n" not in err, err
 
     # A run that stopped after its step-1 checkpoint, resumed with --resume auto.
     check_exact_resume(_deepspeed, args, full, tmp_path / "part", steps=2, weights="model.safetensors")
