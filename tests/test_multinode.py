@@ -416,7 +416,8 @@ def test_the_sweeper_leaves_a_run_directory_of_another_host_alone(tmp_path):
 def test_the_heartbeat_names_the_rank_that_stopped_beating():
     """Ranks 0-2 beat in a real TCPStore; then rank 2 stops (its process died). After a failed
     collective rank 0 names no rank while all beat and rank 2 once it stopped; on its own, rank 0's
-    heartbeat names rank 2 once it has been silent `lost_after_s`."""
+    heartbeat names rank 2 once it has been silent `lost_after_s`; a rank that stopped because of
+    rank 2 is not named with it."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -437,6 +438,12 @@ def test_the_heartbeat_names_the_rank_that_stopped_beating():
         deadline = time.monotonic() + 10
         while not verdicts and time.monotonic() < deadline:
             time.sleep(0.05)
+        # Rank 1 stops because of rank 2 (its verdict), and its beats stop a moment later: a rank
+        # whose verdict comes after that names rank 2 alone, not rank 1 with it.
+        assert (beats[1].after_failure() or "").startswith("rank 2 stopped answering")
+        beats[1].stop()
+        time.sleep(0.5)
+        assert (beats[0].stalled(0.2) or "").startswith("rank 2 stopped answering (no heartbeat"), beats[0].stalled(0.2)
     finally:
         for beat in beats:
             beat.stop()
