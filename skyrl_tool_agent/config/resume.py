@@ -23,9 +23,10 @@ MAY_CHANGE_ON_RESUME: tuple[str, ...] = (
     "training.time_budget_minutes", "training.job_budget_minutes",
     # where it reads and writes: the databases' directory (the same databases, moved or copied;
     # which tasks it trains on, the task files, is compared) and the outputs
-    "training.data.db_root", "training.data.spider_root", "training.output_dir", "training.wandb.", "training.push_to_hub.", "training.log_every",
-    "training.rollouts_every", "training.rollout_groups_per_step", "training.checkpoint_every",
-    "training.keep_checkpoints",
+    "training.data.db_root", "training.data.spider_root", "training.output_dir",
+    # what it logs and how often it saves
+    "training.wandb.", "training.push_to_hub.", "training.log_every", "training.rollouts_every",
+    "training.rollout_groups_per_step", "training.checkpoint_every", "training.keep_checkpoints",
     # what it measures (evaluations and probes read the policy; they do not train it)
     "training.eval_every", "training.eval_num_tasks", "training.eval_split", "training.eval_samples",
     "training.probe_tasks", "training.probe_held_out_tasks", "training.probe_every",

@@ -226,14 +226,16 @@ def export_consolidated(checkpoint: Path, out: Path, *, dtype: str = "bfloat16")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserInputError(f"--output-dir {out}: exists and is not empty; give a new directory")
     verify_checkpoint(checkpoint)
-    step = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8")).get("step")
+    state = loads_bounded((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    step = state.get("step") if isinstance(state, dict) else None
     torch_dtype = DTYPES[dtype]
-    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / ENGINE_DIR), tag=ENGINE_TAG)
-    state = {name: tensor.to(torch_dtype) for name, tensor in state.items()}
+    fp32 = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / ENGINE_DIR), tag=ENGINE_TAG)
+    weights = {name: tensor.to(torch_dtype) for name, tensor in fp32.items()}
+    del fp32  # bf16: half the RAM from here on
     model_config = AutoConfig.from_pretrained(checkpoint / MODEL_DIR)
     with torch.device("meta"):  # no second copy of the weights: the state dict's tensors are assigned
         model = AutoModelForCausalLM.from_config(model_config, dtype=torch_dtype)
-    _, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    _, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     model.tie_weights()  # a tied head shares the embedding, which the shards hold once
     missing = [name for name, param in model.named_parameters() if param.is_meta]
     if missing or unexpected:

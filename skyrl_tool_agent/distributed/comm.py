@@ -91,7 +91,7 @@ class Heartbeat:
         longer for the CPU) then does not name this one, whose beats stop a moment after, among the
         lost (it read "ranks 3, 0, 2" where rank 3 alone died)."""
         if line is not None:
-            with contextlib.suppress(Exception):  # a store that is gone: the verdict says so already
+            with contextlib.suppress(Exception):  # noqa: BLE001 - a store that is gone: the verdict says so already
                 self.store.add(self._following_key(self.rank), 1)
         return line
 
@@ -140,7 +140,7 @@ class Heartbeat:
         silent = sorted((r for r in range(self.world_size) if r != self.rank and now - self._advanced[r] > silent_s),
                         key=lambda r: self._advanced[r])
         lost = [r for r in silent if not self._following(r)]
-        silent = lost or silent  # only ranks that stopped following others: name them (something is wrong)
+        silent = lost or silent  # every silent rank stopped following another: name them, there is no better account
         if not silent:
             return None
         names = ", ".join(str(r) for r in silent)
