@@ -5,14 +5,16 @@ Each node is its own `torchrun --nnodes 2 --node_rank N --master_addr 127.0.0.1`
 directory, temporary directory, model cache and PYTHONHASHSEED: what differs between real nodes.
 Each launch runs in its own process group, killed whole on a timeout.
 
-One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks), one with
-rank 3 killed after step 1, and one stopped by SIGTERM during step 1 and resumed on both nodes
-carry the run's assertions; each planted
+One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks, by the
+DeepSpeed launcher's multi-node form without ssh), and one stopped by SIGTERM during step 1 and
+resumed on both nodes carry the run's assertions; a LoRA launch trains to its step-1 checkpoint
+and has rank 3 killed; each planted
 fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
-file on node 1) is a short launch that must stop every rank with one line naming it. The faults
+file on node 1) is a launch that must stop every rank with one line naming it. The faults
 run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
 two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints
-(tests/test_data_parallel.py resumes those exactly on one host).
+(tests/test_data_parallel.py resumes those exactly on one host; a LoRA two-node resume is not
+launched here: it and the uninterrupted LoRA run it would be compared with are two launches more).
 """
 
 from __future__ import annotations
@@ -231,8 +233,9 @@ def uninterrupted(tiny, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def killed(tiny, tmp_path_factory):
-    """The same launch with global rank 3 killed once its step-1 checkpoint is written:
-    (nodes, launched, output, seconds from the kill to both launchers' end, leftovers)."""
+    """The same launch in LoRA mode (`ReplicatedBackend`: LoRA's two-node training up to its step-1
+    checkpoint) with global rank 3 killed once that checkpoint is written: (nodes, launched, output,
+    seconds from the kill to both launchers' end, leftovers)."""
     root = tmp_path_factory.mktemp("killed")
     nodes, out = make_nodes(root), root / "shared" / "run"
     killed_at: list[float] = []
@@ -247,7 +250,7 @@ def killed(tiny, tmp_path_factory):
                     killed_at.append(time.monotonic())
 
     try:
-        launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
+        launched = launch_nodes(nodes, [*cluster_args(tiny, "lora"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
                                 while_running=kill_rank_3)
         assert killed_at, "rank 3 was never killed: " + launched[0].log[-3000:]
         seconds = time.monotonic() - killed_at[0]
@@ -306,6 +309,13 @@ def test_a_killed_rank_stops_every_rank_within_seconds(killed):
     assert left == [(0, [], []), (1, [], [])]
     verify_checkpoint(out / "checkpoints" / "step-000001")  # the last checkpoint is intact
     assert not (out / "checkpoints" / "step-000002").exists()
+    # LoRA over two nodes up to then: step 0 and 1's metrics once, step 1 with every rank's groups
+    # (5 tasks on 4 ranks), told by rank 0 alone
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1], rows
+    assert rows[1]["episode/tasks"] == TASKS_PER_STEP and rows[1]["train/trajectories_used"] == 2 * TASKS_PER_STEP
+    assert rows[1]["train/grad_norm"] > 0
+    assert not re.search(r"\bINFO\b", launched[1].log) and sorted(nodes[1].cwd.iterdir()) == [], launched[1].log[-3000:]
 
 
 @pytest.mark.slow
