@@ -301,11 +301,13 @@ def test_a_killed_rank_stops_every_rank_within_seconds(killed):
     # both launchers end, non-zero, well before a collective timeout would
     assert launched[0].returncode != 0 and launched[1].returncode != 0
     assert seconds < STOP_TIMEOUT_S, seconds
-    # The survivors say which rank stopped answering (node 1's launcher stops rank 2 with it; node
-    # 0's stops its other rank once the first has said it and exited).
+    # The survivors say which ranks stopped answering: node 1's (its launcher stops rank 2 with rank
+    # 3, within a beat, so either may have beaten last), never node 0's (its other rank stops once
+    # the first has said it and exited).
     lines = error_lines(launched[0])
-    assert lines and all(re.match(r"error: (rank 3|ranks 3, 2|ranks 2, 3) stopped answering", line) for line in lines), \
-        launched[0].stderr[-4000:]
+    assert lines and all(re.match(r"error: (rank 3|ranks 3, 2|ranks 2, 3|rank 2) stopped answering", line)
+                         for line in lines), launched[0].stderr[-4000:]
+    assert any("3" in line.split("stopped")[0] for line in lines), launched[0].stderr[-4000:]
     assert left == [(0, [], []), (1, [], [])]
     verify_checkpoint(out / "checkpoints" / "step-000001")  # the last checkpoint is intact
     assert not (out / "checkpoints" / "step-000002").exists()

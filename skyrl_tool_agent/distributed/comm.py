@@ -151,12 +151,15 @@ class Heartbeat:
 
     def after_failure(self) -> str | None:
         """Called when a collective failed: `stalled` over 2.5 beats (a live rank's count is seen to
-        move at least every 2), as soon as a rank is that silent, or None when none is within 4.5
-        beats (a dead rank's last beat is seen up to one beat after it died)."""
+        move at least every 2), one beat after a rank is first that silent, or None when none is
+        within 4.5 beats (a dead rank's last beat is seen up to one beat after it died)."""
         silent_s = 2.5 * self.beat_s
         deadline = time.monotonic() + silent_s + 2 * self.beat_s
         while (line := self.stalled(silent_s)) is None and time.monotonic() < deadline:
             time.sleep(self.beat_s / 4)
+        if line is not None:  # one beat more: a launcher stops a lost rank's node-mates within a beat or
+            time.sleep(self.beat_s)  # two, whose last beats may even precede the lost one's: name them together
+            line = self.stalled(silent_s) or line
         return self._verdict(line)
 
 
