@@ -11,6 +11,7 @@ import json
 import logging
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,9 +62,9 @@ class Run:
     def weights(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.policy.model.named_parameters() if p.requires_grad}
 
-    def save(self, root: Path, step: int) -> Path:
+    def save(self, root: Path, step: int, config_yaml: str | None = None) -> Path:
         return save_checkpoint(root, step, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-                               trainer_state={"loader": {"position": step}}, keep=5)
+                               trainer_state={"loader": {"position": step}}, keep=5, config_yaml=config_yaml)
 
     def load(self, path: Path) -> dict:
         return load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler)
@@ -192,24 +193,23 @@ def test_torn_last_line_of_metrics_jsonl(tmp_path: Path, caplog: pytest.LogCaptu
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
 
 
-def test_cli_resume_from_corrupt_checkpoints_exits_2_with_one_line(model_dir: Path, tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """End to end through the train command (in this process: the script is its alias): a
-    truncated checkpoint is a user-facing error, not a traceback."""
-    from skyrl_tool_agent.commands.train import main
+def _cli_run(model_dir: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A run directory for the train command (tasks, databases) and its `--set`s."""
     from skyrl_tool_agent.data.tasks import save_tasks
     from tests.fixtures.tiny_db import SHOP_TASKS, make_shop_db
 
     make_shop_db(tmp_path / "dbs")
     save_tasks(SHOP_TASKS, tmp_path / "tasks.json")
-    run = Run(model_dir)
-    out = tmp_path / "out"
-    truncate(run.save(out / "checkpoints", 1) / "weights" / "adapter_model.safetensors")
     sets = {"model.name_or_path": model_dir, "model.device": "cpu", "training.data.train_file": tmp_path / "tasks.json",
             "training.data.dev_file": tmp_path / "tasks.json", "training.data.db_root": tmp_path / "dbs",
             "training.data.train_pool": "file", "training.eval_num_tasks": 1, "training.wandb.mode": "disabled"}
-    argv = ["--mode", "lora", "--output-dir", str(out), "--resume", "auto",
-            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    return tmp_path / "out", sets
+
+
+def _train_command_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The train command's one `error:` line (exit 2, no traceback), run in this process."""
+    from skyrl_tool_agent.commands.train import main
+
     capsys.readouterr()
     with pytest.raises(SystemExit) as exited:
         main(argv)
@@ -217,4 +217,76 @@ def test_cli_resume_from_corrupt_checkpoints_exits_2_with_one_line(model_dir: Pa
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert exited.value.code == 2, stderr[-3000:]
     assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return errors[0]
+
+
+def test_cli_resume_from_corrupt_checkpoints_exits_2_with_one_line(model_dir: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """End to end through the train command (in this process: the script is its alias): a
+    truncated checkpoint is a user-facing error, not a traceback."""
+    out, sets = _cli_run(model_dir, tmp_path)
+    run = Run(model_dir)
+    truncate(run.save(out / "checkpoints", 1) / "weights" / "adapter_model.safetensors")
+    argv = ["--mode", "lora", "--output-dir", str(out), "--resume", "auto",
+            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    errors = [_train_command_error(argv, capsys)]
     assert "no intact checkpoint" in errors[0] and "adapter_model.safetensors" in errors[0]
+
+
+def test_resume_stops_on_a_setting_that_changes_training_before_anything_is_loaded(
+        model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A launch resumed with a learning rate and a KL coefficient other than its checkpoint's run
+    recorded stops with one `error:` line naming the first knob, both values and how many more,
+    before a model is loaded or a file written (the run's config.yaml stays the checkpoint's);
+    before, it trained on with the restored optimizer under the new numbers. Knobs a resume may
+    change (how long, where, what it logs, how it computes) pass."""
+    from skyrl_tool_agent.config import load_config
+    from skyrl_tool_agent.jobs.train import resume_problem
+
+    out, sets = _cli_run(model_dir, tmp_path)
+    overrides = ["training.mode=lora", f"training.output_dir={out}", *(f"{k}={v}" for k, v in sets.items())]
+    trained = load_config(None, [*overrides, "training.learning_rate=0.5", "grpo.kl_coef=0.2"])
+    run = Run(model_dir)
+    checkpoint = run.save(out / "checkpoints", 1, config_yaml=trained.dump_yaml())
+    (out / "config.yaml").write_text(trained.dump_yaml())
+    argv = ["--mode", "lora", "--output-dir", str(out), "--resume", "auto",
+            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    line = _train_command_error(argv, capsys)
+    launch = load_config(None, overrides)
+    assert (f"--resume {checkpoint}: training.learning_rate is {launch.training.learning_rate} in this launch but 0.5 "
+            "in the checkpoint's run (and 1 more: grpo.kl_coef)") in line, line
+    assert (out / "config.yaml").read_text() == trained.dump_yaml()  # refused before the run wrote anything
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.yaml"]
+
+    # What a resume may change passes; anything else is named, with an explicit checkpoint too.
+    same = load_config(None, [*overrides, "training.learning_rate=0.5", "grpo.kl_coef=0.2"])
+    assert resume_problem(same, out, "auto", 1) is None
+    moved = load_config(None, [*overrides, "training.learning_rate=0.5", "grpo.kl_coef=0.2",
+                               "training.time_budget_minutes=30", f"training.output_dir={tmp_path / 'elsewhere'}",
+                               f"training.data.db_root={tmp_path / 'copied_dbs'}", "training.eval_every=5",
+                               "training.micro_batch_size=2", "training.checkpoint_every=3", "model.device=auto",
+                               "training.wandb.mode=offline", "env.collector.concurrency=7"])
+    assert resume_problem(moved, out, str(checkpoint), 1) is None
+    for knob, value in {"training.max_steps": 7, "training.mode": "full", "grpo.clip_eps_high": 0.5,
+                        "model.lora.r": 4, "training.seed": 3, "env.reward.keep_distinct": False}.items():
+        other = load_config(None, [*overrides, "training.learning_rate=0.5", "grpo.kl_coef=0.2", f"{knob}={value}"])
+        problem = resume_problem(other, out, str(checkpoint), 1)
+        assert problem is not None and f": {knob} is " in problem and "(and" not in problem, (knob, problem)
+    assert resume_problem(launch, out, str(tmp_path / "no-such-checkpoint"), 1) is None  # the load says so
+
+    # A ZeRO-3 checkpoint also needs its rank count; one that recorded no config is not compared.
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 1, "world_size": 2}))
+    full = load_config(None, [*overrides, "training.learning_rate=0.5", "grpo.kl_coef=0.2", "training.mode=full"])
+    assert "was written by 2 ranks, this run has 4" in resume_problem(full, out, "auto", 4)
+    (checkpoint / "config.yaml").unlink()
+    assert resume_problem(launch, out, "auto", 1) is None
+
+
+def test_what_a_resume_may_change_names_real_knobs() -> None:
+    """Every entry of MAY_CHANGE_ON_RESUME is a knob (or a section prefix) of the schema: a typo
+    there would silently compare what it meant to allow."""
+    from skyrl_tool_agent.config.resume import MAY_CHANGE_ON_RESUME, flat_settings
+
+    knobs = flat_settings(Config().to_dict())
+    for allowed in MAY_CHANGE_ON_RESUME:
+        assert any(k == allowed or (allowed.endswith(".") and k.startswith(allowed)) for k in knobs), allowed

@@ -127,6 +127,8 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny_run, tmp_path):
     The ranks start beside a stale build lock of DeepSpeed's shared-memory op, as a start killed
     while building it leaves one: torch's extension loader waits for such a lock forever, so the
     ranks must not build the op (`distributed.comm.skip_cpu_shared_memory_op`)."""
+    from transformers import AutoModelForCausalLM
+
     from skyrl_tool_agent.grpo.trainer import GRPOTrainer
     from skyrl_tool_agent.policy.qwen import QwenPolicy
 
@@ -171,10 +173,22 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny_run, tmp_path):
     initial = load_file(str(tiny_run / "model" / "model.safetensors"))
     assert max(float((weights[k] - initial[k]).abs().max()) for k in weights) > 1e-4  # the update did something
 
+    # The checkpoint saved after the update, exported on request from its shards (in process):
+    # the gathered weights exactly, so the single-process update's too.
+    from skyrl_tool_agent.commands.main import main
+
+    checkpoint = tmp_path / "dist" / "checkpoints" / "step-000000"
+    assert not (checkpoint / "weights").exists()
+    assert main(["export", str(checkpoint), "--output-dir", str(tmp_path / "export"), "--dtype", "float32"]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export").state_dict()
+    assert exported.keys() == state.keys()
+    for name, value in weights.items():
+        assert torch.equal(exported[name], value), name
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
-def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny_run, tmp_path):
+def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny_run, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     args = tiny_run_args(tiny_run, "full", max_steps=2)
@@ -184,8 +198,10 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[1]["episode/tasks"] == 3 and rows[1]["train/trajectories_used"] == 6  # both ranks' groups gathered
     assert rows[1]["policy_tokens"] > 0 and rows[1]["train/grad_norm"] > 0 and rows[2]["train/kl"] > 0
-    step2 = full / "checkpoints" / "step-000002"
-    assert (step2 / "deepspeed" / "state").is_dir() and (step2 / "weights" / "model.safetensors").is_file()
+    step1, step2 = (full / "checkpoints" / f"step-00000{n}" for n in (1, 2))
+    for step in (step1, step2):  # the shards, the model's config and tokenizer; no consolidated export
+        assert (step / "deepspeed" / "state").is_dir() and (step / "model" / "config.json").is_file()
+        assert not (step / "weights").exists() and not list(step.rglob("*.safetensors")), sorted(step.rglob("*"))
     assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == 2
     assert "before GRPO" in done.stdout  # rank 0 printed the summary
 
@@ -198,6 +214,44 @@ def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny
     assert delta > 1e-3  # trained
     ids = torch.tensor([[1, 2, 3, 4]])
     assert torch.isfinite(exported(ids).logits).all()
+
+    # An export on request (in process, no launcher): the last checkpoint's shards, consolidated,
+    # are final/ bit for bit; a mid-run checkpoint's are a model of its own that loads the same way.
+    from safetensors.torch import load_file
+
+    from skyrl_tool_agent.commands.main import main
+
+    for step in (step1, step2):
+        assert main(["export", str(step), "--output-dir", str(tmp_path / step.name)]) == 0
+    last = load_file(str(tmp_path / step2.name / "model.safetensors"))
+    final = load_file(str(full / "final" / "model.safetensors"))
+    assert last.keys() == final.keys() and all(torch.equal(last[k], final[k]) for k in final)
+    mid = AutoModelForCausalLM.from_pretrained(tmp_path / step1.name)
+    assert mid.dtype == torch.bfloat16 and torch.isfinite(mid(ids).logits).all()
+    mid_state, initial_state = mid.state_dict(), initial.state_dict()
+    assert any(not torch.equal(mid_state[k], exported.state_dict()[k]) for k in mid_state)  # step 1, not step 2
+    assert any(not torch.equal(mid_state[k].float(), initial_state[k].float()) for k in mid_state)  # trained
+    assert json.loads((tmp_path / step1.name / "exported_from.json").read_text())["step"] == 1
+    from skyrl_tool_agent.config import ModelConfig
+    from skyrl_tool_agent.eval.policies import load_eval_policy
+    from skyrl_tool_agent.policy.loading import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="ZeRO-3. checkpoint holds shards, not a model: export it first"):
+        load_eval_policy(str(step1), ModelConfig(device="cpu"))  # evaluate --model-path CHECKPOINT says what to do
+    # an export never reads a shard that is not the bytes the run wrote, nor writes over a directory
+    import shutil
+
+    damaged = tmp_path / "damaged" / step1.name
+    shutil.copytree(step1, damaged)
+    shard = next((damaged / "deepspeed" / "state").glob("*optim_states.pt"))
+    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    for source, out, message in ((damaged, tmp_path / "d", "is corrupt or incomplete"),
+                                 (step1, tmp_path / step1.name, "exists and is not empty")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(["export", str(source), "--output-dir", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert exited.value.code == 2 and err.startswith("error:") and message in err and "\n" not in err, err
 
     # A run that stopped after its step-1 checkpoint, resumed with --resume auto.
     check_exact_resume(_deepspeed, args, full, tmp_path / "part", steps=2, weights="model.safetensors")
@@ -216,7 +270,11 @@ def _update_worker(model_dir: str, out: str) -> None:
     raw["bf16"] = {"enabled": False}
     ds = resolve_deepspeed_config(raw, config, hidden_size=64, world_size=ctx.world_size)
     policy = build_deepspeed_policy(config, ctx, ds)
-    trainer = DistributedGRPOTrainer(config, policy, None, None, [], output_dir=Path(out) / "dist", ds_config=ds)
+    from skyrl_tool_agent.data.loader import build_loader
+    from tests.fixtures.tiny_db import SHOP_TASKS
+
+    trainer = DistributedGRPOTrainer(config, policy, None, build_loader(config, SHOP_TASKS), [],
+                                     output_dir=Path(out) / "dist", ds_config=ds)
     calls = []
     # a submodule: transformers checkpoints the layer's forward, so hooks on the layer itself run once
     trainer.engine.module.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
@@ -227,6 +285,7 @@ def _update_worker(model_dir: str, out: str) -> None:
     after = _sample(policy)
     (Path(out) / f"samples-rank{ctx.rank}.json").write_text(json.dumps({"before": before, "after": after}))
     policy.save(Path(out) / "weights")
+    trainer.save()  # the sharded checkpoint the test exports
     if ctx.is_main:
         (Path(out) / "stats.json").write_text(json.dumps({**stats, "layer0_calls": len(calls)}))
     ctx.close()

@@ -5,14 +5,16 @@ Each node is its own `torchrun --nnodes 2 --node_rank N --master_addr 127.0.0.1`
 directory, temporary directory, model cache and PYTHONHASHSEED: what differs between real nodes.
 Each launch runs in its own process group, killed whole on a timeout.
 
-One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks), one with
-rank 3 killed after step 1, and one stopped by SIGTERM during step 1 and resumed on both nodes
-carry the run's assertions; each planted
+One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks, by the
+DeepSpeed launcher's multi-node form without ssh), and one stopped by SIGTERM during step 1 and
+resumed on both nodes carry the run's assertions; a LoRA launch trains to its step-1 checkpoint
+and has rank 3 killed; each planted
 fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
-file on node 1) is a short launch that must stop every rank with one line naming it. The faults
+file on node 1) is a launch that must stop every rank with one line naming it. The faults
 run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
 two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints
-(tests/test_data_parallel.py resumes those exactly on one host).
+(tests/test_data_parallel.py resumes those exactly on one host; a LoRA two-node resume is not
+launched here: it and the uninterrupted LoRA run it would be compared with are two launches more).
 """
 
 from __future__ import annotations
@@ -111,17 +113,29 @@ def make_nodes(root: Path) -> list[Node]:
     return nodes
 
 
+def launcher(kind: str, node: Node, port: int) -> list[str]:
+    """Node `node`'s launcher command: `torchrun --nnodes 2 --node_rank N`, or ("deepspeed") the
+    DeepSpeed launcher's multi-node form without ssh, each node starting its own ranks from a
+    hostfile that names both (`deepspeed --hostfile H --no_ssh --node_rank N`, DeepSpeed >= 0.15)."""
+    head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(NODE_RANKS)]
+    if kind == "deepspeed":
+        hostfile = node.root / "hostfile"
+        hostfile.write_text("".join(f"node-{name} slots={NODE_RANKS}\n" for name in "ab"))
+        head = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh", "--quiet"]
+    return [*head, "--node_rank", str(node.rank), "--master_addr", "127.0.0.1", "--master_port", str(port)]
+
+
 def launch_nodes(nodes: list[Node], args: list[str], *, timeout: float, node1_args: tuple[str, ...] = (),
-                 while_running: Callable[[list[subprocess.Popen]], None] | None = None) -> list[Launched]:
-    """Both nodes' launchers of `train_grpo.py args` (node 1 with `node1_args` after them), each in
-    its own working directory and process group; `while_running(launchers)` is called about every
-    half second until both have exited. On a timeout (or any exception) both groups are killed."""
+                 while_running: Callable[[list[subprocess.Popen]], None] | None = None,
+                 kind: str = "torchrun") -> list[Launched]:
+    """Both nodes' launchers (`launcher(kind)`) of `train_grpo.py args` (node 1 with `node1_args`
+    after them), each in its own working directory and process group; `while_running(launchers)`
+    is called about every half second until both have exited. On a timeout (or any exception) both
+    groups are killed."""
     port = free_port()
     procs, logs = [], []
     for node in nodes:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(NODE_RANKS),
-               "--node_rank", str(node.rank), "--master_addr", "127.0.0.1", "--master_port", str(port),
-               str(SCRIPT), *args, *(node1_args if node.rank == 1 else ())]
+        cmd = [*launcher(kind, node, port), str(SCRIPT), *args, *(node1_args if node.rank == 1 else ())]
         out, err = (node.root / f"launch-{port}.out").open("w+"), (node.root / f"launch-{port}.err").open("w+")
         logs.append((out, err))
         procs.append(subprocess.Popen(cmd, env=node.env(), cwd=node.cwd, stdout=out, stderr=err, text=True,
@@ -204,13 +218,14 @@ class Watch:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny, tmp_path_factory):
-    """The uninterrupted 2-step launch into a shared output directory: (nodes, launched, output, watch,
-    what is left after it)."""
+    """The uninterrupted 2-step launch into a shared output directory, by the DeepSpeed launcher's
+    multi-node form without ssh (the other launches are torchrun's): (nodes, launched, output,
+    watch, what is left after it)."""
     root = tmp_path_factory.mktemp("uninterrupted")
     nodes, out, watch = make_nodes(root), root / "shared" / "run", Watch([0, 0], [0, 0])
     try:
         launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
-                                while_running=lambda launchers: watch.look(nodes, launchers, tiny))
+                                while_running=lambda launchers: watch.look(nodes, launchers, tiny), kind="deepspeed")
         yield nodes, launched, out, watch, leftovers(nodes, tiny)
     finally:
         kill_leftovers(nodes, tiny)
@@ -218,8 +233,9 @@ def uninterrupted(tiny, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def killed(tiny, tmp_path_factory):
-    """The same launch with global rank 3 killed once its step-1 checkpoint is written:
-    (nodes, launched, output, seconds from the kill to both launchers' end, leftovers)."""
+    """The same launch in LoRA mode (`ReplicatedBackend`: LoRA's two-node training up to its step-1
+    checkpoint) with global rank 3 killed once that checkpoint is written: (nodes, launched, output,
+    seconds from the kill to both launchers' end, leftovers)."""
     root = tmp_path_factory.mktemp("killed")
     nodes, out = make_nodes(root), root / "shared" / "run"
     killed_at: list[float] = []
@@ -234,7 +250,7 @@ def killed(tiny, tmp_path_factory):
                     killed_at.append(time.monotonic())
 
     try:
-        launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
+        launched = launch_nodes(nodes, [*cluster_args(tiny, "lora"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
                                 while_running=kill_rank_3)
         assert killed_at, "rank 3 was never killed: " + launched[0].log[-3000:]
         seconds = time.monotonic() - killed_at[0]
@@ -263,6 +279,9 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
                      f"deepspeed/state/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", f"rng_rank{rank}.json"):
             assert (step2 / name).is_file() and name in listed, name
     assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == 2 * NODE_RANKS
+    # a periodic checkpoint holds no consolidated export; the run's end writes one (final/)
+    assert not (step2 / "weights").exists() and not list(step2.rglob("*.safetensors"))
+    assert (out / "final" / "model.safetensors").is_file()
     # one narrator: node 1 prints no INFO progress and writes nothing of the run's own
     assert not re.search(r"\bINFO\b", launched[1].log), launched[1].log[-3000:]
     assert "before GRPO" not in launched[1].log
@@ -282,14 +301,23 @@ def test_a_killed_rank_stops_every_rank_within_seconds(killed):
     # both launchers end, non-zero, well before a collective timeout would
     assert launched[0].returncode != 0 and launched[1].returncode != 0
     assert seconds < STOP_TIMEOUT_S, seconds
-    # The survivors say which rank stopped answering (node 1's launcher stops rank 2 with it; node
-    # 0's stops its other rank once the first has said it and exited).
+    # The survivors say which ranks stopped answering: node 1's (its launcher stops rank 2 with rank
+    # 3, within a beat, so either may have beaten last), never node 0's (its other rank stops once
+    # the first has said it and exited).
     lines = error_lines(launched[0])
-    assert lines and all(re.match(r"error: (rank 3|ranks 3, 2|ranks 2, 3) stopped answering", line) for line in lines), \
-        launched[0].stderr[-4000:]
+    assert lines and all(re.match(r"error: (rank 3|ranks 3, 2|ranks 2, 3|rank 2) stopped answering", line)
+                         for line in lines), launched[0].stderr[-4000:]
+    assert any("3" in line.split("stopped")[0] for line in lines), launched[0].stderr[-4000:]
     assert left == [(0, [], []), (1, [], [])]
     verify_checkpoint(out / "checkpoints" / "step-000001")  # the last checkpoint is intact
     assert not (out / "checkpoints" / "step-000002").exists()
+    # LoRA over two nodes up to then: step 0 and 1's metrics once, step 1 with every rank's groups
+    # (5 tasks on 4 ranks), told by rank 0 alone
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1], rows
+    assert rows[1]["episode/tasks"] == TASKS_PER_STEP and rows[1]["train/trajectories_used"] == 2 * TASKS_PER_STEP
+    assert rows[1]["train/grad_norm"] > 0
+    assert not re.search(r"\bINFO\b", launched[1].log) and sorted(nodes[1].cwd.iterdir()) == [], launched[1].log[-3000:]
 
 
 @pytest.mark.slow
@@ -400,7 +428,8 @@ def test_the_sweeper_leaves_a_run_directory_of_another_host_alone(tmp_path):
 def test_the_heartbeat_names_the_rank_that_stopped_beating():
     """Ranks 0-2 beat in a real TCPStore; then rank 2 stops (its process died). After a failed
     collective rank 0 names no rank while all beat and rank 2 once it stopped; on its own, rank 0's
-    heartbeat names rank 2 once it has been silent `lost_after_s`."""
+    heartbeat names rank 2 once it has been silent `lost_after_s`; a rank that stopped because of
+    rank 2 is not named with it."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -421,6 +450,12 @@ def test_the_heartbeat_names_the_rank_that_stopped_beating():
         deadline = time.monotonic() + 10
         while not verdicts and time.monotonic() < deadline:
             time.sleep(0.05)
+        # Rank 1 stops because of rank 2 (its verdict), and its beats stop a moment later: a rank
+        # whose verdict comes after that names rank 2 alone, not rank 1 with it.
+        assert (beats[1].after_failure() or "").startswith("rank 2 stopped answering")
+        beats[1].stop()
+        time.sleep(0.5)
+        assert (beats[0].stalled(0.2) or "").startswith("rank 2 stopped answering (no heartbeat"), beats[0].stalled(0.2)
     finally:
         for beat in beats:
             beat.stop()

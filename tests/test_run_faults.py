@@ -196,8 +196,11 @@ CRAFTED = {
     "step as text": (lambda s: {**s, "step": "three"}, "has step 'three'", {}),
     "garbage loader": (lambda s: {**s, "loader": {"version": s["loader"]["version"], "junk": 1}}, "data-loader state", {}),
     "step 10**12": (lambda s: {**s, "step": 10**12}, "has step 1000000000000", {}),
-    "max_steps changed": (lambda s: s, "total_steps=2 differs", {"training.max_steps": 3}),
-    "seed changed": (lambda s: s, "seed=7 differs", {"training.seed": 8}),
+    # refused before anything is loaded, by the checkpoint's recorded config (naming the knob)
+    "max_steps changed": (lambda s: s, "training.max_steps is 3 in this launch but 2 in the checkpoint's run",
+                          {"training.max_steps": 3}),
+    "seed changed": (lambda s: s, "training.seed is 8 in this launch but 7 in the checkpoint's run",
+                     {"training.seed": 8}),
 }
 
 

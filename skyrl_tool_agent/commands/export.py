@@ -1,8 +1,16 @@
-"""Export a trained LoRA adapter for serving: merged into its base model, one plain model directory.
+"""Export a trained model for serving, one plain model directory: a LoRA adapter merged into its
+base model, or a full-mode (ZeRO-3) checkpoint consolidated from its shards.
 
     skyrl-tool-agent export outputs/grpo/final --merge --output-dir outputs/grpo/merged
     skyrl-tool-agent export outputs/grpo --merge --output-dir merged      # a run directory: its final/
     skyrl-tool-agent export outputs/grpo/checkpoints/step-000040 --merge --output-dir merged
+    skyrl-tool-agent export outputs/full/checkpoints/step-000040 --output-dir step40   # full mode
+
+A full-mode run writes its consolidated model to final/ at the end only; its checkpoints hold the
+ZeRO-3 shards (and the model's config.json and tokenizer), from which this command builds the same
+kind of directory on request, on the CPU, without a launcher: the fp32 master weights rounded to
+--dtype (bf16: the last checkpoint's export equals final/). It needs the fp32 weights in RAM
+(4 bytes a parameter: ~30 GB for a 7B model).
 
 The result (bf16 by default, tokenizer and chat template included, merged_from.json naming the
 adapter and base) loads with `AutoModelForCausalLM.from_pretrained` and in any server (`vllm serve
@@ -31,10 +39,11 @@ from skyrl_tool_agent.config import UserInputError, cli_main_guard
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
     p = new_parser(__doc__, prog)
-    p.add_argument("adapter", type=Path, help="training's final/, a run directory, or a checkpoint step-XXXXXX/")
-    p.add_argument("--merge", action="store_true", help="merge the adapter into its base model (required: the "
-                   "only export; the adapter itself needs none)")
-    add_output_dir(p, "where the merged model goes (a new or empty directory)")
+    p.add_argument("adapter", type=Path, help="training's final/, a run directory, or a checkpoint step-XXXXXX/ "
+                   "(a full-mode one is consolidated from its ZeRO-3 shards)")
+    p.add_argument("--merge", action="store_true", help="merge the adapter into its base model (required for a "
+                   "LoRA adapter; the adapter itself needs no export)")
+    add_output_dir(p, "where the exported model goes (a new or empty directory)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16",
                    help="dtype of the saved weights (default bfloat16)")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="where the merge runs")
@@ -65,6 +74,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
+        from skyrl_tool_agent.distributed.checkpoint import export_consolidated, is_sharded_checkpoint
+
+        if is_sharded_checkpoint(args.adapter):
+            if not args.output_dir:
+                raise UserInputError("export needs --output-dir DIR (where the consolidated model goes)")
+            done = export_consolidated(args.adapter, Path(args.output_dir).expanduser(), dtype=args.dtype)
+            print(f"exported {done['checkpoint']} (step {done['step']}) from its ZeRO-3 shards: {args.output_dir} "
+                  f"({done['dtype']}, {done['parameters'] / 1e6:.1f}M parameters)")
+            return
         if not args.merge:
             raise UserInputError("export writes the adapter merged into its base: give --merge (the adapter "
                                  "itself is served from final/ as it is: docs/serving.md)")

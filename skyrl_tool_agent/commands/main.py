@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "build-data": ("commands.build_data", "main", (), "build the built-in text-to-SQL dataset (SQLite + JSON)"),
     "build-model": ("commands.build_model", "main", (), "build (or --ship) the embedded default model"),
     "doctor": ("commands.doctor", "main", (), "check this machine: device, memory, graph capture, one training step"),
-    "export": ("commands.export", "main", (), "merge a trained LoRA adapter into its base: a model any server loads"),
+    "export": ("commands.export", "main", (), "a LoRA adapter merged into its base, or a full-mode checkpoint consolidated: a model any server loads"),
     "sft-baseline": ("commands.sft_baseline", "main", (), "continue the warm start for a wall time (GRPO's baseline)"),
     "speedrun": ("commands.speedrun", "main", (), "from nothing to a GRPO-trained agent in one budget, beside SFT"),
     "memory-profile": ("commands.memory_profile", "main", (), "peak memory of one GRPO update per training mode"),

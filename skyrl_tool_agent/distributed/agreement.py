@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_tool_agent.config import EMBEDDED, Config, ModelConfig, UserInputError
+from skyrl_tool_agent.config.resume import flat_settings
 from skyrl_tool_agent.data.tasks import Task
 
 #: Model files up to this size are hashed for `model_files_identity`; larger ones (the weights)
@@ -68,18 +69,9 @@ def model_files_identity(model: ModelConfig) -> str | None:
 def resolved_settings(config: Config, deepspeed: dict[str, Any] | None = None) -> dict[str, str]:
     """Every knob as `section.key` -> its value (JSON), the DeepSpeed JSON's keys as `deepspeed.key`,
     and `MODEL_FILES` -> `model_files_identity`: what the ranks must agree on."""
-    flat: dict[str, str] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and value:
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
-        else:
-            flat[prefix] = json.dumps(value, sort_keys=True)
-
-    walk("", config.to_dict())
+    flat = flat_settings(config.to_dict())
     if deepspeed is not None:
-        walk("deepspeed", deepspeed)
+        flat.update(flat_settings(deepspeed, "deepspeed"))
     flat[MODEL_FILES] = json.dumps(model_files_identity(config.model))
     return flat
 

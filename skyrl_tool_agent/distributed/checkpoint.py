@@ -2,10 +2,11 @@
 
     step-000010/
       deepspeed/state/   engine.save_checkpoint: each rank's parameter + optimizer shards
-      weights/           consolidated 16-bit save_pretrained export + tokenizer (loads with from_pretrained)
+      model/             the model's config.json and tokenizer, no weights (what `export` builds on)
       optim.pt           LR schedule (rank 0; loaded with torch.load(weights_only=True))
       rng_rank{r}.json   each rank's RNG states, as plain JSON data
       trainer_state.json step, data-loader state, world size
+      config.yaml        the run's resolved config, which `--resume` compares with the launch's
       manifest.json      sha256 of every file above (each rank hashes its share, by size, once all
                          ranks have written; rank 0 writes them)
 
@@ -16,7 +17,14 @@ checkpoint's files in parallel, each its share by size, at every save and resume
 own shard files (with its own torch.load); the manifest at least guarantees they are the bytes
 this run wrote. The ranks' shard files must land on
 one filesystem (one node, or a shared filesystem across nodes). Resuming needs the same world
-size (the optimizer shards are per rank); `weights/` can seed a fresh run of any size.
+size (the optimizer shards are per rank).
+
+No consolidated export is written here: gathering the whole model onto rank 0 and writing it again
+at every save cost ~15 GB and a full gather per checkpoint for 7B, and the shards already hold the
+weights. The run's end writes the consolidated export (final/, `DeepSpeedPolicy.save`), and
+`export_consolidated` (`skyrl-tool-agent export step-XXXXXX --output-dir DIR`) builds one from any
+checkpoint on request, offline, from the fp32 master weights in the shards; it can seed a fresh
+run of any size.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.json_input import loads_bounded
 from skyrl_tool_agent.distributed.data_parallel import balanced_shards
 from skyrl_tool_agent.grpo.checkpoint import (
+    CONFIG_FILE,
     MANIFEST,
     STATE_FILE,
     CheckpointError,
@@ -43,6 +52,7 @@ from skyrl_tool_agent.grpo.checkpoint import (
     rng_state,
     set_rng_state,
     verify_checkpoint,
+    world_size_problem,
     write_manifest,
 )
 from skyrl_tool_agent.policy.manifest import file_sha256, tree_sizes
@@ -51,6 +61,8 @@ logger = logging.getLogger(__name__)
 
 ENGINE_DIR = "deepspeed"
 ENGINE_TAG = "state"
+MODEL_DIR = "model"  # config.json + tokenizer, no weights
+EXPORT_RECORD = "exported_from.json"
 
 
 @dataclass(frozen=True)
@@ -60,10 +72,11 @@ class CheckpointParts:
 
     ctx: Any  # distributed.comm.DistContext
     engine: Any  # the DeepSpeed engine (weights + optimizer shards)
-    policy: Any  # DeepSpeedPolicy: `save(dir)` writes the consolidated 16-bit export
+    policy: Any  # DeepSpeedPolicy: `save_model_files(dir)` writes config.json + tokenizer (rank 0)
     scheduler: Any  # the LR schedule
     loader: Any  # TaskDataLoader (state_dict / load_state_dict)
     root: Path  # the run's checkpoint directory
+    config_yaml: str  # the run's resolved config, recorded for `--resume` to compare with
 
 
 def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int, elapsed_s: float) -> Path:
@@ -78,13 +91,14 @@ def save_distributed_checkpoint(parts: CheckpointParts, step: int, *, keep: int,
         tmp.mkdir(parents=True)
     ctx.barrier()
     parts.engine.save_checkpoint(str(tmp / ENGINE_DIR), tag=ENGINE_TAG, save_latest=False)
-    parts.policy.save(tmp / "weights")
     (tmp / f"rng_rank{ctx.rank}.json").write_text(json.dumps(rng_state()) + "\n")
     if ctx.is_main:
+        parts.policy.save_model_files(tmp / MODEL_DIR)
         torch.save({"scheduler": parts.scheduler.state_dict()}, tmp / "optim.pt")
         state = {"step": step, "loader": parts.loader.state_dict(), "world_size": ctx.world_size,
                  "elapsed_s": elapsed_s}
         (tmp / STATE_FILE).write_text(json.dumps(state) + "\n")
+        (tmp / CONFIG_FILE).write_text(parts.config_yaml, encoding="utf-8")
     ctx.barrier()
     hashes = hashed_in_parallel(ctx, tmp)  # every rank has written its files (barrier above)
     if ctx.is_main:
@@ -169,11 +183,7 @@ def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> tuple[int,
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         raise CheckpointError(f"cannot load {ckpt}: {STATE_FILE}: {type(exc).__name__}: {exc}") from exc
     if state.get("world_size") != ctx.world_size:
-        raise UserInputError(
-            f"{ckpt} was written by {state.get('world_size')} ranks, this run has {ctx.world_size}: ZeRO-3 "
-            f"optimizer shards are per rank; relaunch with the same count, or start fresh from {ckpt / 'weights'} "
-            "(--set model.name_or_path=...)"
-        )
+        raise UserInputError(world_size_problem(ckpt, state.get("world_size"), ctx.world_size))
     load_path, _ = parts.engine.load_checkpoint(
         str(ckpt / ENGINE_DIR), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
     )
@@ -191,3 +201,53 @@ def load_distributed_checkpoint(parts: CheckpointParts, path: str) -> tuple[int,
     parts.loader.load_state_dict(loader_state)
     logger.info("resumed from %s at step %d (%.1f min of the time budget spent)", ckpt, step, elapsed_s / 60)
     return step, elapsed_s
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """Whether `path` is a full-mode (ZeRO-3) checkpoint `step-XXXXXX/` (its engine shards)."""
+    return (path / ENGINE_DIR / ENGINE_TAG).is_dir()
+
+
+def export_consolidated(checkpoint: Path, out: Path, *, dtype: str = "bfloat16") -> dict[str, Any]:
+    """The model a full-mode checkpoint holds, consolidated from its ZeRO-3 shards into one
+    `save_pretrained` directory (`dtype`, tokenizer included) at `out`: what final/ is at the end
+    of a run, from any checkpoint, with no launch and no GPU. Its files must match the manifest
+    first (DeepSpeed's reader unpickles the shard files). The fp32 master weights are read whole
+    into RAM (a 7B model: ~30 GB) and rounded to `dtype` as the engine rounds its 16-bit weights,
+    so the bf16 export of the last checkpoint equals final/. Returns what was done."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from skyrl_tool_agent.policy.export import DTYPES
+
+    if not is_sharded_checkpoint(checkpoint) or not (checkpoint / MODEL_DIR / "config.json").is_file():
+        raise UserInputError(f"{checkpoint}: not a full-mode (ZeRO-3) checkpoint step-XXXXXX/ "
+                             f"({ENGINE_DIR}/{ENGINE_TAG}/ and {MODEL_DIR}/config.json)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserInputError(f"--output-dir {out}: exists and is not empty; give a new directory")
+    verify_checkpoint(checkpoint)
+    state = loads_bounded((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    step = state.get("step") if isinstance(state, dict) else None
+    torch_dtype = DTYPES[dtype]
+    fp32 = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint / ENGINE_DIR), tag=ENGINE_TAG)
+    weights = {name: tensor.to(torch_dtype) for name, tensor in fp32.items()}
+    del fp32  # bf16: half the RAM from here on
+    model_config = AutoConfig.from_pretrained(checkpoint / MODEL_DIR)
+    with torch.device("meta"):  # no second copy of the weights: the state dict's tensors are assigned
+        model = AutoModelForCausalLM.from_config(model_config, dtype=torch_dtype)
+    _, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+    model.tie_weights()  # a tied head shares the embedding, which the shards hold once
+    missing = [name for name, param in model.named_parameters() if param.is_meta]
+    if missing or unexpected:
+        raise CheckpointError(f"{checkpoint}: its shards do not fit its {MODEL_DIR}/config.json (missing "
+                              f"{missing[:3]}, unexpected {unexpected[:3]})")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    for source in (checkpoint / MODEL_DIR).iterdir():  # the tokenizer, as the run saved it
+        if source.is_file() and not (out / source.name).exists():
+            shutil.copy2(source, out / source.name)
+    record = {"checkpoint": str(checkpoint.resolve()), "step": step, "dtype": dtype,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    (out / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    logger.info("exported %s (step %s) consolidated from its ZeRO-3 shards: %s (%s)", checkpoint, step, out, dtype)
+    return record

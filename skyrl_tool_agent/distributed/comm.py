@@ -10,6 +10,7 @@ process died is named within seconds: every rank counts its beats in the launch'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -80,6 +81,27 @@ class Heartbeat:
     def _key(rank: int) -> str:
         return f"skyrl-tool-agent/heartbeat/{rank}"
 
+    @staticmethod
+    def _following_key(rank: int) -> str:
+        return f"skyrl-tool-agent/following/{rank}"
+
+    def _verdict(self, line: str | None) -> str | None:
+        """`line` (a verdict naming lost ranks), with this rank recorded in the store as stopping
+        because of them: a rank whose verdict comes later (its collective failed later, or it waited
+        longer for the CPU) then does not name this one, whose beats stop a moment after, among the
+        lost (it read "ranks 3, 0, 2" where rank 3 alone died)."""
+        if line is not None:
+            with contextlib.suppress(Exception):  # noqa: BLE001 - a store that is gone: the verdict says so already
+                self.store.add(self._following_key(self.rank), 1)
+        return line
+
+    def _following(self, rank: int) -> bool:
+        """Whether `rank` recorded that it stops because of another's loss (`_verdict`)."""
+        try:
+            return int(self.store.add(self._following_key(rank), 0)) > 0
+        except Exception:  # noqa: BLE001 - an unreachable store: name the rank, as before
+            return False
+
     def start(self) -> None:
         self._thread.start()
 
@@ -103,7 +125,7 @@ class Heartbeat:
         while not self._stop.wait(self.beat_s):
             self._beat()
             if self.on_lost is not None and not reported:
-                line = self.stalled(self.lost_after_s)
+                line = self._verdict(self.stalled(self.lost_after_s))
                 if line is not None:
                     reported = True
                     self.on_lost(line)
@@ -117,6 +139,8 @@ class Heartbeat:
                     "the launcher or rank 0 on the first node is gone")
         silent = sorted((r for r in range(self.world_size) if r != self.rank and now - self._advanced[r] > silent_s),
                         key=lambda r: self._advanced[r])
+        lost = [r for r in silent if not self._following(r)]
+        silent = lost or silent  # every silent rank stopped following another: name them, there is no better account
         if not silent:
             return None
         names = ", ".join(str(r) for r in silent)
@@ -127,13 +151,16 @@ class Heartbeat:
 
     def after_failure(self) -> str | None:
         """Called when a collective failed: `stalled` over 2.5 beats (a live rank's count is seen to
-        move at least every 2), as soon as a rank is that silent, or None when none is within 4.5
-        beats (a dead rank's last beat is seen up to one beat after it died)."""
+        move at least every 2), one beat after a rank is first that silent, or None when none is
+        within 4.5 beats (a dead rank's last beat is seen up to one beat after it died)."""
         silent_s = 2.5 * self.beat_s
         deadline = time.monotonic() + silent_s + 2 * self.beat_s
         while (line := self.stalled(silent_s)) is None and time.monotonic() < deadline:
             time.sleep(self.beat_s / 4)
-        return line
+        if line is not None:  # one beat more: a launcher stops a lost rank's node-mates within a beat or
+            time.sleep(self.beat_s)  # two, whose last beats may even precede the lost one's: name them together
+            line = self.stalled(silent_s) or line
+        return self._verdict(line)
 
 
 def exit_on_lost_rank(line: str) -> None:

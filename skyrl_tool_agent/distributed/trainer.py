@@ -75,8 +75,8 @@ class DistributedGRPOTrainer(DataParallelTrainer):
 
     # ----------------------------------------------------------- checkpoints
     def save(self) -> Path:
-        """DeepSpeed engine state (sharded weights + optimizer) plus a consolidated 16-bit
-        `save_pretrained` export; collective."""
+        """DeepSpeed engine state (sharded weights + optimizer), no consolidated export (that is
+        final/'s, or `export`'s on request: `distributed.checkpoint`); collective."""
         return save_distributed_checkpoint(self._checkpoint_parts(), self.step,
                                            keep=self.config.training.keep_checkpoints, elapsed_s=self.elapsed_s())
 
@@ -92,4 +92,4 @@ class DistributedGRPOTrainer(DataParallelTrainer):
 
     def _checkpoint_parts(self) -> CheckpointParts:
         return CheckpointParts(ctx=self.ctx, engine=self.engine, policy=self.policy, scheduler=self.scheduler,
-                               loader=self.loader, root=self.checkpoint_dir)
+                               loader=self.loader, root=self.checkpoint_dir, config_yaml=self.config.dump_yaml())

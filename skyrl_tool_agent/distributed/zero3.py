@@ -176,6 +176,18 @@ class DeepSpeedPolicy(QwenPolicy):
             self.tokenizer.save_pretrained(path)
         self.ctx.barrier()
 
+    def save_model_files(self, path: str | Path) -> None:
+        """The model's config.json (and generation config) and the tokenizer, no weights: what a
+        checkpoint keeps beside its shards so that `export` can build the model from them alone.
+        Not collective (rank 0 calls it)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        module = self.engine.module if self.engine is not None else self.model
+        module.config.save_pretrained(path)
+        if getattr(module, "generation_config", None) is not None:
+            module.generation_config.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
 
 # ---------------------------------------------------------------------------- building
 def _from_pretrained(path: str, config: Config, dtype: torch.dtype) -> PreTrainedModel:

@@ -44,6 +44,9 @@ def load_eval_policy(model_path: str | Path | None, model_config: ModelConfig) -
     if adapter_file.is_file():
         return _load_adapter(weights, path, config)
     if not (weights / "config.json").is_file():
+        if (path / "deepspeed").is_dir():  # distributed.checkpoint's layout: shards, no export (a layer above)
+            raise ModelLoadError(f"{path}: a full-mode (ZeRO-3) checkpoint holds shards, not a model: export it "
+                                 f"first (skyrl-tool-agent export {path} --output-dir DIR) and give DIR")
         raise ModelLoadError(f"{path}: neither a model (config.json) nor a LoRA adapter (adapter_config.json)")
     tokenizer_src = weights if has_tokenizer(weights) else Path(resolve_model_path(config))
     device = resolve_device(config.device)

@@ -6,6 +6,7 @@
     optim.pt             optimizer and scheduler state dicts: tensors and plain containers only
     rng.json             Python, NumPy and torch RNG states as plain lists and ints
     trainer_state.json   step and data-loader state (JSON)
+    config.yaml          the run's resolved config, which `--resume` compares (`resume_settings_problem`)
     manifest.json        sha256 and size of every other file, written last
 
 It is written to `step-XXXXXX.tmp` and renamed when complete, so `--resume auto` never picks up a
@@ -44,6 +45,7 @@ from skyrl_tool_agent.policy.manifest import links_leaving, tree_hashes, tree_pr
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
+CONFIG_FILE = "config.yaml"
 RNG_FILE = "rng.json"
 MANIFEST = "manifest.json"
 #: 2: `sizes` (bytes per file) beside `files` (sha256 per file); 1 had `files` only.
@@ -191,7 +193,10 @@ def save_checkpoint(
     scheduler: Any,
     trainer_state: dict[str, Any],
     keep: int,
+    config_yaml: str | None = None,
 ) -> Path:
+    """Write checkpoint `step` under `root` (module doc), keeping the newest `keep`; `config_yaml`:
+    the run's resolved config, recorded for `--resume` to compare with."""
     final = root / f"step-{step:06d}"
     tmp = root / f"step-{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -201,6 +206,8 @@ def save_checkpoint(
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
         (tmp / RNG_FILE).write_text(json.dumps(rng_state()) + "\n")
         (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}) + "\n")
+        if config_yaml is not None:
+            (tmp / CONFIG_FILE).write_text(config_yaml, encoding="utf-8")
         write_manifest(tmp)
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # the checkpoints before stay as they were
@@ -311,3 +318,54 @@ def restore_loader_state(ckpt: Path, state: Any, loader: Any, max_steps: int) ->
         raise CheckpointError(f"checkpoint {ckpt}: {STATE_FILE} says step {step} but its data loader is at "
                               f"step {loader.step}")
     return step
+
+
+def checkpoint_to_resume(root: Path, resume: str) -> Path | None:
+    """The checkpoint `--resume` names: a directory as given, or with 'auto' the newest under `root`
+    by name (not verified here: the load verifies it, and may fall back to an older one of the same
+    run). None: there is none."""
+    if resume != "auto":
+        return Path(resume)
+    found = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    return found[-1] if found else None
+
+
+def resume_settings_problem(launch: dict[str, Any], checkpoint: Path, *, world_size: int | None = None) -> str | None:
+    """Why resuming `checkpoint` with this launch's resolved config `launch` (`Config.to_dict()`)
+    would train on other settings than the ones its optimizer state was made under, as one line;
+    None when it would not. Compares with the checkpoint's recorded config.yaml
+    (`config.resume.resume_differences`: what may change is `MAY_CHANGE_ON_RESUME`) and, for a
+    ZeRO-3 checkpoint (`world_size` given; its trainer_state.json records the rank count), the
+    number of ranks. Reads two small files, before any model is loaded; never raises (an
+    unreadable file is left to the load, which verifies the manifest)."""
+    import yaml
+
+    from skyrl_tool_agent.config.resume import resume_differences
+
+    try:
+        saved = yaml.safe_load((checkpoint / CONFIG_FILE).read_text(encoding="utf-8")[:MANIFEST_MAX_BYTES])
+        state = loads_bounded((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        if isinstance(exc, FileNotFoundError) and exc.filename == str(checkpoint / CONFIG_FILE):
+            logger.warning("%s records no config (written before checkpoints did): its settings are not compared "
+                           "with this launch's", checkpoint)
+        return None
+    ranks = state.get("world_size") if isinstance(state, dict) else None
+    if world_size is not None and isinstance(ranks, int) and ranks != world_size:
+        return world_size_problem(checkpoint, ranks, world_size)
+    differences = resume_differences(launch, saved) if isinstance(saved, dict) else []
+    if not differences:
+        return None
+    knob, mine, theirs = differences[0]
+    more = f" (and {len(differences) - 1} more: {', '.join(k for k, _, _ in differences[1:4])}" \
+           f"{', ...' if len(differences) > 4 else ''})" if len(differences) > 1 else ""
+    return (f"--resume {checkpoint}: {knob} is {mine} in this launch but {theirs} in the checkpoint's run"
+            f"{more}: its optimizer and data state were made under those settings; resume with the checkpoint's "
+            "values (its config.yaml), or start a new run in another --output-dir (README, Training: what a resume may change)")
+
+
+def world_size_problem(checkpoint: Path, ranks: Any, world_size: int) -> str:
+    """The one line for resuming a ZeRO-3 checkpoint of `ranks` ranks on `world_size`."""
+    return (f"{checkpoint} was written by {ranks} ranks, this run has {world_size}: ZeRO-3 optimizer shards are "
+            f"per rank; relaunch with the same count, or export it (skyrl-tool-agent export {checkpoint} "
+            "--output-dir DIR) and start fresh from DIR (--set model.name_or_path=DIR)")

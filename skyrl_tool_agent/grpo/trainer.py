@@ -137,7 +137,7 @@ class GRPOTrainer:
         return save_checkpoint(
             self.checkpoint_dir, self.step, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
             trainer_state={"loader": self.loader.state_dict(), "elapsed_s": self.elapsed_s()},
-            keep=self.config.training.keep_checkpoints,
+            keep=self.config.training.keep_checkpoints, config_yaml=self.config.dump_yaml(),
         )
 
     def elapsed_s(self) -> float:

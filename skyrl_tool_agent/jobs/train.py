@@ -102,6 +102,20 @@ def grpo_deadline(trainer: Any, job: JobBudget | None, before: dict[str, Any], p
     return deadline
 
 
+def resume_problem(config: Config, out: Path, resume: str, world_size: int) -> str | None:
+    """Why `--resume resume` cannot go on with this launch's settings (one line), or None: the
+    checkpoint it names recorded other values of knobs that change training, or (full mode) another
+    rank count (`grpo.checkpoint.resume_settings_problem`)."""
+    from skyrl_tool_agent.grpo.checkpoint import checkpoint_to_resume, resume_settings_problem
+
+    checkpoint = checkpoint_to_resume(out / "checkpoints", resume)
+    if checkpoint is None or not checkpoint.is_dir():
+        return None  # nothing to resume (auto) or a missing directory: the load says so
+    # only a ZeRO-3 checkpoint records its rank count; a LoRA one resumes on any number of ranks
+    full = config.training.mode == "full"
+    return resume_settings_problem(config.to_dict(), checkpoint, world_size=world_size if full else None)
+
+
 def run_training(config: Config, *, resume: str | None = None, rebuild: bool = False,
                  progress: Any = None, backend: Any = None, skip_bad_records: bool = False,
                  job_started: float | None = None) -> RunSummary | None:
@@ -138,6 +152,10 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
         out.mkdir(parents=True, exist_ok=True)
         lock = acquire_output_dir(out)  # one run per output directory (before anything is written)
     try:
+        if resume is not None:  # before any model is loaded, and before config.yaml is written anew
+            problem = ctx.broadcast_object(resume_problem(config, out, resume, ctx.world_size) if ctx.is_main else None)
+            if problem is not None:
+                raise UserInputError(problem)
         if ctx.is_main:
             ensure_embedded_model(config, splits, progress=progress, rebuild=rebuild)
             (out / "config.yaml").write_text(config.dump_yaml())
