@@ -150,3 +150,15 @@ def test_the_progress_bar_counts_grpos_share_of_the_job(caplog):
         progress("grpo_budget", 120.0)
         progress("step", step)
     assert any("step 1/200, 1.0/2.0 min" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_the_progress_bar_takes_a_grpo_given_no_time(caplog):
+    """A job whose evaluations took its whole budget gives GRPO 0 s (one step still runs): the bar
+    shows it full, it does not divide by zero (it did, in a suite run past the 14.5-minute budget)."""
+    from skyrl_tool_agent.jobs.progress import training_progress
+
+    step = {"step": 1, "reward/mean": 0.5, "train/execution_accuracy": 0.5, "time/elapsed_s": 3.0}
+    with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.jobs.progress"), training_progress(200, 480.0) as progress:
+        progress("grpo_budget", 0.0)
+        progress("step", step)
+    assert any("step 1/200, 0.1/0.0 min" in r.getMessage() for r in caplog.records), caplog.text

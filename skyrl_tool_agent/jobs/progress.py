@@ -181,7 +181,8 @@ def training_progress(total_steps: int, time_budget_s: float | None = None, *,
                 fraction = m["step"] / total_steps
                 if time_budget_s is not None and "time/elapsed_s" in m:
                     done += f", {m['time/elapsed_s'] / 60:.1f}/{time_budget_s / 60:.1f} min"
-                    fraction = max(fraction, m["time/elapsed_s"] / time_budget_s)
+                    # a main job whose evaluations took the whole budget leaves GRPO 0 s (one step runs)
+                    fraction = max(fraction, m["time/elapsed_s"] / time_budget_s if time_budget_s > 0 else 1.0)
                 bar.update(train, completed=min(fraction, 1.0), done=done, info=info)
                 if to_log:
                     logger.info("GRPO %s  %s  (%.0f s)", done, info, time.monotonic() - started)
