@@ -8,13 +8,14 @@ Each launch runs in its own process group, killed whole on a timeout.
 One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks, by the
 DeepSpeed launcher's multi-node form without ssh), and one stopped by SIGTERM during step 1 and
 resumed on both nodes carry the run's assertions; a LoRA launch trains to its step-1 checkpoint
-and has rank 3 killed; each planted
+and has rank 3 killed, and that checkpoint is resumed on both nodes and compared with an
+uninterrupted two-node LoRA launch; each planted
 fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
 file on node 1) is a launch that must stop every rank with one line naming it. The faults
 run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
-two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints
-(tests/test_data_parallel.py resumes those exactly on one host; a LoRA two-node resume is not
-launched here: it and the uninterrupted LoRA run it would be compared with are two launches more).
+two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints (the
+killed launch's is resumed exactly: this is where LoRA's launched train, checkpoint and resume are
+checked; they were a one-host launch pair of tests/test_data_parallel.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ STOP_TIMEOUT_S = 120
 TRAIN_TIMEOUT_S = 400
 #: Tasks per step: not a multiple of the 4 ranks, so ranks roll out 2 or 1 task.
 TASKS_PER_STEP = 5
+#: Steps of the LoRA launch whose rank 3 is killed after its step-1 checkpoint: room for the steps a
+#: quiet machine finishes before the kill lands, so the run is always cut before its end.
+KILLED_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -250,8 +254,8 @@ def killed(tiny, tmp_path_factory):
                     killed_at.append(time.monotonic())
 
     try:
-        launched = launch_nodes(nodes, [*cluster_args(tiny, "lora"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
-                                while_running=kill_rank_3)
+        launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=KILLED_STEPS), "--output-dir", str(out)],
+                                timeout=TRAIN_TIMEOUT_S, while_running=kill_rank_3)
         assert killed_at, "rank 3 was never killed: " + launched[0].log[-3000:]
         seconds = time.monotonic() - killed_at[0]
         yield nodes, launched, out, seconds, leftovers(nodes, tiny)
@@ -293,8 +297,8 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2 * TRAIN_TIMEOUT_S + 60)
-def test_a_killed_rank_stops_every_rank_within_seconds(killed):
+@pytest.mark.timeout(4 * TRAIN_TIMEOUT_S + 60)
+def test_a_killed_rank_stops_every_rank_within_seconds_and_its_checkpoint_resumes_exactly(killed, tiny, tmp_path):
     from skyrl_tool_agent.grpo.checkpoint import verify_checkpoint
 
     nodes, launched, out, seconds, left = killed
@@ -309,15 +313,38 @@ def test_a_killed_rank_stops_every_rank_within_seconds(killed):
                          for line in lines), launched[0].stderr[-4000:]
     assert any("3" in line.split("stopped")[0] for line in lines), launched[0].stderr[-4000:]
     assert left == [(0, [], []), (1, [], [])]
-    verify_checkpoint(out / "checkpoints" / "step-000001")  # the last checkpoint is intact
-    assert not (out / "checkpoints" / "step-000002").exists()
-    # LoRA over two nodes up to then: step 0 and 1's metrics once, step 1 with every rank's groups
+    # The run stopped before its end, its last checkpoint intact: step 1's, or a later one where the
+    # ranks finished a step between the checkpoint that triggered the kill and the kill itself (a
+    # step of the tiny model can take less than the half-second the launch is watched at).
+    last = max(int(p.name.removeprefix("step-")) for p in (out / "checkpoints").glob("step-*") if p.is_dir()
+               and not p.name.endswith(".tmp"))
+    assert 1 <= last < KILLED_STEPS and not (out / "final").exists(), last
+    verify_checkpoint(out / "checkpoints" / f"step-{last:06d}")
+    # LoRA over two nodes up to then: each step's metrics once, step 1 with every rank's groups
     # (5 tasks on 4 ranks), told by rank 0 alone
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1], rows
+    assert [r["step"] for r in rows] in (list(range(last + 1)), list(range(last + 2))), (last, rows)
     assert rows[1]["episode/tasks"] == TASKS_PER_STEP and rows[1]["train/trajectories_used"] == 2 * TASKS_PER_STEP
     assert rows[1]["train/grad_norm"] > 0
     assert not re.search(r"\bINFO\b", launched[1].log) and sorted(nodes[1].cwd.iterdir()) == [], launched[1].log[-3000:]
+
+    # Its last checkpoint resumes on both nodes (`--resume auto`) and ends where an uninterrupted
+    # two-node LoRA launch ends: the adapters, optimizer moments and data stream restored exactly.
+    args = cluster_args(tiny, "lora", max_steps=KILLED_STEPS)
+    spent = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
+    resumed = launch_nodes(nodes, [*args, "--output-dir", str(out), "--resume", "auto"], timeout=TRAIN_TIMEOUT_S)
+    assert resumed[1].returncode == 0, resumed[1].log[-3000:]
+    reference = make_nodes(tmp_path)
+    full = tmp_path / "shared" / "run"
+    try:
+        done = launch_nodes(reference, [*args, "--output-dir", str(full)], timeout=TRAIN_TIMEOUT_S)
+        assert [x.returncode for x in done] == [0, 0], done[0].log[-3000:] + done[1].log[-3000:]
+        assert (full / "final" / "adapter_model.safetensors").is_file() and "before GRPO" in done[0].stdout
+        check_same_ending(resumed[0].completed(), full, out, steps=KILLED_STEPS, weights="adapter_model.safetensors",
+                          resumed_from=last, spent_s=spent)
+        assert leftovers(reference, tiny) == [(0, [], []), (1, [], [])]
+    finally:
+        kill_leftovers(reference, tiny)
 
 
 @pytest.mark.slow
