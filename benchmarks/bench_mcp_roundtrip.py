@@ -39,7 +39,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from mcp_tools.sandbox import open_readonly, run_query  # noqa: E402
-from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPClientPool, ServerSpec  # noqa: E402
+from skyrl_tool_agent.config import MCPServerConfig  # noqa: E402
+from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPClientPool  # noqa: E402
 
 Call = Callable[[str], Awaitable[object]]
 
@@ -141,7 +142,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         db = Path(tmp.name) / "bench.sqlite"
         make_db(db)
     server_args = ["-m", "mcp_tools.sqlite_server", "--db", str(db)]
-    spec = ServerSpec(name="sqlite", command=sys.executable, args=server_args, cwd=str(REPO_ROOT))
+    spec = MCPServerConfig(name="sqlite", command=sys.executable, args=server_args, cwd=str(REPO_ROOT))
     sqls = queries(args.calls)
     conn = open_readonly(db)
 

@@ -79,7 +79,7 @@ def build_workload(out_dir: Path, prompts: int, group_size: int, micro_batch: in
     from skyrl_tool_agent.data.tasks import load_tasks
     from skyrl_tool_agent.env.chat_format import render_conversation
     from skyrl_tool_agent.env.pools import EnvRuntime
-    from skyrl_tool_agent.grpo.batch import compute_group_advantages
+    from skyrl_tool_agent.grpo.advantages import group_advantages
     from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
     from skyrl_tool_agent.rollout.agents import OracleAgent
     from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
@@ -102,13 +102,13 @@ def build_workload(out_dir: Path, prompts: int, group_size: int, micro_batch: in
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     rewards = [float(i % 2 == 0) for i in range(len(trajectories))]
-    adv = compute_group_advantages(rewards, group_size, filter_uniform=False)
+    adv = group_advantages(torch.tensor(rewards).view(-1, group_size)).view(-1)  # every group kept (none filtered)
     return Workload(
         model_dir=str(out_dir),
         token_ids=[t.token_ids for t in trajectories],
         loss_mask=[t.loss_mask for t in trajectories],
         prompt_length=[t.prompt_length for t in trajectories],
-        advantages=adv.values,
+        advantages=adv.tolist(),
         micro_batch=micro_batch,
         group_size=group_size,
     )
