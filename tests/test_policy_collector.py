@@ -162,3 +162,41 @@ def test_an_object_with_act_that_is_not_an_agent_is_one_clear_error():
     agent.start_collection(concurrency=2, max_total_tokens=10)  # the defaults: nothing to do
     agent.end_episode(0)
     agent.finish_collection()
+
+
+def test_a_lockstep_collection_draws_the_same_bits_however_the_engines_thread_is_scheduled(runtime, model_dir,
+                                                                                            monkeypatch):
+    """A lockstep collection hands the engine each batch of turns whole (one submission): were the
+    turns queued one by one, the engine's thread could wake between two of them (a loaded machine)
+    and start some a decode step before the others, prefilled apart from their group, and the
+    floats, then the tokens, of a run and of its resume would part (CI saw a full-mode resume end
+    with another loss). Here every message to the engine is followed by a pause that lets its
+    thread run: the trajectories are the unpaused collection's, bit for bit."""
+    import queue
+    import time
+    import types
+
+    from skyrl_tool_agent.policy import engine as engine_module
+
+    policy = tiny_policy(model_dir, mode="lora")
+    settings = CollectorSettings(max_turns=3, max_new_tokens_per_turn=24, max_total_tokens=1500, concurrency=8,
+                                 deterministic=True)
+
+    def collect() -> list:
+        collector = TrajectoryCollector(runtime, PolicyAgent(policy, SamplingParams()), tokenizer=policy.tokenizer,
+                                        settings=settings)
+        torch.manual_seed(0)
+        return [(t.token_ids, t.sampling_logprobs) for t in asyncio.run(collector.collect(SHOP_TASKS[:2], group_size=3))]
+
+    policy.release_rollout_engine()
+    alone = collect()
+
+    class PausingQueue(queue.Queue):
+        def put(self, item, block=True, timeout=None):
+            super().put(item, block, timeout)
+            time.sleep(0.02)  # the engine's thread takes what is queued so far
+
+    policy.release_rollout_engine()  # the next engine is built with the pausing inbox
+    monkeypatch.setattr(engine_module, "queue", types.SimpleNamespace(Queue=PausingQueue, Empty=queue.Empty))
+    paused = collect()
+    assert paused == alone

@@ -33,6 +33,7 @@ import time
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -53,6 +54,16 @@ logger = logging.getLogger(__name__)
 IDLE_RELEASE_S = 0.05
 # What a finished turn resolves to: sampled ids, their log-probs, whether it ended on a stop id.
 TurnResult = tuple[list[int], list[float], bool]
+
+
+class EpisodeTurn(NamedTuple):
+    """One turn to sample: episode `key`'s `prompt` (its whole history), at most `max_new_tokens`
+    new tokens drawn from `seed`."""
+
+    prompt: Sequence[int]
+    max_new_tokens: int
+    key: Hashable
+    seed: int
 
 
 @dataclass
@@ -156,19 +167,27 @@ class RolloutEngine:
         """Queue one turn of episode `key` (a continuation when `prompt` extends what the episode's
         slot holds, else a fresh start), sampled with `params`; the future resolves to (ids,
         log-probs, stopped)."""
-        request = _Request(list(prompt), params, max_new_tokens, key, seed & 0x7FFFFFFF)
-        if not request.prompt:
-            request.future.set_exception(ValueError("empty prompt"))
-        elif len(request.prompt) + max_new_tokens > self.max_tokens:
-            request.future.set_exception(ValueError(
-                f"prompt of {len(request.prompt)} tokens + {max_new_tokens} new exceeds the engine's capacity "
-                f"({self.max_tokens} tokens per episode)"))
-        else:
+        return self.submit_all([EpisodeTurn(prompt, max_new_tokens, key, seed)], params)[0]
+
+    def submit_all(self, turns: Sequence[EpisodeTurn], params: SamplingParams) -> list[Future]:
+        """Queue `turns` (as `submit`) to be admitted together: the worker never starts some of
+        them a decode step before the others, so a lockstep batch is prefilled and decoded the same
+        way however the threads are scheduled (exactly reproducible runs and resumes)."""
+        requests = [_Request(list(t.prompt), params, t.max_new_tokens, t.key, t.seed & 0x7FFFFFFF) for t in turns]
+        for request in requests:
+            if not request.prompt:
+                request.future.set_exception(ValueError("empty prompt"))
+            elif len(request.prompt) + request.max_new_tokens > self.max_tokens:
+                request.future.set_exception(ValueError(
+                    f"prompt of {len(request.prompt)} tokens + {request.max_new_tokens} new exceeds the engine's "
+                    f"capacity ({self.max_tokens} tokens per episode)"))
+        queued = [request for request in requests if not request.future.done()]
+        if queued:
             self._start()
             # The caller now waits for the engine: its OpenMP threads would only slow the engine's.
             release_thread_pool()
-            self._inbox.put(("turn", request))
-        return request.future
+            self._inbox.put(("turns", queued))
+        return [request.future for request in requests]
 
     def release(self, key: Hashable) -> None:
         """Episode `key` has ended: its slot is free for another."""
@@ -185,13 +204,12 @@ class RolloutEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, max_new_tokens: int,
                  seeds: Sequence[int]) -> list[TurnResult]:
         """One turn per prompt, blocking; each prompt is its own episode (released after)."""
-        keys = [("generate", id(self), i, s) for i, s in enumerate(seeds)]
-        futures = []
-        for prompt, key, seed in zip(prompts, keys, seeds):
-            future = self.submit(prompt, params, max_new_tokens=max_new_tokens, key=key, seed=seed)
+        turns = [EpisodeTurn(prompt, max_new_tokens, ("generate", id(self), i, s), s)
+                 for i, (prompt, s) in enumerate(zip(prompts, seeds))]
+        futures = self.submit_all(turns, params)
+        for future, turn in zip(futures, turns):
             # Freed as soon as its turn is done: with more prompts than slots the others wait for it.
-            future.add_done_callback(lambda _, key=key: self.release(key))
-            futures.append(future)
+            future.add_done_callback(lambda _, key=turn.key: self.release(key))
         return [f.result() for f in futures]
 
     # ------------------------------------------------------------------ worker thread
@@ -233,8 +251,8 @@ class RolloutEngine:
                 break
         turns = []
         for kind, payload in messages:
-            if kind == "turn":
-                turns.append(payload)
+            if kind == "turns":
+                turns.extend(payload)
             elif kind == "release":
                 slot = self._by_key.get(payload)
                 if slot is not None and not any(r.slot is slot for r in self._rows):

@@ -77,11 +77,11 @@ class PolicyAgent(Agent):
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
         seeds = [self._episode_seed(r.seq) for r in requests]
         if self.engine is not None:
-            futures = [
-                asyncio.wrap_future(self.engine.submit(r.token_ids or [], self.params, max_new_tokens=r.max_new_tokens,
-                                                       key=r.seq, seed=seed))
-                for r, seed in zip(requests, seeds)
-            ]
+            from skyrl_tool_agent.policy.engine import EpisodeTurn
+
+            # One submission: a lockstep batch is admitted whole, however the engine's thread is scheduled.
+            turns = [EpisodeTurn(r.token_ids or [], r.max_new_tokens, r.seq, seed) for r, seed in zip(requests, seeds)]
+            futures = [asyncio.wrap_future(f) for f in self.engine.submit_all(turns, self.params)]
             results = [(ids, logps, "stop" if stopped else "length") for ids, logps, stopped in await asyncio.gather(*futures)]
         else:
             generations = await asyncio.to_thread(self.policy.generate, [r.token_ids or [] for r in requests],
