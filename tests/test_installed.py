@@ -59,6 +59,7 @@ def test_installed_main_job_trains_two_steps_and_evaluates_from_an_empty_directo
                  "--set", "training.eval_num_tasks=3", "--set", "training.wandb.mode=disabled",
                  "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3",
                  "--set", "training.probe_held_out_tasks=3", "--set", "training.probe_every=2",
+                 "--set", "training.data.test_tasks=3",  # the test split beside dev, on its own databases
                  "--set", "grpo.max_new_tokens_per_turn=64")  # half the CPU default: decoding is most of the run's time
     assert train.returncode == 0, train.stderr[-3000:] + train.stdout[-2000:]
     out = work / "run"
@@ -77,6 +78,12 @@ def test_installed_main_job_trains_two_steps_and_evaluates_from_an_empty_directo
     assert [r["step"] for r in rows if "probe/execution_accuracy" in r] == [0, 2]
     assert [r["probe/held_out_tasks"] for r in rows if "probe/held_out_execution_accuracy" in r] == [3, 3]
     assert "training stopped: max_steps (2) reached" in train.stdout
+    # the test split (training.test_eval): greedy and avg@2 before and after, paired, in the table and the record
+    test = record["test"]
+    assert json.loads((out / "before_test.json").read_text()) == test["before"] and len(test["after"]["solved"]) == 3
+    assert test["execution_accuracy_delta"]["n"] == 3 and test["avg_at_k_delta"]["n"] == 3
+    assert "Test split (in-family, never trained or tuned on), greedy (n=3)" in train.stdout
+    assert "## The test split (3 tasks" in (out / "metrics_table.md").read_text()
 
     evaluate = _run(installed, work, "eval", "--policy", "model", "--model-path", "run/final", "--limit", "4",
                     "--output-dir", "ev")

@@ -302,6 +302,22 @@ def flip_train_pool(kit: Kit) -> None:
                               db_root=kit.tmp).frontier(TASKS)
 
 
+def flip_test_eval(kit: Kit) -> None:
+    """On (the default), the main job evaluates the generated test split (`training.data.test_tasks`
+    tasks); off, with GRPO on task files of the run's own (no generated pool to avoid), or under a
+    launcher, none. The evaluation before and after, its table and record: tests/test_installed.py."""
+    from skyrl_tool_agent.jobs.train import test_split_tasks
+
+    on = kit.config(training__data__test_tasks=4)
+    tasks = test_split_tasks(on, TaskSplits.load(on), world_size=1)
+    assert len(tasks) == 4 and {t.split for t in tasks} == {"test"}
+    off = kit.config(training__data__test_tasks=4, training__test_eval=False)
+    own_files = kit.config(training__data__test_tasks=4, training__data__train_pool="file")
+    assert test_split_tasks(off, TaskSplits.load(off), world_size=1) == []
+    assert test_split_tasks(own_files, TaskSplits.load(own_files), world_size=1) == []
+    assert test_split_tasks(on, TaskSplits.load(on), world_size=2) == []
+
+
 def flip_redraw_constants(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real supervised build (`build_embedded`: oracle episodes through the MCP server, a tiny
     Qwen2, 3 steps) of 4 train.json tasks, batch 16: every step is an epoch. Off, every step trains
@@ -548,6 +564,7 @@ FLIPS: dict[str, Callable[..., None]] = {
     **dict.fromkeys(("training.data.train_file", "training.data.dev_file", "training.data.db_root"), flip_data_paths),
     **dict.fromkeys(("training.data.dataset", "training.data.spider_root"), flip_dataset),
     "training.data.train_pool": flip_train_pool,
+    "training.test_eval": flip_test_eval,
     "training.data.redraw_constants": flip_redraw_constants,
     **dict.fromkeys(("training.wandb.project", "training.wandb.entity", "training.wandb.mode"), flip_wandb),
     "model.lora.r": flip_lora_r,

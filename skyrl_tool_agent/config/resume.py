@@ -29,7 +29,8 @@ MAY_CHANGE_ON_RESUME: tuple[str, ...] = (
     "training.rollout_groups_per_step", "training.checkpoint_every", "training.keep_checkpoints",
     # what it measures (evaluations and probes read the policy; they do not train it)
     "training.eval_every", "training.eval_num_tasks", "training.eval_split", "training.eval_samples",
-    "training.probe_tasks", "training.probe_held_out_tasks", "training.probe_every",
+    "training.probe_tasks", "training.probe_held_out_tasks", "training.probe_every", "training.test_eval",
+    "training.data.test_tasks",
     # how it computes, not what: the device, memory splits (the update keeps the whole batch's
     # normaliser however it is cut), throughput and operational timeouts
     "model.device", "model.engine_memory_fraction", "model.attn_implementation", "model.gradient_checkpointing",

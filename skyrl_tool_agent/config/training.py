@@ -269,6 +269,15 @@ class TrainingConfig(Section):
         "seeds in every evaluation), so the change measures the policy, not two draws' luck. CPU "
         "default 2: with greedy, ~2.4 min per evaluation of the 320 dev tasks on 2 cores (4: ~4 min).", ge=0,
     )
+    test_eval: bool = knob(
+        True,
+        "The main job also evaluates the test split (training.data.test_tasks in-family tasks on "
+        "databases of their own, never trained on and never used to choose a setting; the built-in "
+        "data with GRPO on its generated pool only) before and after GRPO, greedy and avg@k like eval_split, and reports both splits in "
+        "its final table and before_after.json (`test`). The job budget sizes the two splits "
+        "together. Not under a launcher (more than one rank): evaluate final/ with `eval --split "
+        "test` afterwards.",
+    )
     probe_tasks: int = knob(
         64,
         "A fixed, stratified set of this many training tasks, one episode each sampled at the "

@@ -7,8 +7,9 @@ chosen on spent 8.4 minutes evaluating around an 8-minute GRPO budget). So the j
 one clock from its start:
 
 1. the evaluations are sized from the measured speed of the step-0 probe (episodes at the training
-   settings, which runs first anyway): a stratified subset of the eval tasks (`fixed_subset`), the
-   same tasks before and after, as many as fit two evaluations beside `MIN_GRPO_SHARE` of the job;
+   settings, which runs first anyway): a stratified subset of the eval tasks (`fixed_subset`; with
+   `training.test_eval`, of the test split's too, each its share), the same tasks before and after,
+   as many as fit two evaluations beside `MIN_GRPO_SHARE` of the job;
 2. GRPO gets what is left once the first evaluation's measured time is reserved again for the
    second (x `AFTER_EVAL_MARGIN`) and `FINISH_RESERVE_S` for saving, never more than its own budget.
 
@@ -116,12 +117,13 @@ def process_age_s() -> float:
 
 
 def start_line(budget: JobBudget, *, eval_tasks: int, eval_split: str, episodes_per_task: int,
-               probe_tasks: int) -> str:
+               probe_tasks: int, test_tasks: int = 0) -> str:
     """What the job says when it starts: how long it will take, in words."""
     ends = time.strftime("%H:%M:%S", time.localtime(budget.ends_at_wall()))
     grpo = "no cap of its own" if budget.grpo_cap_s is None else f"at most {budget.grpo_cap_s / 60:.1f} min"
     sizing = (f"sized to fit from the probe's speed ({probe_tasks} episodes)" if probe_tasks
               else "not sized (training.probe_tasks is 0: nothing measured first)")
     return (f"main job: at most {budget.total_s / 60:.1f} min in all (training.job_budget_minutes), ending by "
-            f"{ends}: an evaluation of up to {eval_tasks} {eval_split} tasks ({episodes_per_task} episodes each) "
+            f"{ends}: an evaluation of up to {eval_tasks} {eval_split} tasks"
+            + (f" and {test_tasks} test tasks" if test_tasks else "") + f" ({episodes_per_task} episodes each) "
             f"before GRPO and the same tasks after, {sizing}; GRPO gets the time between them ({grpo})")

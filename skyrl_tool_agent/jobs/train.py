@@ -4,15 +4,18 @@ bottom: `run_training` is the job; the functions above it are its steps."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.eval.splits import TaskSplits
+from skyrl_tool_agent.eval.splits import TaskSplits, train_pool_kind
 from skyrl_tool_agent.jobs.budget import AFTER_EVAL_MARGIN, FINISH_RESERVE_S, JobBudget, start_line
 from skyrl_tool_agent.jobs.build_model import ensure_embedded_model
 from skyrl_tool_agent.jobs.run import GRPOParts, open_run
@@ -38,6 +41,40 @@ def set_probes(trainer: Any, config: Config, train_tasks: list[Task], splits: Ta
             trainer.held_out_probe_tasks = fixed_subset(held_out, t.probe_held_out_tasks, seed=t.seed + 2)
 
 
+@dataclass
+class TestSplit:
+    """The test split the main job evaluates beside `training.eval_split` (`training.test_eval`):
+    its `tasks` (sized with the eval tasks by the job budget), the `runtime` serving their
+    databases (`test_db_root`, apart from the others), and the evaluation before GRPO."""
+
+    tasks: list[Task]
+    runtime: Any
+    before: dict[str, Any] | None = None
+
+    def evaluate(self, trainer: Any) -> dict[str, Any]:
+        """The run's evaluation (`training_evaluation`, as `GRPOTrainer.evaluate`) of the test tasks."""
+        from skyrl_tool_agent.eval.greedy import training_evaluation
+
+        return training_evaluation(trainer.policy, self.runtime, self.tasks, trainer.config,
+                                   params=trainer.sampling).record
+
+
+def test_split_tasks(config: Config, splits: TaskSplits, world_size: int) -> list[Task]:
+    """The test split's tasks the main job evaluates (`training.test_eval`), or none: not asked
+    for, not the built-in data's generated pool (no generator, or a run on task files of its own,
+    where the pool whose questions the test split must avoid is never generated), or a launch of
+    several ranks (whose collections are sharded over the ranks' own servers: the log says what to
+    run afterwards)."""
+    t = config.training
+    if not t.test_eval or t.data.dataset != "builtin" or train_pool_kind(config) == "file":
+        return []
+    if world_size > 1:
+        logger.info("test split: not evaluated under a launcher (%d ranks); afterwards run `skyrl-tool-agent eval "
+                    "--split test --model-path %s`", world_size, t.resolved_output_dir() / "final")
+        return []
+    return splits.test()
+
+
 def sized_eval_tasks(eval_tasks: list[Task], count: int, seed: int) -> list[Task]:
     """The first evaluation's tasks when the job budget sized it to `count`: a stratified subset of
     the run's eval tasks (`fixed_subset`: the same for the same count and seed, so the evaluation
@@ -48,34 +85,52 @@ def sized_eval_tasks(eval_tasks: list[Task], count: int, seed: int) -> list[Task
 
 
 def first_evaluation(trainer: Any, run_logger: Any, ctx: Any, job: JobBudget | None, out: Path,
-                     eval_tasks: list[Task], resumed: bool) -> tuple[dict[str, Any], list[Task]]:
+                     eval_tasks: list[Task], resumed: bool, test: TestSplit | None = None,
+                     ) -> tuple[dict[str, Any], list[Task]]:
     """The evaluation before GRPO and its tasks: a resumed run's before.json (and the tasks it was
     sized to), else step 0's probe first when the job has a budget (its speed sizes the
-    evaluations: `JobBudget.eval_tasks_that_fit`), then the evaluation, logged as step 0."""
+    evaluations: `JobBudget.eval_tasks_that_fit`, the eval tasks and `test`'s together, each
+    split its share), then the evaluation, logged as step 0, and `test`'s (`test.before`)."""
     from skyrl_tool_agent.eval.metrics import eval_metrics
 
     t = trainer.config.training
-    before_path = out / "before.json"
+    before_path, test_path = out / "before.json", out / "before_test.json"
     if ctx.broadcast_object(resumed and before_path.is_file()):
         before = json.loads(before_path.read_text())
         if isinstance(before.get("solved"), list):  # the tasks the first evaluation was sized to
             eval_tasks = trainer.eval_tasks = sized_eval_tasks(eval_tasks, len(before["solved"]), t.seed)
+        if test is not None:
+            if test_path.is_file():
+                test.before = json.loads(test_path.read_text())
+                test.tasks = sized_eval_tasks(test.tasks, len(test.before["solved"]), t.seed)
+            else:  # a run from before the test split was evaluated: its tasks, now
+                test.before = test.evaluate(trainer)
         run_logger.truncate_after(trainer.step)
         return before, eval_tasks
     probe: dict[str, float] = {}
+    tests = len(test.tasks) if test is not None else 0
     if job is not None and trainer.probes:  # step 0's probe first: its speed sizes the evaluations
         probe_started = time.monotonic()
         probe = trainer.probe()
         episode_s = (time.monotonic() - probe_started) / trainer.probes
-        fits = ctx.broadcast_object(job.eval_tasks_that_fit(len(eval_tasks), 1 + t.eval_samples, episode_s))
-        if fits < len(eval_tasks):
-            logger.info("main job: %d of the %d eval tasks fit its %.1f minutes at this machine's speed "
-                        "(%.2f s an episode in the probe); the same %d before and after",
-                        fits, len(eval_tasks), job.total_s / 60, episode_s, fits)
-        eval_tasks = trainer.eval_tasks = sized_eval_tasks(eval_tasks, fits, t.seed)
+        wanted = len(eval_tasks) + tests
+        fits = ctx.broadcast_object(job.eval_tasks_that_fit(wanted, 1 + t.eval_samples, episode_s))
+        if fits < wanted:
+            share = math.ceil(fits * len(eval_tasks) / wanted)
+            split = f" ({share} of {len(eval_tasks)} {t.eval_split}, {fits - share} of {tests} test)" if tests else ""
+            logger.info("main job: %d of the %d eval tasks fit its %.1f minutes at this machine's speed (%.2f s an "
+                        "episode in the probe); the same before and after%s", fits, wanted, job.total_s / 60,
+                        episode_s, split)
+            eval_tasks = trainer.eval_tasks = sized_eval_tasks(eval_tasks, share, t.seed)
+            if test is not None:
+                test.tasks = sized_eval_tasks(test.tasks, max(1, fits - share), t.seed)
     eval_started = time.monotonic()
     before = trainer.evaluate()
-    before["eval_seconds"] = time.monotonic() - eval_started  # what the second one is reserved
+    if test is not None:
+        test.before = test.evaluate(trainer)
+        if ctx.is_main:
+            test_path.write_text(json.dumps(test.before, indent=1) + "\n")
+    before["eval_seconds"] = time.monotonic() - eval_started  # what the second one is reserved (both splits)
     if ctx.is_main:
         before_path.write_text(json.dumps(before, indent=1) + "\n")
     run_logger.truncate_after(0)
@@ -128,7 +183,8 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
     default: this call; the train command passes its process's start).
 
     Writes into `training.output_dir`: metrics.jsonl, rollouts.jsonl, checkpoints/, final/
-    (save_pretrained), before.json, before_after.json, config.yaml (resolved) and training_curves.png.
+    (save_pretrained), before.json (and before_test.json: `training.test_eval`), before_after.json,
+    config.yaml (resolved) and training_curves.png.
     """
     from skyrl_tool_agent.distributed.local import LocalBackend
     from skyrl_tool_agent.env.pools import build_rubric
@@ -165,18 +221,26 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             raise UserInputError(f"no tasks to evaluate: the {t.eval_split} split is empty "
                                  f"(training.data.{'dev_file' if t.eval_split == 'dev' else 'validation_tasks'})")
         train_tasks = splits.rl_train()
+        test_tasks = test_split_tasks(config, splits, ctx.world_size) if ctx.is_main else []
         if job is not None and ctx.is_main:
-            logger.info(start_line(job, eval_tasks=len(eval_tasks), eval_split=t.eval_split,
+            logger.info(start_line(job, eval_tasks=len(eval_tasks), eval_split=t.eval_split, test_tasks=len(test_tasks),
                                    episodes_per_task=1 + t.eval_samples,
                                    probe_tasks=t.probe_tasks + (t.probe_held_out_tasks if splits.validation_at_hand() else 0)))
         start = time.monotonic()
         parts = GRPOParts(train_tasks, eval_tasks, out, backend=backend, resume=resume)
-        with open_run(config, splits.db_root, grpo=parts) as run:  # W&B and the servers close on every path
+        with open_run(config, splits.db_root, grpo=parts) as run, contextlib.ExitStack() as stack:
+            # W&B and the servers (the test split's too) close on every path
             trainer, run_logger = run.trainer, run.logger
+            test = None
+            if test_tasks:
+                from skyrl_tool_agent.data.builtin.test_split import test_db_root
+                from skyrl_tool_agent.env.pools import EnvRuntime
+
+                test = TestSplit(test_tasks, stack.enter_context(EnvRuntime(config.env, test_db_root())))
             set_probes(trainer, config, train_tasks, splits)
             if progress is not None and ctx.is_main:  # evaluations report as they go (lines in a log file)
                 trainer.eval_progress = lambda done, total: progress("eval", (done, total))
-            before, eval_tasks = first_evaluation(trainer, run_logger, ctx, job, out, eval_tasks, run.resumed)
+            before, eval_tasks = first_evaluation(trainer, run_logger, ctx, job, out, eval_tasks, run.resumed, test)
             outputs = RunOutputs(config, eval_tasks, before, splits.db_root) if ctx.is_main else None
             weave_log = training_weave(config, run_logger, eval_tasks) if ctx.is_main else None
             if outputs is not None and weave_log is not None:  # from the first evaluation on (rank 0)
@@ -196,6 +260,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                     outputs.write_during_run(trainer, stop_reason=trainer.stop_reason)
                 raise
             after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
+            test_after = test.evaluate(trainer) if test is not None else None
             trainer.policy.save(out / "final")  # collective under a launcher (rank 0 writes; ZeRO-3 gathers shards)
             if weave_log is not None:
                 weave_log.log(eval_tasks, trainer.last_eval_trajectories, trainer.step, model_path=out / "final")
@@ -204,9 +269,9 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             return None
         summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
                              seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds,
-                             config=config)
+                             config=config, test=(test.before, test_after) if test is not None else None)
         outputs.write(trainer, after=after, stop_reason=trainer.stop_reason,
-                      grpo_seconds=history[-1].get("time/elapsed_s") if history else None)
+                      grpo_seconds=history[-1].get("time/elapsed_s") if history else None, test=summary.test)
         ctx.close()
         return summary
     finally:

@@ -11,7 +11,8 @@ from typing import Any
 
 from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.reports.tables import RunSummary, before_after_record, write_metrics_table, write_model_card
+from skyrl_tool_agent.reports.tables import (RunSummary, before_after_record, split_record, write_metrics_table,
+                                             write_model_card)
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +37,12 @@ class RunOutputs:
         self.out = config.training.resolved_output_dir()
 
     def write(self, trainer: Any, *, after: dict[str, Any] | None = None, stop_reason: str = "",
-              grpo_seconds: float | None = None) -> None:
+              grpo_seconds: float | None = None, test: dict[str, Any] | None = None) -> None:
         """Write the three files for `trainer`'s step and latest evaluation (`after`, default its
         `last_eval`, the one before GRPO until there is another; its episodes are the trainer's
         `last_eval_trajectories`); `stop_reason`: why the run stopped ("" while it runs);
-        `grpo_seconds`: the GRPO clock where training stopped (default: the trainer's clock now)."""
+        `grpo_seconds`: the GRPO clock where training stopped (default: the trainer's clock now);
+        `test`: the test split's `split_record` (the table's second part, at the end)."""
         from skyrl_tool_agent.env.families import resolve_family
         from skyrl_tool_agent.reports.plots import plot_training_curves
         from skyrl_tool_agent.reports.html import TrainingRunView
@@ -58,7 +60,7 @@ class RunOutputs:
         curves = plot_training_curves(self.out / "metrics.jsonl", self.out / "training_curves.png",
                                       eval_split=t.eval_split, kl_off=self.config.grpo.kl_coef == 0, state=state)
         record = before_after_record(self.before, after, trainer.step, stop_reason=stop_reason,
-                                     training_seconds=trainer.train_seconds)
+                                     training_seconds=trainer.train_seconds, test=test)
         write_metrics_table(self.out / METRICS_TABLE_FILE, record, vocabulary(resolve_family(self.config.env.task_family).name),
                             state=state, split=t.eval_split,
                             after_label="after GRPO" if stop_reason else f"step {evaluated_at}")
@@ -82,12 +84,15 @@ METRICS_TABLE_FILE = "metrics_table.md"
 
 
 def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
-               seconds: float, history: list[dict[str, Any]], training_seconds: float, config: Config) -> RunSummary:
-    """Write before_after.json (`before_after_record`), error_anatomy.png and the model card in
-    final/ (the curves, the table and report.html: `RunOutputs`)."""
+               seconds: float, history: list[dict[str, Any]], training_seconds: float, config: Config,
+               test: tuple[dict[str, Any], dict[str, Any]] | None = None) -> RunSummary:
+    """Write before_after.json (`before_after_record`; `test`: the test split's evaluations before
+    and after), error_anatomy.png and the model card in final/ (the curves, the table and
+    report.html: `RunOutputs`)."""
     from skyrl_tool_agent.reports.plots import plot_error_anatomy
 
-    record = before_after_record(before, after, steps, stop_reason=stop_reason, training_seconds=training_seconds)
+    record = before_after_record(before, after, steps, stop_reason=stop_reason, training_seconds=training_seconds,
+                                 test=split_record(*test) if test else None)
     (out / "before_after.json").write_text(json.dumps(record, indent=1) + "\n")
     if before.get("error_anatomy") and after.get("error_anatomy"):
         plot_error_anatomy([("before GRPO", before["error_anatomy"]), ("after GRPO", after["error_anatomy"])],
@@ -99,5 +104,5 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
 
     return RunSummary(before, after, steps, seconds, out, history, stop_reason, record["execution_accuracy_delta"],
                       family=resolve_family(config.env.task_family).name, sampled_delta=record["avg_at_k_delta"],
-                      anatomy_delta=record["error_anatomy_delta"])
+                      anatomy_delta=record["error_anatomy_delta"], test=record.get("test"))
 

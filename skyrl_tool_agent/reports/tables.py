@@ -23,20 +23,13 @@ def print_before_after(summary: Any) -> None:
     words = vocabulary(getattr(summary, "family", "sql"))  # SQL words only for SQL
     n = int(summary.before.get("n", 0))
     # The title on its own line: as a table title it would wrap to the (narrow) table's width.
-    title = (f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
-             f"{summary.seconds / 60:.1f} min")
-    table = Table()
-    for col in ("metric", "before GRPO", "after GRPO", "delta"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
-    for row in metric_rows(summary.before, summary.after, words):
-        table.add_row(*row)
-    Console().print(title)
-    Console().print(table)
-    Console().print(delta_sentence(summary.delta, summary.before, summary.after, label=words.accuracy_label))
-    sampled = summary.before.get("sampled")
-    if sampled and summary.after.get("sampled"):
-        Console().print(delta_sentence(summary.sampled_delta, summary.before, summary.after,
-                                       label=f"avg@{sampled['k']} (T={sampled['temperature']:g})"))
+    print_split(f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
+                f"{summary.seconds / 60:.1f} min", summary.before, summary.after,
+                {"execution_accuracy_delta": summary.delta, "avg_at_k_delta": summary.sampled_delta}, words)
+    if summary.test:
+        test = summary.test
+        print_split(f"Test split (in-family, never trained or tuned on), greedy (n={int(test['before'].get('n', 0))})",
+                    test["before"], test["after"], test, words)
     if rows := anatomy_rows(summary.before, summary.after, summary.anatomy_delta):
         errors = Table(title="Why answers are wrong (greedy, the same tasks)")
         for col in ("error", "before GRPO", "after GRPO", "change of its rate [95% paired bootstrap]"):
@@ -47,6 +40,25 @@ def print_before_after(summary: Any) -> None:
     if summary.stop_reason:
         Console().print(f"training stopped: {summary.stop_reason}")
     Console().print(f"outputs: {summary.output_dir} (report.html, metrics.jsonl, training_curves.png, final/)")
+
+
+def print_split(title: str, before: dict[str, Any], after: dict[str, Any], deltas: dict[str, Any], words: Any) -> None:
+    """One split's before/after table and the sentences of its changes (`split_record`'s deltas)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    for col in ("metric", "before GRPO", "after GRPO", "delta"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for row in metric_rows(before, after, words):
+        table.add_row(*row)
+    Console().print(title)
+    Console().print(table)
+    Console().print(delta_sentence(deltas.get("execution_accuracy_delta"), before, after, label=words.accuracy_label))
+    sampled = before.get("sampled")
+    if sampled and after.get("sampled"):
+        Console().print(delta_sentence(deltas.get("avg_at_k_delta"), before, after,
+                                       label=f"avg@{sampled['k']} (T={sampled['temperature']:g})"))
 
 
 def metric_rows(before: dict[str, Any], after: dict[str, Any], words: Any) -> list[tuple[str, str, str, str]]:
@@ -134,14 +146,21 @@ def before_after_markdown(record: dict[str, Any], words: Any, *, after_label: st
 
 def write_metrics_table(path: Path, record: dict[str, Any], words: Any, *, state: str, split: str,
                         after_label: str) -> Path:
-    """`path` (metrics_table.md): `before_after_markdown` under the run's `state` in words,
-    replaced atomically (a run rewrites it after each evaluation and probe)."""
+    """`path` (metrics_table.md): `before_after_markdown` under the run's `state` in words, and the
+    test split's (`record["test"]`, at the end of a run that evaluated it), replaced atomically (a
+    run rewrites it after each evaluation and probe)."""
     from skyrl_tool_agent.reports.atomic import write_text_atomically
 
-    n = record["before"].get("n")
-    tasks = f"{n:.0f} tasks" if isinstance(n, (int, float)) else "tasks"
-    head = f"# GRPO run: {state}\n\nGreedy on the `{split}` split ({tasks}), the same tasks each time.\n\n"
-    return write_text_atomically(path, head + before_after_markdown(record, words, after_label=after_label))
+    def tasks(r: dict[str, Any]) -> str:
+        n = r["before"].get("n")
+        return f"{n:.0f} tasks" if isinstance(n, (int, float)) else "tasks"
+
+    text = (f"# GRPO run: {state}\n\nGreedy on the `{split}` split ({tasks(record)}), the same tasks each time.\n\n"
+            + before_after_markdown(record, words, after_label=after_label))
+    if test := record.get("test"):
+        text += (f"\n## The test split ({tasks(test)}: in-family, never trained or tuned on)\n\n"
+                 + before_after_markdown(test, words, after_label=after_label))
+    return write_text_atomically(path, text)
 
 
 def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
@@ -169,6 +188,9 @@ def write_model_card(folder: Path, config: Any, record: dict[str, Any]) -> Path:
     before = record["before"]
     what, tools, answer = (("Text-to-SQL agent", "SQLite tools", "SQL") if words.sql else
                            (f"Tool-using agent for the `{words.family}` tasks", "tools", "its final answer"))
+    test = record.get("test")
+    test_markdown = (f"## The test split (greedy, {test['before'].get('n', 0):.0f} in-family tasks never trained or "
+                     f"tuned on)\n\n{before_after_markdown(test, words)}\n" if test else "")
     body = f"""
 # {what} trained with GRPO over MCP tools
 
@@ -187,7 +209,7 @@ A multi-turn tool-using policy trained with skyrl-tool-agent's GRPO: it calls
 ## Evaluation (greedy, `{t.eval_split}` split, {before.get("n", "?"):.0f} tasks)
 
 {before_after_markdown(record, words)}
-The full record (per-task outcomes, training curves) is in the run directory: `before_after.json`,
+{test_markdown}The full record (per-task outcomes, training curves) is in the run directory: `before_after.json`,
 `metrics.jsonl`, `training_curves.png`, `rollouts.jsonl`.
 """
     path = folder / "README.md"
@@ -212,16 +234,24 @@ class RunSummary:
     sampled_delta: dict[str, float] | None = None
     #: Each error category's rate change (`eval.anatomy`) with its paired-bootstrap 95% interval.
     anatomy_delta: dict[str, dict[str, float]] | None = None
+    #: The test split's `split_record` (`training.test_eval`), None where it was not evaluated.
+    test: dict[str, Any] | None = None
 
 
-def before_after_record(before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
-                        training_seconds: float) -> dict[str, Any]:
-    """before_after.json's record: both evaluations, the paired-bootstrap interval of the EX change
-    when both carry per-task outcomes, of the avg@k change when both sampled, and of each error
-    category's rate when both carry the error anatomy; the steps, the stop reason, the minutes."""
-    return {"before": before, "after": after, "steps": steps, "stop_reason": stop_reason,
-            "training_minutes": training_seconds / 60,
+def split_record(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Two evaluations of one split's tasks and the paired-bootstrap intervals of their changes:
+    EX when both carry per-task outcomes, avg@k when both sampled, each error category's rate when
+    both carry the error anatomy."""
+    return {"before": before, "after": after,
             "execution_accuracy_delta": paired_delta(before.get("solved"), after.get("solved")),
             "avg_at_k_delta": paired_delta((before.get("sampled") or {}).get("per_task"),
                                            (after.get("sampled") or {}).get("per_task")),
             "error_anatomy_delta": anatomy_deltas(before, after)}
+
+
+def before_after_record(before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
+                        training_seconds: float, test: dict[str, Any] | None = None) -> dict[str, Any]:
+    """before_after.json's record: the eval split's `split_record`, the steps, the stop reason, the
+    minutes, and `test` (the test split's `split_record`) where the run evaluated it."""
+    return {**split_record(before, after), "steps": steps, "stop_reason": stop_reason,
+            "training_minutes": training_seconds / 60, **({"test": test} if test else {})}
