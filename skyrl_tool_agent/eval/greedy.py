@@ -30,8 +30,8 @@ from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.rollout.collector import Collect, CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
-__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "probe_record", "sampled_evaluation",
-           "training_evaluation"]
+__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "probe_record", "progress_counter",
+           "sampled_evaluation", "training_evaluation"]
 
 
 @dataclass
@@ -81,6 +81,19 @@ def sampled_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], 
         torch.manual_seed(seed)
         trajectories = run(tasks, k, params, settings, on_episode_done)
     return sampled_record(trajectories, k, params.temperature)
+
+
+def progress_counter(report: Callable[[int, int], None] | None, total: int) -> Callable[[Trajectory], None] | None:
+    """An `on_episode_done` that tells `report` (done, `total`) as each episode finishes (None: no report)."""
+    if report is None:
+        return None
+    done = [0]
+
+    def episode_done(_: Trajectory) -> None:
+        done[0] += 1
+        report(done[0], total)
+
+    return episode_done
 
 
 #: Offsets of the run's seed for its measurements' draws: the sampled evaluation's and the probe's

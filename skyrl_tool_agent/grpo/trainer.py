@@ -26,7 +26,7 @@ from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.greedy import probe_record, training_evaluation
+from skyrl_tool_agent.eval.greedy import progress_counter, probe_record, training_evaluation
 from skyrl_tool_agent.eval.metrics import eval_metrics, reward_term_means, summarize
 from skyrl_tool_agent.grpo.advantages import turn_token_advantages
 from skyrl_tool_agent.grpo.batch import EpisodeDecisions, TrainBatch, collate, decide_episodes, on_device, plan_micro_batches
@@ -162,16 +162,9 @@ class GRPOTrainer:
     def evaluate(self) -> dict[str, Any]:
         """The run's evaluation of `eval_tasks` (`eval.greedy.training_evaluation`: greedy with
         `solved` per task, avg@k with `training.eval_samples`), its episodes run by `collect`."""
-        done, report = [0], self.eval_progress
-        total = len(self.eval_tasks) * (1 + self.config.training.eval_samples)
-
-        def episode_done(_: Trajectory) -> None:
-            done[0] += 1
-            if report is not None:
-                report(done[0], total)
-
+        episodes = len(self.eval_tasks) * (1 + self.config.training.eval_samples)
         run = training_evaluation(self.policy, self.runtime, self.eval_tasks, self.config, params=self.sampling,
-                                  on_episode_done=episode_done, collect=self.collect)
+                                  on_episode_done=progress_counter(self.eval_progress, episodes), collect=self.collect)
         self.last_eval_trajectories = run.trajectories
         return run.record
 

@@ -52,11 +52,13 @@ class TestSplit:
     before: dict[str, Any] | None = None
 
     def evaluate(self, trainer: Any) -> dict[str, Any]:
-        """The run's evaluation (`training_evaluation`, as `GRPOTrainer.evaluate`) of the test tasks."""
-        from skyrl_tool_agent.eval.greedy import training_evaluation
+        """The run's evaluation (`training_evaluation`, as `GRPOTrainer.evaluate`) of the test
+        tasks, reporting its episodes to the trainer's `eval_progress` as they finish."""
+        from skyrl_tool_agent.eval.greedy import progress_counter, training_evaluation
 
-        return training_evaluation(trainer.policy, self.runtime, self.tasks, trainer.config,
-                                   params=trainer.sampling).record
+        episodes = len(self.tasks) * (1 + trainer.config.training.eval_samples)
+        return training_evaluation(trainer.policy, self.runtime, self.tasks, trainer.config, params=trainer.sampling,
+                                   on_episode_done=progress_counter(trainer.eval_progress, episodes)).record
 
 
 def test_split_tasks(config: Config, splits: TaskSplits, world_size: int) -> list[Task]:
