@@ -344,8 +344,9 @@ def collect_episodes(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], gr
                      params: SamplingParams, settings: CollectorSettings | None = None,
                      on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Episodes of `policy` (anything `rollout.agents.make_agent` takes) in this process, one
-    collector call: the one route from the trainer (`GRPOTrainer.collect`) and the evaluations to
-    the sampler. An agent with a tokenizer records token ids (and so keeps the token budget)."""
+    collector call: what an evaluation runs when no trainer passes its own `collect`
+    (`GRPOTrainer.collect` builds its `PolicyAgent` directly). An agent with a tokenizer records
+    token ids (and so keeps the token budget)."""
     agent = make_agent(policy, params)
     collector = TrajectoryCollector(runtime, agent, tokenizer=agent.tokenizer, settings=settings)
     return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
