@@ -123,6 +123,8 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
     from rich.console import Console
     from rich.table import Table
 
+    from skyrl_tool_agent.reports.templates import fmt
+
     console = console or Console()
     table = Table(title=f"{base_label} vs {current_label} (n={base.get('n')} / {current.get('n')})")
     table.add_column("metric")
@@ -131,8 +133,8 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
     table.add_column("delta", justify="right")
     for row in comparison_rows(base, current):
         style = {1: "green", -1: "red"}.get(row.verdict)
-        table.add_row(row.label, _fmt(row.base), _fmt(row.current),
-                      f"[{style}]{row.delta:+.3f}[/]" if style else _fmt(row.delta, signed=True))
+        table.add_row(row.label, fmt(row.base), fmt(row.current),
+                      f"[{style}]{row.delta:+.3f}[/]" if style else fmt(row.delta, "+f3"))
     console.print(table)
     change = paired_change(base, records) if records is not None else None
     if change is not None:
@@ -145,12 +147,6 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
         console.print(f"no paired interval: {base_label} has no per-question outcomes for these questions")
     for warning in comparison_warnings(base, current):
         console.print(f"[yellow]warning:[/] {warning}")
-
-
-def _fmt(value: float | None, *, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
 def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run",
