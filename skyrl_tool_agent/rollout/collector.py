@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.config.env import CollectorConfig
 from skyrl_tool_agent.config.grpo import GRPOConfig
-from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation, task_user_message
+from skyrl_tool_agent.data.tasks import Task, task_user_message
+from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime, EpisodeSetupError
 from skyrl_tool_agent.mcp.pool import MCPPoolError
