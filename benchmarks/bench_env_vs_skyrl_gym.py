@@ -74,8 +74,7 @@ from mcp_tools.sqlite_server import SqliteTools  # noqa: E402
 from skyrl_tool_agent.config import EnvConfig  # noqa: E402
 from skyrl_tool_agent.data.batching import fixed_subset  # noqa: E402
 from skyrl_tool_agent.data.spider import load_spider, spider_db_root  # noqa: E402
-from skyrl_tool_agent.data.tasks import Task, db_path_for, load_tasks  # noqa: E402
-from skyrl_tool_agent.env.chat_format import task_user_message  # noqa: E402
+from skyrl_tool_agent.data.tasks import Task, db_path_for, load_tasks, task_user_message  # noqa: E402
 from skyrl_tool_agent.env.environment import MCPToolEnvironment  # noqa: E402
 from skyrl_tool_agent.env.parsing import parse_turn  # noqa: E402
 from skyrl_tool_agent.env.pools import EnvRuntime  # noqa: E402

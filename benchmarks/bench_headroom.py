@@ -14,7 +14,6 @@ be chosen on); `--split dev` is for reporting only. Prints a table, writes JSON.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from pathlib import Path
@@ -67,8 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         from skyrl_tool_agent.eval.metrics import pass_at_k
         from skyrl_tool_agent.eval.splits import load_eval_tasks
         from skyrl_tool_agent.policy.qwen import QwenPolicy
-        from skyrl_tool_agent.rollout.agents import make_agent
-        from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+        from skyrl_tool_agent.policy.sampling_params import SamplingParams
+        from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
 
         config = config_from_args(args)
         selection = load_eval_tasks(config, args.split, limit=args.limit, seed=0)
@@ -83,9 +82,8 @@ def main(argv: list[str] | None = None) -> None:
             for temp in [0.0, *temps]:
                 k = 1 if temp == 0 else args.num_samples
                 t0 = time.monotonic()
-                agent = make_agent(policy, temperature=temp, top_p=1.0, max_new_tokens=g.max_new_tokens_per_turn)
-                collector = TrajectoryCollector(runtime, agent, tokenizer=policy.tokenizer, settings=settings)
-                trajs = asyncio.run(collector.collect(tasks, k))
+                # The turn's token cap is the collector's (`settings`, from grpo.max_new_tokens_per_turn).
+                trajs = collect_episodes(policy, runtime, tasks, k, SamplingParams(temperature=temp), settings)
                 seconds = time.monotonic() - t0
                 solved = [sum(t.result.solved for t in trajs[i * k:(i + 1) * k]) for i in range(len(tasks))]
                 p1 = mean(pass_at_k(k, c, 1) for c in solved)

@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skyrl_tool_agent.commands.memory_profile import _batch  # noqa: E402
+from skyrl_tool_agent.jobs.memory_profile import rollout_batch  # noqa: E402
 from skyrl_tool_agent.config.loader import load_config  # noqa: E402
 from skyrl_tool_agent.grpo.batch import TrainBatch  # noqa: E402
 from skyrl_tool_agent.grpo import trainer as trainer_module  # noqa: E402
@@ -63,7 +63,7 @@ def sync() -> None:
 def mixed_batch(policy: QwenPolicy, rows: int, length: int, prefix_len: int) -> TrainBatch:
     """`rows` episodes of lengths spread evenly from length/8 to length (as a real step's are),
     right-padded to the longest: what micro-batches by row count pad and a token budget does not."""
-    batch = _batch(policy, rows, length, prefix_len)
+    batch = rollout_batch(policy, rows, length, prefix_len)
     for row, n in enumerate(torch.linspace(length / 8, length, rows).long().tolist()):
         batch.attention_mask[row, n:] = 0
         batch.loss_mask[row, n - 1:] = False
@@ -157,7 +157,7 @@ def main() -> None:
     config = load_config(overrides=[f"model.name_or_path={args.model}", "training.wandb.mode=disabled"], profile="gpu")
     policy = QwenPolicy.from_config(config.model, mode="lora")
     cuda = torch.cuda.is_available()  # CPU: a dry run of the script (use a small --model and --length)
-    batch = (mixed_batch if args.mixed else _batch)(policy, args.rows, args.length, args.prefix)
+    batch = (mixed_batch if args.mixed else rollout_batch)(policy, args.rows, args.length, args.prefix)
     tokens = int(batch.attention_mask.sum())
     out: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,

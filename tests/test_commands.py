@@ -154,7 +154,7 @@ def test_single_config_file(tmp_path: Path) -> None:
         ("gpro:\n  group_size: 4\n",
          "{f}: unknown section 'gpro' (expected top-level keys model, training, grpo, env) (did you mean 'grpo'?)"),
         ("deepspeed: {}\n", "{f}: unknown section 'deepspeed' (expected top-level keys model, training, grpo, env); "
-                            "the accelerate/DeepSpeed files are given with --accelerate-config / --deepspeed-config"),
+                            "the DeepSpeed file is given with --deepspeed-config"),
         ("grpo: [1, 2]\n", "{f}: grpo: expected a mapping of keys to values, got list"),
         ("- 1\n", "{f}: expected a mapping of keys to values at the top level, got list"),
         ("model:\n  quantization:\n    load_in_4bit: true\ntraining:\n  mode: full\n",

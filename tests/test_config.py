@@ -250,7 +250,7 @@ def test_overrides_apply_before_validation() -> None:
         (
             "grp.group_size=4",
             "--set grp.group_size=4: unknown section 'grp' (expected one of model, training, grpo, env, "
-            "accelerate, deepspeed); did you mean 'grpo'?",
+            "deepspeed); did you mean 'grpo'?",
         ),
         ("grpo=4", "--set grpo=4: name a key inside the section, e.g. grpo.<key>=VALUE"),
         ("model.dtype.x=1", "--set model.dtype.x=1: 'dtype' is str, not a mapping"),

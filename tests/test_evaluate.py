@@ -29,9 +29,9 @@ from skyrl_tool_agent.config import EnvConfig, ModelConfig, UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.chat_format import format_answer, format_tool_call
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.compare import comparison_rows, comparison_warnings, load_results, print_comparison
+from skyrl_tool_agent.eval.compare import comparison_rows, comparison_warnings, load_results
 from skyrl_tool_agent.eval.evaluate import EvalOptions, run_evaluation
-from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
+from skyrl_tool_agent.reports.evaluation import OutputPaths, print_comparison, write_outputs
 from skyrl_tool_agent.eval.metrics import pass_at_k, pass_at_k_levels
 from skyrl_tool_agent.eval.policies import load_eval_policy
 from skyrl_tool_agent.policy.sampling_params import SamplingParams

@@ -6,7 +6,7 @@ Layout (one module per file it validates):
 * `training.TrainingConfig` configs/training_config.yaml
 * `grpo.GRPOConfig`         configs/grpo_config.yaml
 * `env.EnvConfig`           configs/env_config.yaml
-* `distributed`             configs/accelerate_config.yaml, configs/deepspeed_config.json (permissive, on demand)
+* `distributed`             configs/deepspeed_config.json (permissive, on demand)
 * `loader`                  `Config` (the four sections) and `load_config`
 * `overrides`, `yaml_io`    `--set` parsing, error rendering, YAML read/write
 * `errors`                  `UserInputError`, `ConfigError`, `cli_main_guard` (exit 2, one `error:` line)
@@ -25,7 +25,7 @@ imports torch.
 from __future__ import annotations
 
 from skyrl_tool_agent.config.cli import add_config_args, config_from_args
-from skyrl_tool_agent.config.distributed import AccelerateConfig, DeepSpeedConfig
+from skyrl_tool_agent.config.distributed import DeepSpeedConfig
 from skyrl_tool_agent.config.env import (
     CollectorConfig,
     EnvConfig,
@@ -43,7 +43,6 @@ from skyrl_tool_agent.config.grpo import (
 from skyrl_tool_agent.config.loader import (
     Config,
     ConfigSources,
-    load_accelerate_config,
     load_config,
     load_deepspeed_config,
 )
@@ -61,7 +60,6 @@ __all__ = [
     "EMBEDDED",
     "SHIPPED_EMBEDDED_DIR",
     "default_build_dir",
-    "AccelerateConfig",
     "BatcherConfig",
     "CollectorConfig",
     "Config",
@@ -87,7 +85,6 @@ __all__ = [
     "cli_main_guard",
     "require_extra",
     "config_from_args",
-    "load_accelerate_config",
     "load_config",
     "load_deepspeed_config",
 ]

@@ -1,9 +1,9 @@
-"""Permissive schemas for the two files other tools own: the accelerate launcher config
-(configs/accelerate_config.yaml) and the DeepSpeed config (configs/deepspeed_config.json).
+"""A permissive schema for the file DeepSpeed owns (configs/deepspeed_config.json; the accelerate
+launcher's configs/accelerate_config.yaml names it and is read by accelerate alone).
 
 Only the keys this project relies on are typed; every other key is allowed and passed through,
-since accelerate and DeepSpeed define (and evolve) these formats. They are loaded on demand
-(`Config.load_accelerate()`, `Config.load_deepspeed()`), only by runs that launch with them.
+since DeepSpeed defines (and evolves) the format. It is loaded on demand (`Config.load_deepspeed()`),
+only by full-mode runs.
 
 DeepSpeed ZeRO-3 offload (off by default; for models that do not fit in GPU memory):
 ``zero_optimization.offload_optimizer = {"device": "cpu", "pin_memory": true}`` moves optimizer
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, PlainValidator, model_validator
+from pydantic import ConfigDict, PlainValidator
 
 from skyrl_tool_agent.config.base import Section, knob
 
@@ -104,37 +104,3 @@ class DeepSpeedConfig(Passthrough):
                 )
             )
         return problems
-
-
-class AccelerateDeepSpeedSection(Passthrough):
-    """`deepspeed_config` inside the accelerate config."""
-
-    deepspeed_config_file: str | None = knob(None, "Path of the DeepSpeed JSON (relative to the launch directory).")
-    zero3_init_flag: bool | None = knob(None, "Build the model directly sharded (deepspeed.zero.Init).")
-
-
-class AccelerateConfig(Passthrough):
-    """The `accelerate launch --config_file` YAML (the fields accelerate's ClusterConfig reads)."""
-
-    compute_environment: Literal["LOCAL_MACHINE", "AMAZON_SAGEMAKER"] = knob("LOCAL_MACHINE", "Where it runs.")
-    distributed_type: str = knob("NO", "NO, MULTI_GPU, DEEPSPEED, FSDP, ...")
-    mixed_precision: Literal["no", "fp16", "bf16", "fp8"] | None = knob(
-        None, "Must stay null with a deepspeed_config_file (the JSON decides the precision)."
-    )
-    num_processes: int = knob(1, "Processes (GPUs) in total.", ge=1)
-    num_machines: int = knob(1, "Machines.", ge=1)
-    machine_rank: int = knob(0, "This machine's rank.", ge=0)
-    use_cpu: bool = knob(False, "Force CPU.")
-    deepspeed_config: AccelerateDeepSpeedSection | None = knob(None, "DeepSpeed plugin settings.")
-
-    @model_validator(mode="after")
-    def _deepspeed_file_rules(self) -> AccelerateConfig:
-        if self.distributed_type == "DEEPSPEED":
-            if self.deepspeed_config is None or not self.deepspeed_config.deepspeed_config_file:
-                raise ValueError("distributed_type DEEPSPEED needs deepspeed_config.deepspeed_config_file")
-            if self.mixed_precision is not None:
-                raise ValueError(
-                    f"mixed_precision must be null with a deepspeed_config_file (got {self.mixed_precision!r}); "
-                    "accelerate rejects both, set bf16.enabled in the DeepSpeed JSON instead"
-                )
-        return self

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from skyrl_tool_agent.config.base import Section, h100_value
-from skyrl_tool_agent.config.distributed import AccelerateConfig, DeepSpeedConfig
+from skyrl_tool_agent.config.distributed import DeepSpeedConfig
 from skyrl_tool_agent.config.env import EnvConfig, MCPServerConfig
 from skyrl_tool_agent.config.errors import ConfigError
 from skyrl_tool_agent.config.grpo import GRPOConfig
@@ -38,7 +38,6 @@ SECTIONS: dict[str, tuple[type[Section], str]] = {
     "training": (TrainingConfig, "training_config.yaml"),
     "grpo": (GRPOConfig, "grpo_config.yaml"),
     "env": (EnvConfig, "env_config.yaml"),
-    "accelerate": (AccelerateConfig, "accelerate_config.yaml"),
     "deepspeed": (DeepSpeedConfig, "deepspeed_config.json"),
 }
 CORE_SECTIONS = ("model", "training", "grpo", "env")
@@ -86,8 +85,8 @@ def nominal_micro_batches(training: TrainingConfig, grpo: GRPOConfig) -> int:
 
 
 class Config(BaseModel):
-    """Everything a run needs: the four validated sections, plus the accelerate and DeepSpeed
-    files loaded on demand (`load_accelerate()`, `load_deepspeed()`) by multi-GPU runs."""
+    """Everything a run needs: the four validated sections, plus the DeepSpeed file loaded on
+    demand (`load_deepspeed()`) by full-mode runs."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -165,15 +164,6 @@ class Config(BaseModel):
         return self.env.resolved_servers(self.db_root())
 
     # ------------------------------------------------------------------ on-demand files
-    def load_accelerate(self) -> AccelerateConfig:
-        """accelerate_config.yaml (the packaged default, or the path given to load_config), validated; cached."""
-        if "accelerate" not in self._distributed:
-            path = self._sources.files.get("accelerate", str(PACKAGED_CONFIG_DIR / SECTIONS["accelerate"][1]))
-            self._distributed["accelerate"] = load_accelerate_config(
-                path, [o.text for o in self._sources.overrides_for("accelerate")]
-            )
-        return self._distributed["accelerate"]
-
     def load_deepspeed(self) -> DeepSpeedConfig:
         """deepspeed_config.json (packaged default or the path given), validated for `training.mode`
         (ZeRO-3 for full, bf16); cached."""
@@ -274,14 +264,6 @@ def _read(path: str | Path) -> dict[str, Any]:
     return read_json_mapping(path, shown) if shown.endswith(".json") else read_yaml_mapping(path, shown)
 
 
-def load_accelerate_config(path: str | Path, overrides: Sequence[str] = ()) -> AccelerateConfig:
-    """Read and validate an accelerate launcher config (`accelerate.*` overrides apply)."""
-    parsed = [o for o in _parse_overrides(overrides) if o.section == "accelerate"]
-    result = _validate("accelerate", _read(path), str(path), parsed)
-    assert isinstance(result, AccelerateConfig)
-    return result
-
-
 def load_deepspeed_config(path: str | Path, overrides: Sequence[str] = (), *, mode: str = "full") -> DeepSpeedConfig:
     """Read and validate a DeepSpeed JSON for training.mode `mode` (`deepspeed.*` overrides apply)."""
     parsed = [o for o in _parse_overrides(overrides) if o.section == "deepspeed"]
@@ -302,7 +284,7 @@ def _read_single_file(path: str | Path) -> dict[str, dict[str, Any]]:
         if key not in CORE_SECTIONS:
             hint = difflib.get_close_matches(str(key), CORE_SECTIONS, n=1)
             extra = (
-                "; the accelerate/DeepSpeed files are given with --accelerate-config / --deepspeed-config"
+                "; the DeepSpeed file is given with --deepspeed-config"
                 if key in SECTIONS
                 else (f" (did you mean '{hint[0]}'?)" if hint else "")
             )
@@ -326,7 +308,6 @@ def load_config(
     training_config: str | Path | None = None,
     grpo_config: str | Path | None = None,
     env_config: str | Path | None = None,
-    accelerate_config: str | Path | None = None,
     deepspeed_config: str | Path | None = None,
     profile: str = "cpu",
 ) -> Config:
@@ -338,8 +319,8 @@ def load_config(
     working directory. `config_file` instead reads every section from one YAML file with top-level
     keys model/training/grpo/env (a missing section keeps its defaults; `Config.dump_yaml()` and a
     run's config.yaml are such files); it excludes `config_dir`. `*_config=` replaces one section's
-    file (the scripts' `--model-config` etc.), also next to `config_file`. The accelerate/DeepSpeed
-    paths are only read by `Config.load_*()` (default: the packaged files). `profile` ("cpu" or
+    file (the scripts' `--model-config` etc.), also next to `config_file`. The DeepSpeed
+    path is only read by `Config.load_deepspeed()` (default: the packaged file). `profile` ("cpu" or
     "gpu", see PROFILES) picks the values of the sections taken from the packaged defaults; in a
     `config_dir` of the user's it replaces the values left at their CPU default (`profile_on_top`);
     files named one by one (`*_config=`, `config_file`) are read as they are.
@@ -351,7 +332,6 @@ def load_config(
         "training": training_config,
         "grpo": grpo_config,
         "env": env_config,
-        "accelerate": accelerate_config,
         "deepspeed": deepspeed_config,
     }
     if config_file is not None and config_dir is not None:

@@ -333,9 +333,3 @@ class DistContext:
             out.append(flat[offset : offset + t.numel()].view(t.shape).to(t.device, t.dtype))
             offset += t.numel()
         return out
-
-    def all_reduce_sum(self, value: int) -> int:
-        """The sum of every rank's `value` (ints: counts and votes)."""
-        tensor = torch.tensor([value], dtype=torch.long, device=self.comm_device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return int(tensor.item())

@@ -13,8 +13,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from skyrl_tool_agent.data.tasks import task_user_message  # noqa: F401 - re-exported: the prompt's first turn
-
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"

@@ -1,5 +1,6 @@
 """Baseline vs trained: two results.json side by side, with deltas (`evaluate.py --compare`), and
-the questions newly solved and newly broken (from the baseline's per-question outcomes)."""
+the questions newly solved and newly broken (from the baseline's per-question outcomes), measured
+here; `reports.evaluation` prints them."""
 
 from __future__ import annotations
 
@@ -216,45 +217,6 @@ def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
     return paired_bootstrap([b for b, _ in pairs], [a for _, a in pairs], seed=seed)
 
 
-def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, base_label: str = "baseline",
-                     current_label: str = "this run", console: Any = None,
-                     records: Sequence[Mapping[str, Any]] | None = None) -> None:
-    """A rich table: metric | baseline | this run | delta (green up, red down), then the change of
-    the headline with its paired-bootstrap interval (given this run's per-question `records`), then
-    any warnings."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
-    table = Table(title=f"{base_label} vs {current_label} (n={base.get('n')} / {current.get('n')})")
-    table.add_column("metric")
-    table.add_column(base_label, justify="right")
-    table.add_column(current_label, justify="right")
-    table.add_column("delta", justify="right")
-    for row in comparison_rows(base, current):
-        style = {1: "green", -1: "red"}.get(row.verdict)
-        table.add_row(row.label, _fmt(row.base), _fmt(row.current),
-                      f"[{style}]{row.delta:+.3f}[/]" if style else _fmt(row.delta, signed=True))
-    console.print(table)
-    change = paired_change(base, records) if records is not None else None
-    if change is not None:
-        console.print(f"{vocabulary_of(current).accuracy_label} change ({current_label} - {base_label}): "
-                      f"{100 * change.delta:+.1f} points, {100 * change.confidence:.0f}% paired-bootstrap interval "
-                      f"[{100 * change.low:+.1f}, {100 * change.high:+.1f}] over {change.n} questions in both"
-                      + (f", each the mean of its {samples} samples" if (samples := current.get("num_samples") or 1) > 1
-                         else ""))
-    elif records is not None:
-        console.print(f"no paired interval: {base_label} has no per-question outcomes for these questions")
-    for warning in comparison_warnings(base, current):
-        console.print(f"[yellow]warning:[/] {warning}")
-
-
-def _fmt(value: float | None, *, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{value:+.3f}" if signed else f"{value:.3f}"
-
-
 def _first_sample_categories(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, bool]] | None:
     """(error category of the question's first sample, scored) by task id; None when the records
     were written without the anatomy."""
@@ -318,25 +280,3 @@ def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[st
     return [AnatomyRow(c, LABELS[c], sum(1 for x, s in zip(before, before_scored) if x == c and s is not None),
                        sum(1 for x, s in zip(after, after_scored) if x == c and s is not None), changes.get(c))
             for c in CATEGORIES]
-
-
-def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run",
-                  console: Any = None) -> None:
-    """A rich table: error category | baseline | this run | change of its rate [95% interval]."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
-    table = Table(title="Why answers are wrong (first sample of each question in both runs)")
-    for col in ("error", base_label, current_label, "change [95% paired bootstrap]"):
-        table.add_column(col, justify="left" if col == "error" else "right")
-    for row in rows:
-        table.add_row(row.label, str(row.base), str(row.current), describe_change(row.change))
-    console.print(table)
-
-
-def describe_change(change: Any) -> str:
-    """'-2.5 points [-4.1, -0.9]' for a `stats.PairedDelta` of a rate ('-' for None)."""
-    if change is None:
-        return "-"
-    return f"{100 * change.delta:+.1f} points [{100 * change.low:+.1f}, {100 * change.high:+.1f}]"

@@ -11,6 +11,7 @@ rates go back to the curriculum. Evaluation (greedy, fixed dev subset) and check
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -44,7 +45,8 @@ from skyrl_tool_agent.memory.sizing import plan_for
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.weights import base_model, is_sharded, sampling_dtype
-from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
+from skyrl_tool_agent.rollout.agents import PolicyAgent
+from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -62,16 +64,8 @@ class StepOutput:
 class GRPOTrainer:
     """Trains a `QwenPolicy` with GRPO on tasks from a `TaskDataLoader` through an `EnvRuntime`."""
 
-    def __init__(
-        self,
-        config: Config,
-        policy: QwenPolicy,
-        runtime: EnvRuntime,
-        loader: TaskDataLoader,
-        eval_tasks: Sequence[Task],
-        *,
-        output_dir: Path,
-    ) -> None:
+    def __init__(self, config: Config, policy: QwenPolicy, runtime: EnvRuntime, loader: TaskDataLoader,
+                 eval_tasks: Sequence[Task], *, output_dir: Path) -> None:
         self.config = config
         self.policy = policy
         self.runtime = runtime
@@ -155,9 +149,12 @@ class GRPOTrainer:
     def collect(self, tasks: Sequence[Task], group_size: int, params: SamplingParams,
                 settings: CollectorSettings | None = None,
                 on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
-        """Episodes through the env (`settings`: the training ones unless given)."""
-        return collect_episodes(self.policy, self.runtime, tasks, group_size, params,
-                                settings or self.collector_settings, on_episode_done)
+        """`group_size` episodes per task of the policy through the env, drawn with `params`
+        (`settings`: the training ones unless given)."""
+        agent = PolicyAgent(self.policy, params)
+        collector = TrajectoryCollector(self.runtime, agent, tokenizer=agent.tokenizer,
+                                        settings=settings or self.collector_settings)
+        return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
 
     def evaluate(self) -> dict[str, Any]:
         """The run's evaluation of `eval_tasks` (`eval.greedy.training_evaluation`: greedy with

@@ -43,14 +43,14 @@ class EvalRequest:
 def evaluate(config: Config, ask: EvalRequest) -> EvaluationRun:
     """Evaluate as `ask` says on `config`'s task family and MCP servers; writes `ask.paths`."""
     from skyrl_tool_agent.env.families import family_oracle, resolve_family
-    from skyrl_tool_agent.eval.compare import anatomy_comparison, load_results, print_anatomy, print_comparison, run_labels
+    from skyrl_tool_agent.eval.compare import anatomy_comparison, load_results, run_labels
     from skyrl_tool_agent.eval.evaluate import OPENAI, ORACLE, EvalOptions, collector_settings, run_evaluation
     from skyrl_tool_agent.eval.splits import load_eval_tasks
     from skyrl_tool_agent.eval.vocabulary import vocabulary
     from skyrl_tool_agent.eval.weave_setup import weave_mode
     from skyrl_tool_agent.jobs.progress import evaluation_progress
     from skyrl_tool_agent.jobs.run import open_run
-    from skyrl_tool_agent.reports.evaluation import print_results, write_outputs
+    from skyrl_tool_agent.reports.evaluation import print_anatomy, print_comparison, print_results, write_outputs
     from skyrl_tool_agent.reports.rollouts import load_rollouts
     from skyrl_tool_agent.rollout.openai_agent import probe_endpoint
 

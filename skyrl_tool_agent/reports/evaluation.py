@@ -1,14 +1,16 @@
 """An evaluation's files: results.json, the per-question JSONL, the PNGs and report.html, from an
-`eval.evaluate.EvaluationRun` (eval/ runs and measures; this writes what a person reads)."""
+`eval.evaluate.EvaluationRun`, and its console tables, alone and against a baseline (eval/ runs and
+measures; this writes what a person reads)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from skyrl_tool_agent.eval.compare import AnatomyRow, comparison_rows, comparison_warnings, paired_change
 from skyrl_tool_agent.eval.evaluate import EvaluationRun
 from skyrl_tool_agent.eval.vocabulary import vocabulary_of
 from skyrl_tool_agent.reports.html import TrainingRunView
@@ -110,3 +112,60 @@ def print_results(results: dict[str, Any], paths: OutputPaths) -> None:
         console.print(f"why answers are wrong ({anatomy['wrong']} of {anatomy['scored']} scored): {parts or 'none wrong'}")
     console.print(f"{words.short} {format_rate(results[words.accuracy], results)} · results {paths.results} · trajectories {paths.trajectories}"
                   + (f" · report {paths.report}" if "report" in results.get("files", {}) else ""))
+
+
+def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, base_label: str = "baseline",
+                     current_label: str = "this run", console: Any = None,
+                     records: Sequence[Mapping[str, Any]] | None = None) -> None:
+    """A rich table: metric | baseline | this run | delta (green up, red down), then the change of
+    the headline with its paired-bootstrap interval (given this run's per-question `records`), then
+    any warnings."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from skyrl_tool_agent.reports.templates import fmt
+
+    console = console or Console()
+    table = Table(title=f"{base_label} vs {current_label} (n={base.get('n')} / {current.get('n')})")
+    table.add_column("metric")
+    table.add_column(base_label, justify="right")
+    table.add_column(current_label, justify="right")
+    table.add_column("delta", justify="right")
+    for row in comparison_rows(base, current):
+        style = {1: "green", -1: "red"}.get(row.verdict)
+        table.add_row(row.label, fmt(row.base), fmt(row.current),
+                      f"[{style}]{row.delta:+.3f}[/]" if style else fmt(row.delta, "+f3"))
+    console.print(table)
+    change = paired_change(base, records) if records is not None else None
+    if change is not None:
+        console.print(f"{vocabulary_of(current).accuracy_label} change ({current_label} - {base_label}): "
+                      f"{100 * change.delta:+.1f} points, {100 * change.confidence:.0f}% paired-bootstrap interval "
+                      f"[{100 * change.low:+.1f}, {100 * change.high:+.1f}] over {change.n} questions in both"
+                      + (f", each the mean of its {samples} samples" if (samples := current.get("num_samples") or 1) > 1
+                         else ""))
+    elif records is not None:
+        console.print(f"no paired interval: {base_label} has no per-question outcomes for these questions")
+    for warning in comparison_warnings(base, current):
+        console.print(f"[yellow]warning:[/] {warning}")
+
+
+def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run",
+                  console: Any = None) -> None:
+    """A rich table: error category | baseline | this run | change of its rate [95% interval]."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="Why answers are wrong (first sample of each question in both runs)")
+    for col in ("error", base_label, current_label, "change [95% paired bootstrap]"):
+        table.add_column(col, justify="left" if col == "error" else "right")
+    for row in rows:
+        table.add_row(row.label, str(row.base), str(row.current), describe_change(row.change))
+    console.print(table)
+
+
+def describe_change(change: Any) -> str:
+    """'-2.5 points [-4.1, -0.9]' for a `stats.PairedDelta` of a rate ('-' for None)."""
+    if change is None:
+        return "-"
+    return f"{100 * change.delta:+.1f} points [{100 * change.low:+.1f}, {100 * change.high:+.1f}]"

@@ -75,7 +75,9 @@ class PolicyAgent(Agent):
         self.engine = None
 
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
-        seeds = [self._episode_seed(r.seq) for r in requests]
+        from skyrl_tool_agent.policy.token_sampling import episode_seed
+
+        seeds = [episode_seed(self._base_seed, r.seq) for r in requests]  # the collection's draw, the episode's number
         if self.engine is not None:
             from skyrl_tool_agent.policy.engine import EpisodeTurn
 
@@ -89,12 +91,6 @@ class PolicyAgent(Agent):
                                                   seeds=seeds)
             results = [(g.token_ids, g.logprobs, g.finish_reason) for g in generations]
         return [self._turn(request, *result) for request, result in zip(requests, results)]
-
-    def _episode_seed(self, seq: int) -> int:
-        """Episode `seq`'s sampling seed: the collection's one torch draw and the episode number."""
-        from skyrl_tool_agent.policy.token_sampling import episode_seed
-
-        return episode_seed(self._base_seed, seq)
 
     def _turn(self, request: TurnRequest, token_ids: list[int], logprobs: list[float], finish_reason: str) -> AgentTurn:
         ids, logps = token_ids[: request.max_new_tokens], logprobs[: request.max_new_tokens]

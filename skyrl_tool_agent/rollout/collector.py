@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.config.env import CollectorConfig
 from skyrl_tool_agent.config.grpo import GRPOConfig
-from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation, task_user_message
+from skyrl_tool_agent.data.tasks import Task, task_user_message
+from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation
 from skyrl_tool_agent.env.environment import MCPToolEnvironment
 from skyrl_tool_agent.env.pools import EnvRuntime, EpisodeSetupError
 from skyrl_tool_agent.mcp.pool import MCPPoolError
@@ -344,8 +344,9 @@ def collect_episodes(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], gr
                      params: SamplingParams, settings: CollectorSettings | None = None,
                      on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Episodes of `policy` (anything `rollout.agents.make_agent` takes) in this process, one
-    collector call: the one route from the trainer (`GRPOTrainer.collect`) and the evaluations to
-    the sampler. An agent with a tokenizer records token ids (and so keeps the token budget)."""
+    collector call: what an evaluation runs when no trainer passes its own `collect`
+    (`GRPOTrainer.collect` builds its `PolicyAgent` directly). An agent with a tokenizer records
+    token ids (and so keeps the token budget)."""
     agent = make_agent(policy, params)
     collector = TrajectoryCollector(runtime, agent, tokenizer=agent.tokenizer, settings=settings)
     return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))

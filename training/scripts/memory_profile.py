@@ -2,7 +2,7 @@
 """Alias of `skyrl-tool-agent memory-profile` (same flags): peak memory of one GRPO update per training mode.
 
 Kept so that `python training/scripts/memory_profile.py` works from a checkout without an install; the
-implementation is skyrl_tool_agent/commands/memory_profile.py (`--help` lists the flags).
+command is skyrl_tool_agent/commands/memory_profile.py (`--help` lists the flags), its job jobs/memory_profile.py.
 """
 
 from __future__ import annotations
