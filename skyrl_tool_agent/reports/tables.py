@@ -26,10 +26,6 @@ def print_before_after(summary: Any) -> None:
     print_split(f"Held-out tasks (training.eval_split), greedy (n={n}) — {summary.steps} GRPO steps, "
                 f"{summary.seconds / 60:.1f} min", summary.before, summary.after,
                 {"execution_accuracy_delta": summary.delta, "avg_at_k_delta": summary.sampled_delta}, words)
-    if summary.test:
-        test = summary.test
-        print_split(f"Test split (in-family, never trained or tuned on), greedy (n={int(test['before'].get('n', 0))})",
-                    test["before"], test["after"], test, words)
     if rows := anatomy_rows(summary.before, summary.after, summary.anatomy_delta):
         errors = Table(title="Why answers are wrong (greedy, the same tasks)")
         for col in ("error", "before GRPO", "after GRPO", "change of its rate [95% paired bootstrap]"):
@@ -37,6 +33,10 @@ def print_before_after(summary: Any) -> None:
         for row in rows:
             errors.add_row(*row)
         Console().print(errors)
+    if summary.test:
+        test = summary.test
+        print_split(f"Test split (in-family, never trained or tuned on), greedy (n={int(test['before'].get('n', 0))})",
+                    test["before"], test["after"], test, words)
     if summary.stop_reason:
         Console().print(f"training stopped: {summary.stop_reason}")
     Console().print(f"outputs: {summary.output_dir} (report.html, metrics.jsonl, training_curves.png, final/)")
