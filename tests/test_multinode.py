@@ -42,7 +42,6 @@ from tests.fixtures.distributed import (
     launch_env,
     launched_rows,
     tiny_run_args,
-    tiny_run_root,
 )
 
 #: Ranks per "node" (2 nodes).
@@ -197,8 +196,10 @@ def error_lines(launched: Launched) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_run_root(tmp_path_factory.mktemp("multinode"))
+def tiny(tiny_run):
+    """The session's tiny run directory (tests/conftest.py), the one test_deepspeed and
+    test_data_parallel launch on: built once per test process, only read."""
+    return tiny_run
 
 
 def cluster_args(tiny: Path, mode: str, max_steps: int = 2) -> list[str]:
