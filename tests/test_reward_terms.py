@@ -235,17 +235,16 @@ def test_a_reward_module_runs_when_the_run_is_built_not_when_the_config_loads(tm
             in message), message
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= children  # no server was started
     assert not out.exists()
-    # The command (its `main` in this process: a process of its own would import torch and
-    # transformers again to reach the same line): exit 2, one `error:` line, no traceback.
-    from skyrl_tool_agent.commands.main import main
+    # The command, through its `main` in this process (`cli_in_process`: a process of its own would
+    # import torch and transformers again to reach the same line; tests/test_trainer.py's bad inputs
+    # launch `train` to check what a refused run's process exits with): exit 2, one `error:` line,
+    # no traceback.
+    from tests.fixtures.cli_in_process import cli_in_process
 
     monkeypatch.chdir(tmp_path)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main(["train", "--set", line, "--set", f"training.output_dir={out}"])
-    stderr = capsys.readouterr().err
+    code, _, stderr = cli_in_process(["train", "--set", line, "--set", f"training.output_dir={out}"], capsys)
     errors = [x for x in stderr.splitlines() if x.startswith("error:")]
-    assert exited.value.code == 2 and len(errors) == 1 and "boom at import" in errors[0], stderr[-2000:]
+    assert code == 2 and len(errors) == 1 and "boom at import" in errors[0], stderr[-2000:]
     assert "Traceback" not in stderr and not out.exists()
 
 
