@@ -242,6 +242,7 @@ def test_a_reward_module_runs_when_the_run_is_built_not_when_the_config_loads(tm
     from tests.fixtures.cli_in_process import cli_in_process
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COLUMNS", raising=False)  # the command's logging sets it: not for the tests after this one
     code, _, stderr = cli_in_process(["train", "--set", line, "--set", f"training.output_dir={out}"], capsys)
     errors = [x for x in stderr.splitlines() if x.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "boom at import" in errors[0], stderr[-2000:]
