@@ -1,11 +1,13 @@
 """Full mode with DeepSpeed ZeRO-3 on 2 CPU processes (DS_ACCELERATOR=cpu, gloo): the update equals
-a single-process update on the same batch, each rank's rollout engine samples from a gathered
-snapshot exactly what one process samples before and after that update, and `deepspeed --num_gpus
-2 train_grpo.py --mode full` trains, checkpoints, exports consolidated weights and resumes exactly.
+a single-process update on the same batch, and each rank's rollout engine samples from a gathered
+snapshot exactly what one process samples before and after that update. Full mode's launched
+training, checkpoints, exports and exact resume are checked on two "nodes" by the DeepSpeed
+launcher (tests/test_multinode.py's uninterrupted launch and its SIGTERM-stopped one, resumed):
+they were a one-node launch pair here, the same run's checks twice.
 
-The two launched tests take ~1-1.5 min each on 2 busy cores, 35 and 85 s of CPU (each launch
-imports torch, transformers and DeepSpeed in two processes); they are the only way to exercise ZeRO-3's collectives, so they
-are marked slow rather than mocked. Nothing is compiled: the ranks leave out DeepSpeed's CPU
+The launched test takes ~20 s on 2 busy cores (the launch imports torch, transformers and
+DeepSpeed in two processes); it is the only way here to exercise ZeRO-3's collectives, so it is
+marked slow rather than mocked. Nothing is compiled: the ranks leave out DeepSpeed's CPU
 shared-memory op, which training never uses (`distributed.comm.skip_cpu_shared_memory_op`).
 
 This file is also the worker the update test launches (`__main__` at the bottom).
@@ -23,13 +25,9 @@ import torch
 
 from tests.fixtures.distributed import (
     REPO,
-    SCRIPT,
-    check_exact_resume,
     free_port,
     launch,
-    launched_rows,
     synthetic_batch,
-    tiny_run_args,
     update_config,
 )
 
@@ -184,77 +182,6 @@ def test_two_rank_zero3_update_equals_single_process_update(tiny_run, tmp_path):
     assert exported.keys() == state.keys()
     for name, value in weights.items():
         assert torch.equal(exported[name], value), name
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)  # launches of 2 ranks, each bounded by its own timeout
-def test_full_mode_two_ranks_trains_checkpoints_exports_and_resumes_exactly(tiny_run, tmp_path, capsys):
-    from transformers import AutoModelForCausalLM
-
-    args = tiny_run_args(tiny_run, "full", max_steps=2)
-    full = tmp_path / "full"
-    done = _deepspeed(SCRIPT, *args, "--output-dir", str(full))
-    rows = launched_rows(done, full)
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[1]["episode/tasks"] == 3 and rows[1]["train/trajectories_used"] == 6  # both ranks' groups gathered
-    assert rows[1]["policy_tokens"] > 0 and rows[1]["train/grad_norm"] > 0 and rows[2]["train/kl"] > 0
-    step1, step2 = (full / "checkpoints" / f"step-00000{n}" for n in (1, 2))
-    for step in (step1, step2):  # the shards, the model's config and tokenizer; no consolidated export
-        assert (step / "deepspeed" / "state").is_dir() and (step / "model" / "config.json").is_file()
-        assert not (step / "weights").exists() and not list(step.rglob("*.safetensors")), sorted(step.rglob("*"))
-    assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == 2
-    assert "before GRPO" in done.stdout  # rank 0 printed the summary
-
-    exported = AutoModelForCausalLM.from_pretrained(full / "final")
-    initial = AutoModelForCausalLM.from_pretrained(tiny_run / "model")
-    assert exported.dtype == torch.bfloat16
-    assert exported.config.vocab_size == initial.config.vocab_size
-    pairs = zip(exported.parameters(), initial.parameters(), strict=True)
-    delta = max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
-    assert delta > 1e-3  # trained
-    ids = torch.tensor([[1, 2, 3, 4]])
-    assert torch.isfinite(exported(ids).logits).all()
-
-    # An export on request (in process, no launcher): the last checkpoint's shards, consolidated,
-    # are final/ bit for bit; a mid-run checkpoint's are a model of its own that loads the same way.
-    from safetensors.torch import load_file
-
-    from skyrl_tool_agent.commands.main import main
-
-    for step in (step1, step2):
-        assert main(["export", str(step), "--output-dir", str(tmp_path / step.name)]) == 0
-    last = load_file(str(tmp_path / step2.name / "model.safetensors"))
-    final = load_file(str(full / "final" / "model.safetensors"))
-    assert last.keys() == final.keys() and all(torch.equal(last[k], final[k]) for k in final)
-    mid = AutoModelForCausalLM.from_pretrained(tmp_path / step1.name)
-    assert mid.dtype == torch.bfloat16 and torch.isfinite(mid(ids).logits).all()
-    mid_state, initial_state = mid.state_dict(), initial.state_dict()
-    assert any(not torch.equal(mid_state[k], exported.state_dict()[k]) for k in mid_state)  # step 1, not step 2
-    assert any(not torch.equal(mid_state[k].float(), initial_state[k].float()) for k in mid_state)  # trained
-    assert json.loads((tmp_path / step1.name / "exported_from.json").read_text())["step"] == 1
-    from skyrl_tool_agent.config import ModelConfig
-    from skyrl_tool_agent.eval.policies import load_eval_policy
-    from skyrl_tool_agent.policy.loading import ModelLoadError
-
-    with pytest.raises(ModelLoadError, match="ZeRO-3. checkpoint holds shards, not a model: export it first"):
-        load_eval_policy(str(step1), ModelConfig(device="cpu"))  # evaluate --model-path CHECKPOINT says what to do
-    # an export never reads a shard that is not the bytes the run wrote, nor writes over a directory
-    import shutil
-
-    damaged = tmp_path / "damaged" / step1.name
-    shutil.copytree(step1, damaged)
-    shard = next((damaged / "deepspeed" / "state").glob("*optim_states.pt"))
-    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
-    for source, out, message in ((damaged, tmp_path / "d", "is corrupt or incomplete"),
-                                 (step1, tmp_path / step1.name, "exists and is not empty")):
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exited:
-            main(["export", str(source), "--output-dir", str(out)])
-        err = capsys.readouterr().err.strip()
-        assert exited.value.code == 2 and err.startswith("error:") and message in err and "\n" not in err, err
-
-    # A run that stopped after its step-1 checkpoint, resumed with --resume auto.
-    check_exact_resume(_deepspeed, args, full, tmp_path / "part", steps=2, weights="model.safetensors")
 
 
 # ------------------------------------------------------------------ worker

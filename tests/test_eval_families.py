@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 
+from tests.fixtures.cli_in_process import cli_in_process
 from tests.fixtures.config_files import CONFIGS, REPO
 
 SQL_WORDS = re.compile(r"execution|exact.match|valid.SQL|gold.SQL|gold_sql|\bEX\b")
@@ -27,7 +28,7 @@ def _eval(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def test_eval_runs_a_non_sql_family_in_its_own_words(tmp_path):
+def test_eval_runs_a_non_sql_family_in_its_own_words(tmp_path, monkeypatch, capsys):
     first = _eval("--config", str(CONFIGS / "examples" / "inventory.yaml"), "--policy", "oracle",
                   "--output-dir", str(tmp_path / "oracle-a"))
     assert first.returncode == 0, first.stderr[-3000:]
@@ -45,11 +46,14 @@ def test_eval_runs_a_non_sql_family_in_its_own_words(tmp_path):
     for name, text in {"results.json": json.dumps(results), "report.html": report, "printed table": table}.items():
         assert not SQL_WORDS.search(text), (name, SQL_WORDS.search(text))
 
-    second = _eval("--config", str(CONFIGS / "examples" / "inventory.yaml"), "--policy", "oracle",
-                   "--set", "env.task_family=skyrl_tool_agent.examples.inventory:FAMILY",
-                   "--output-dir", str(tmp_path / "oracle-b"), "--compare", str(tmp_path / "oracle-a" / "results.json"))
-    assert second.returncode == 0, second.stderr[-3000:]
-    out = second.stdout
+    # The second through the command's `main` in this process (`cli_in_process`: a launch would
+    # only import torch again; the first was the launched one), as wide as the first's terminal.
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, stderr = cli_in_process(["eval", "--config", str(CONFIGS / "examples" / "inventory.yaml"), "--policy",
+                                        "oracle", "--set", "env.task_family=skyrl_tool_agent.examples.inventory:FAMILY",
+                                        "--output-dir", str(tmp_path / "oracle-b"),
+                                        "--compare", str(tmp_path / "oracle-a" / "results.json")], capsys)
+    assert code == 0, stderr[-3000:]
     assert re.search(r"oracle-a vs oracle-b", out) and re.search(r"metric\s+┃\s+oracle-a\s+┃\s+oracle-b", out), out
     assert "accuracy change (oracle-b - oracle-a): +0.0 points, 95% paired-bootstrap interval [+0.0, +0.0] over 12 " \
            "questions in both" in out, out

@@ -42,7 +42,6 @@ from tests.fixtures.distributed import (
     launch_env,
     launched_rows,
     tiny_run_args,
-    tiny_run_root,
 )
 
 #: Ranks per "node" (2 nodes).
@@ -197,8 +196,10 @@ def error_lines(launched: Launched) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_run_root(tmp_path_factory.mktemp("multinode"))
+def tiny(tiny_run):
+    """The session's tiny run directory (tests/conftest.py), the one test_deepspeed and
+    test_data_parallel launch on: built once per test process, only read."""
+    return tiny_run
 
 
 def cluster_args(tiny: Path, mode: str, max_steps: int = 2) -> list[str]:
@@ -294,6 +295,73 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
     # the run's MCP servers ran on both nodes, and neither leaves a process or a run directory
     assert watch.servers[0] > 0 and watch.servers[1] > 0 and watch.run_dirs == [2, 2]
     assert left == [(0, [], []), (1, [], [])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 60)
+def test_the_zero3_run_trains_and_its_checkpoints_export_to_its_final_weights(uninterrupted, tiny, tmp_path, capsys):
+    """Full mode under the DeepSpeed launcher (the uninterrupted launch; its exact resume is the
+    SIGTERM test's): each checkpoint holds the shards, the model's config and tokenizer and no
+    consolidated export; the run's end exports trained bf16 weights; an export on request (in
+    process, no launcher) consolidates the last checkpoint's 4 ranks' shards into final/ bit for bit
+    and a mid-run checkpoint's into a model of its own. (These were a one-node 2-rank launch pair of
+    tests/test_deepspeed.py.)"""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from skyrl_tool_agent.commands.main import main
+    from skyrl_tool_agent.config import ModelConfig
+    from skyrl_tool_agent.eval.policies import load_eval_policy
+    from skyrl_tool_agent.policy.loading import ModelLoadError
+
+    _, launched, full, _, _ = uninterrupted
+    rows = launched_rows(launched[0].completed(), full)
+    assert rows[1]["policy_tokens"] > 0 and rows[2]["train/kl"] > 0
+    step1, step2 = (full / "checkpoints" / f"step-00000{n}" for n in (1, 2))
+    for step in (step1, step2):  # the shards, the model's config and tokenizer; no consolidated export
+        assert (step / "deepspeed" / "state").is_dir() and (step / "model" / "config.json").is_file()
+        assert not (step / "weights").exists() and not list(step.rglob("*.safetensors")), sorted(step.rglob("*"))
+
+    exported = AutoModelForCausalLM.from_pretrained(full / "final")
+    initial = AutoModelForCausalLM.from_pretrained(tiny / "model")
+    assert exported.dtype == torch.bfloat16
+    assert exported.config.vocab_size == initial.config.vocab_size
+    pairs = zip(exported.parameters(), initial.parameters(), strict=True)
+    delta = max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
+    assert delta > 1e-3  # trained
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.isfinite(exported(ids).logits).all()
+
+    # An export on request (in process, no launcher): the last checkpoint's shards, consolidated,
+    # are final/ bit for bit; a mid-run checkpoint's are a model of its own that loads the same way.
+    for step in (step1, step2):
+        assert main(["export", str(step), "--output-dir", str(tmp_path / step.name)]) == 0
+    last = load_file(str(tmp_path / step2.name / "model.safetensors"))
+    final = load_file(str(full / "final" / "model.safetensors"))
+    assert last.keys() == final.keys() and all(torch.equal(last[k], final[k]) for k in final)
+    mid = AutoModelForCausalLM.from_pretrained(tmp_path / step1.name)
+    assert mid.dtype == torch.bfloat16 and torch.isfinite(mid(ids).logits).all()
+    mid_state, initial_state = mid.state_dict(), initial.state_dict()
+    assert any(not torch.equal(mid_state[k], exported.state_dict()[k]) for k in mid_state)  # step 1, not step 2
+    assert any(not torch.equal(mid_state[k].float(), initial_state[k].float()) for k in mid_state)  # trained
+    assert json.loads((tmp_path / step1.name / "exported_from.json").read_text())["step"] == 1
+    with pytest.raises(ModelLoadError, match="ZeRO-3. checkpoint holds shards, not a model: export it first"):
+        load_eval_policy(str(step1), ModelConfig(device="cpu"))  # evaluate --model-path CHECKPOINT says what to do
+    # an export never reads a shard that is not the bytes the run wrote, nor writes over a directory
+    damaged = tmp_path / "damaged" / step1.name
+    shutil.copytree(step1, damaged)
+    shard = next((damaged / "deepspeed" / "state").glob("*optim_states.pt"))
+    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    for source, out, message in ((damaged, tmp_path / "d", "is corrupt or incomplete"),
+                                 (step1, tmp_path / step1.name, "exists and is not empty")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(["export", str(source), "--output-dir", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert exited.value.code == 2 and err.startswith("error:") and message in err and "\n" not in err, err
 
 
 @pytest.mark.slow

@@ -207,11 +207,11 @@ def test_bad_terms_are_one_line_errors_when_the_run_is_built(terms: str, fragmen
 
 
 def test_a_reward_module_runs_when_the_run_is_built_not_when_the_config_loads(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                             monkeypatch: pytest.MonkeyPatch,
+                                                                             capsys: pytest.CaptureFixture) -> None:
     """A term of your own whose module raises at import: the config loads (it is data); the run
     refuses to start with one error line naming the term, before any MCP server process is
     spawned or anything is written (the config imported it, and failed, as it loaded before)."""
-    import subprocess
     import sys
 
     import psutil
@@ -235,14 +235,18 @@ def test_a_reward_module_runs_when_the_run_is_built_not_when_the_config_loads(tm
             in message), message
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= children  # no server was started
     assert not out.exists()
-    # The command: exit 2, one `error:` line, no traceback.
-    env = {**__import__("os").environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
-    done = subprocess.run([sys.executable, "-m", "skyrl_tool_agent.commands.main", "train", "--set", line,
-                           "--set", f"training.output_dir={out}"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
-    errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
-    assert done.returncode == 2 and len(errors) == 1 and "boom at import" in errors[0], done.stderr[-2000:]
-    assert "Traceback" not in done.stderr and not out.exists()
+    # The command, through its `main` in this process (`cli_in_process`: a process of its own would
+    # import torch and transformers again to reach the same line; tests/test_trainer.py's bad inputs
+    # launch `train` to check what a refused run's process exits with): exit 2, one `error:` line,
+    # no traceback.
+    from tests.fixtures.cli_in_process import cli_in_process
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COLUMNS", raising=False)  # the command's logging sets it: not for the tests after this one
+    code, _, stderr = cli_in_process(["train", "--set", line, "--set", f"training.output_dir={out}"], capsys)
+    errors = [x for x in stderr.splitlines() if x.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "boom at import" in errors[0], stderr[-2000:]
+    assert "Traceback" not in stderr and not out.exists()
 
 
 def test_readme_example_config_loads_and_builds_the_rubric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

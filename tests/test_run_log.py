@@ -1,10 +1,11 @@
 """A run followed from a log file: a real 2-step GRPO run of a tiny model through the real CLI,
-stdout and stderr into a file (not a terminal), W&B offline, then resumed from its step-1 checkpoint.
+stdout and stderr into a file (not a terminal), W&B offline.
 
 - evaluations log done/total and an ETA (no silence while they run);
 - log lines are never wrapped (a long path stays on its line);
 - no bitsandbytes `kernels` notice; one line says where W&B writes offline and how to sync it;
-- the time budget's clock goes on across --resume (the checkpoint stores the minutes spent);
+- the checkpoint stores the minutes of the time budget spent (that the clock goes on from them
+  across `--resume PATH` is checked by tests/test_trainer.py's interrupted runs, resumed);
 - the resume hint names the interpreter that ran the command.
 """
 
@@ -81,16 +82,7 @@ def test_a_run_can_be_followed_from_its_log(data, tmp_path):
     spent = json.loads((out / "checkpoints" / "step-000001" / "trainer_state.json").read_text())["elapsed_s"]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert spent == pytest.approx(rows[1]["time/elapsed_s"], abs=5.0) and spent > 0
-
-    # Resumed from step 1: the clock starts where the checkpoint left it.
-    again_log = tmp_path / "again.log"
-    assert _train(root, model_dir, out, again_log, "--resume", str(out / "checkpoints" / "step-000001"),
-                  "--set", "training.wandb.mode=disabled") == 0
-    again = again_log.read_text()
-    assert f"min of the time budget spent)" in again, again[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[2]["time/elapsed_s"] > spent
 
     # rollouts.jsonl keeps whole GRPO groups (here 1 of the 2 per step), and report.html shows each side by side.
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]

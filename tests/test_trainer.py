@@ -170,8 +170,11 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
     checkpoints (only the signal path can save the steps done before a signal): SIGINT in step 1;
     `kill -9` once the resumed run has logged step 2, which nothing saved (the next resume must
     drop that step's metrics and episodes and run it again); SIGTERM in step 3; then to the end.
-    Every step once, the same metrics and the same episodes as the uninterrupted run. (4 launches:
-    the kill -9 had a run and a resume of its own before.)"""
+    Every step once, the same metrics and the same episodes as the uninterrupted run. The last
+    resume names its checkpoint's path (`--resume PATH`, the others `auto`). Each resume says the
+    minutes of the time budget its checkpoint had spent, and the clock goes on from them. (4
+    launches: the kill -9 had a run and a resume of its own before; tests/test_run_log.py's resume
+    was a fifth.)"""
     root, model_dir = setup
     out = tmp_path / "sig"
     cmd = _cmd(root, model_dir, out, "--set", "training.checkpoint_every=0")
@@ -198,9 +201,13 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
         assert "Traceback" not in stderr, stderr[-3000:]
         if resumed_from is not None:
             assert "resumed from" in (logs / "stdout").read_text()
+            assert "min of the time budget spent)" in (logs / "stdout").read_text()
         return stopped_at
 
     saved = stop(signal.SIGINT, None)
+    # the minutes of the time budget the SIGINT's checkpoint records: the resumed runs' clock goes on from them
+    spent = json.loads((out / "checkpoints" / f"step-{saved:06d}" / "trainer_state.json").read_text())["elapsed_s"]
+    assert spent > 0
 
     logs = tmp_path / "SIGKILL"
     proc = _launch([*cmd, "--resume", "auto"], logs)
@@ -211,10 +218,17 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
     assert not (out / "checkpoints" / f"step-{saved + 1:06d}").exists()  # step 2 logged, never saved
     assert saved + 1 in _steps_logged(out) and saved + 1 in [r["step"] for r in _rollouts(out)]
 
-    stop(signal.SIGTERM, saved)  # resumes from the SIGINT's checkpoint again
-    finished = subprocess.run([*cmd, "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300)
+    last = stop(signal.SIGTERM, saved)  # resumes from the SIGINT's checkpoint again
+    spent_last = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
+    assert spent_last > spent
+    finished = subprocess.run([*cmd, "--resume", str(out / "checkpoints" / f"step-{last:06d}")], env=_env(),
+                              capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    assert "resumed from" in finished.stderr + finished.stdout
+    assert f"resumed from {out / 'checkpoints' / f'step-{last:06d}'} at step {last} (" in finished.stderr + finished.stdout
+    assert "min of the time budget spent)" in finished.stderr + finished.stdout
+    # the clock went on across each --resume from the minutes its checkpoint had spent
+    assert all(r["time/elapsed_s"] > spent for r in _metrics(out)[saved + 1:])
+    assert all(r["time/elapsed_s"] > spent_last for r in _metrics(out)[last + 1:])
     full = uninterrupted[0]
     _assert_same_steps(_metrics(full), _metrics(out))
     assert [(r["step"], r["task_id"], r["reward"]) for r in _rollouts(out)] == \
