@@ -105,8 +105,8 @@ def first_evaluation(trainer: Any, run_logger: Any, ctx: Any, job: JobBudget | N
             if test_path.is_file():
                 test.before = json.loads(test_path.read_text())
                 test.tasks = sized_eval_tasks(test.tasks, len(test.before["solved"]), t.seed)
-            else:  # a run from before the test split was evaluated: its tasks, now
-                test.before = test.evaluate(trainer)
+            else:  # its first evaluation was not of the test split: no "before" to compare with
+                logger.info("test split: not evaluated (the run being resumed did not evaluate it before GRPO)")
         run_logger.truncate_after(trainer.step)
         return before, eval_tasks
     probe: dict[str, float] = {}
@@ -262,7 +262,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                     outputs.write_during_run(trainer, stop_reason=trainer.stop_reason)
                 raise
             after = trainer.last_eval if history and "eval/execution_accuracy" in history[-1] else trainer.evaluate()
-            test_after = test.evaluate(trainer) if test is not None else None
+            test_after = test.evaluate(trainer) if test is not None and test.before is not None else None
             trainer.policy.save(out / "final")  # collective under a launcher (rank 0 writes; ZeRO-3 gathers shards)
             if weave_log is not None:
                 weave_log.log(eval_tasks, trainer.last_eval_trajectories, trainer.step, model_path=out / "final")
@@ -271,7 +271,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             return None
         summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
                              seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds,
-                             config=config, test=(test.before, test_after) if test is not None else None)
+                             config=config, test=(test.before, test_after) if test_after is not None else None)
         outputs.write(trainer, after=after, stop_reason=trainer.stop_reason,
                       grpo_seconds=history[-1].get("time/elapsed_s") if history else None, test=summary.test)
         ctx.close()
