@@ -306,16 +306,16 @@ def flip_test_eval(kit: Kit) -> None:
     """On (the default), the main job evaluates the generated test split (`training.data.test_tasks`
     tasks); off, with GRPO on task files of the run's own (no generated pool to avoid), or under a
     launcher, none. The evaluation before and after, its table and record: tests/test_installed.py."""
-    from skyrl_tool_agent.jobs.train import test_split_tasks
+    from skyrl_tool_agent.jobs.train import job_test_tasks
 
     on = kit.config(training__data__test_tasks=4)
-    tasks = test_split_tasks(on, TaskSplits.load(on), world_size=1)
+    tasks = job_test_tasks(on, TaskSplits.load(on), world_size=1)
     assert len(tasks) == 4 and {t.split for t in tasks} == {"test"}
     off = kit.config(training__data__test_tasks=4, training__test_eval=False)
     own_files = kit.config(training__data__test_tasks=4, training__data__train_pool="file")
-    assert test_split_tasks(off, TaskSplits.load(off), world_size=1) == []
-    assert test_split_tasks(own_files, TaskSplits.load(own_files), world_size=1) == []
-    assert test_split_tasks(on, TaskSplits.load(on), world_size=2) == []
+    assert job_test_tasks(off, TaskSplits.load(off), world_size=1) == []
+    assert job_test_tasks(own_files, TaskSplits.load(own_files), world_size=1) == []
+    assert job_test_tasks(on, TaskSplits.load(on), world_size=2) == []
 
 
 def flip_redraw_constants(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:

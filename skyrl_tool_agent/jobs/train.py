@@ -42,7 +42,7 @@ def set_probes(trainer: Any, config: Config, train_tasks: list[Task], splits: Ta
 
 
 @dataclass
-class TestSplit:
+class JobTestSplit:
     """The test split the main job evaluates beside `training.eval_split` (`training.test_eval`):
     its `tasks` (sized with the eval tasks by the job budget), the `runtime` serving their
     databases (`test_db_root`, apart from the others), and the evaluation before GRPO."""
@@ -61,7 +61,7 @@ class TestSplit:
                                    on_episode_done=progress_counter(trainer.eval_progress, episodes)).record
 
 
-def test_split_tasks(config: Config, splits: TaskSplits, world_size: int) -> list[Task]:
+def job_test_tasks(config: Config, splits: TaskSplits, world_size: int) -> list[Task]:
     """The test split's tasks the main job evaluates (`training.test_eval`), or none: not asked
     for, not the built-in data's generated pool (no generator, or a run on task files of its own,
     where the pool whose questions the test split must avoid is never generated), or a launch of
@@ -87,7 +87,7 @@ def sized_eval_tasks(eval_tasks: list[Task], count: int, seed: int) -> list[Task
 
 
 def first_evaluation(trainer: Any, run_logger: Any, ctx: Any, job: JobBudget | None, out: Path,
-                     eval_tasks: list[Task], resumed: bool, test: TestSplit | None = None,
+                     eval_tasks: list[Task], resumed: bool, test: JobTestSplit | None = None,
                      ) -> tuple[dict[str, Any], list[Task]]:
     """The evaluation before GRPO and its tasks: a resumed run's before.json (and the tasks it was
     sized to), else step 0's probe first when the job has a budget (its speed sizes the
@@ -223,7 +223,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             raise UserInputError(f"no tasks to evaluate: the {t.eval_split} split is empty "
                                  f"(training.data.{'dev_file' if t.eval_split == 'dev' else 'validation_tasks'})")
         train_tasks = splits.rl_train()
-        test_tasks = test_split_tasks(config, splits, ctx.world_size) if ctx.is_main else []
+        test_tasks = job_test_tasks(config, splits, ctx.world_size) if ctx.is_main else []
         if job is not None and ctx.is_main:
             logger.info(start_line(job, eval_tasks=len(eval_tasks), eval_split=t.eval_split, test_tasks=len(test_tasks),
                                    episodes_per_task=1 + t.eval_samples,
@@ -238,7 +238,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                 from skyrl_tool_agent.data.builtin.test_split import test_db_root
                 from skyrl_tool_agent.env.pools import EnvRuntime
 
-                test = TestSplit(test_tasks, stack.enter_context(EnvRuntime(config.env, test_db_root())))
+                test = JobTestSplit(test_tasks, stack.enter_context(EnvRuntime(config.env, test_db_root())))
             set_probes(trainer, config, train_tasks, splits)
             if progress is not None and ctx.is_main:  # evaluations report as they go (lines in a log file)
                 trainer.eval_progress = lambda done, total: progress("eval", (done, total))
