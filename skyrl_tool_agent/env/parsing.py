@@ -56,10 +56,8 @@ MAX_ERRORS = 10
 _CALL_HINT = 'write {"name": ..., "arguments": {...}}'
 #: Decoded special tokens a turn may end with (left when special tokens are decoded).
 _TRAILING_SPECIALS = ("<|im_end|>", "<|endoftext|>")
-# Matched on the *reversed* text from its start: trailing whitespace, then one or more special
-# tokens each preceded by whitespace. Anchored, possessive and unambiguous (each repeat starts
-# with ">"), so it runs in linear time; the equivalent forward pattern used with `re.sub` retried
-# the whitespace run from every position, which is quadratic on long whitespace.
+# Matched on the *reversed* text, anchored and possessive: linear time (a forward `re.sub` is
+# quadratic on long whitespace).
 _TRAILING_SPECIALS_REVERSED_RE = re.compile(
     r"\s*+(?:(?:" + "|".join(re.escape(t[::-1]) for t in _TRAILING_SPECIALS) + r")\s*+)++"
 )
@@ -145,15 +143,8 @@ def _strip_trailing_specials(text: str) -> str:
 
 
 def _strip_fence(body: str) -> str:
-    r"""Remove one surrounding markdown code fence (```json ... ```), if present.
-
-    A fence is a body that starts and ends with ``` (two distinct fences, so at least 6
-    characters); an info string ([A-Za-z0-9_-]*, e.g. ``sql``) right after the opening fence is
-    dropped and the rest stripped. This is what the regex
-    ``\A```[A-Za-z0-9_-]*[ \t]*\n?(.*?)\n?[ \t]*```\Z`` + ``strip()`` computed, written without
-    backtracking: that regex took cubic time on a fence followed by long whitespace (3.3 s for
-    2,000 spaces), on the collector's event loop.
-    """
+    """Remove one surrounding markdown code fence (```json ... ```) and its info string, if
+    present; no regex (one took cubic time on a fence followed by long whitespace)."""
     if len(body) < 2 * len(_FENCE) or not body.startswith(_FENCE) or not body.endswith(_FENCE):
         return body
     lang = _FENCE_LANG_RE.match(body, len(_FENCE))  # always matches; never reaches the closing backticks
@@ -162,12 +153,8 @@ def _strip_fence(body: str) -> str:
 
 
 def _decode_call_json(text: str, start: int, close_tag: str) -> tuple[Any, int] | None:
-    """Decode the JSON value starting at ``start`` if the close tag directly follows it.
-
-    Letting the decoder find the end of the object (rather than searching for the close tag
-    first) keeps calls whose string arguments happen to contain the close tag intact.
-    Returns (value, index just after the close tag) or None.
-    """
+    """(value, index after the close tag) when the JSON value at ``start`` is directly followed by
+    the close tag, else None; the decoder finds the end, so arguments may contain the close tag."""
     try:
         value, end = _JSON_DECODER.raw_decode(text, start)
     except (ValueError, RecursionError):
@@ -225,20 +212,12 @@ def parse_turn(
     max_calls: int = 8,
     answer_hint: str = "SQL",
 ) -> ParsedTurn:
-    """Parse one assistant turn.
+    """Parse one assistant turn (module docstring); never raises for a ``str``.
 
-    Args:
-        text: the decoded assistant turn.
-        tools: tool name -> JSON schema of its arguments (MCP ``inputSchema``). When given, calls
-            are validated: known tool, required arguments present, no unexpected arguments
-            (unless ``additionalProperties`` is true), basic JSON types. None skips validation.
-        style: ``"hermes"`` or ``"skyrl_sql"`` (see the module docstring).
-        db_id: in the ``skyrl_sql`` style, added as the ``db_id`` argument of each ``<sql>`` call.
-        max_calls: more calls than this in one turn is an error (the first ``max_calls`` are kept).
-        answer_hint: what the final answer holds, as error messages name it (the task family's
-            ``answer_hint``: ``SQL``, ``NUMBER``, ...).
-
-    Never raises for a ``str`` input.
+    `tools`: tool name -> its arguments' JSON schema (MCP ``inputSchema``), to validate calls
+    (None: no validation). `db_id`: in the ``skyrl_sql`` style, each ``<sql>`` call's ``db_id``.
+    `max_calls`: more is an error (the first are kept). `answer_hint`: what the answer holds, as
+    error messages name it (``SQL``, ``NUMBER``, ...).
     """
     spec = _STYLES.get(style)
     if spec is None:
@@ -333,12 +312,8 @@ def parse_turn(
 def _scan_call(
     text: str, start: int, spec: _StyleSpec, where: str, style: str, db_id: str | None, parse_body: bool
 ) -> tuple[int, ToolCall | None, str | None]:
-    """Read the call whose opening tag ends at ``start``.
-
-    Returns (position after its closing tag or -1 if it is never closed, the call or None, an
-    error message or None). With ``parse_body`` False (calls beyond ``max_calls``) the call is
-    only skipped over.
-    """
+    """Read the call whose opening tag ends at ``start``: (position after its closing tag or -1,
+    the call or None, an error or None); with ``parse_body`` False it is only skipped over."""
     if style == "hermes":
         body_start = start
         while body_start < len(text) and text[body_start].isspace():
@@ -372,11 +347,7 @@ def _scan_call(
 
 
 def format_tool_response(text: str | Sequence[str]) -> str:
-    """Wrap tool results the way Qwen2.5's chat template renders ``tool`` messages.
-
-    One result becomes ``<tool_response>\n{text}\n</tool_response>``; a sequence of results (the
-    calls of one turn) becomes one such block each, joined with a newline.
-    """
+    """Tool results as Qwen2.5's chat template renders ``tool`` messages: a block each, joined by newlines."""
     if isinstance(text, str):
         return f"<tool_response>\n{text}\n</tool_response>"
     return "\n".join(format_tool_response(t) for t in text)

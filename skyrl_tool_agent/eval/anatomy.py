@@ -35,13 +35,9 @@ Every wrong SQL episode gets exactly one category, the first of this list that h
     What none of the above explains: the same normalised query as gold judged different (ties
     under LIMIT), or a gold query that sqlglot cannot parse.
 
-An episode that was solved has no category (None); one that was never scored (an infrastructure
-error) has none either and is left out of every count and rate. Rates are over scored episodes.
-
-The classifier (`classify_answer`) is pure: it takes what the prediction did on the database as
-a `PredictionRun`. `PredictionRunner` makes one, running the final query exactly as the reward
-does (`rewards.limits.run_bounded`: the read-only sandbox of the `execute_sql` tool) on the file
-the SQLite server serves for the task's db_id (`data.databases.DatabaseRoot`).
+A solved or never-scored (infrastructure error) episode has no category (None) and is left out
+of every count; rates are over scored episodes. `classify_answer` is pure; `PredictionRunner`
+runs the final query as the reward does (`rewards.limits.run_bounded`).
 """
 
 from __future__ import annotations
@@ -106,8 +102,8 @@ _PLACEHOLDER_COLUMN = "_c"
 
 @dataclass(frozen=True)
 class PredictionRun:
-    """What the final query did on the task's database: `rows` returned (None: it failed, with
-    `error`). `unknown`: it could not be run (no database): only sqlglot's verdicts remain."""
+    """What the final query did: `rows` returned (None: it failed, with `error`); `unknown`: not
+    run (no database), so only sqlglot's verdicts remain."""
 
     rows: int | None = None
     error: str | None = None
@@ -116,8 +112,7 @@ class PredictionRun:
 
 @functools.lru_cache(maxsize=4096)  # each query parsed once per evaluation; trees are large, so few are kept
 def _normalised(sql: str) -> exp.Expression | None:
-    """`sql` parsed as one query and normalised (`rewards.sqlnorm.normalise`), never mutated
-    (callers copy); None when it does not parse."""
+    """`sql` parsed and normalised, never mutated (callers copy); None when it does not parse."""
     tree = parse_query(sql)
     if tree is None:
         return None
@@ -129,8 +124,7 @@ def _normalised(sql: str) -> exp.Expression | None:
 
 
 def _masked(sql: str, *, columns: bool) -> exp.Expression | None:
-    """`sql` normalised, every literal a placeholder (and, with `columns`, every column `_c`,
-    unqualified); None when it does not parse as one query."""
+    """`sql` normalised, every literal a placeholder (with `columns`, every column `_c`)."""
     normal = _normalised(sql)
     if normal is None:
         return None
@@ -184,10 +178,8 @@ def _tables_and_joins(sql: str) -> tuple[frozenset[str], frozenset[str]] | None:
 
 def classify_answer(final_sql: str | None, gold_sql: str, run: PredictionRun | None = None, *,
                     format_errors: int = 0, tool_errors: int = 0) -> str:
-    """The category of one wrong answer (module docstring): `final_sql` the episode's final query
-    (None: no answer), `run` what it did on the database (None or `unknown`: not run, so
-    `not_executable` and `empty_result` rest on sqlglot alone), `format_errors` / `tool_errors`
-    the episode's counts."""
+    """The category of one wrong answer (module docstring); `run` None or `unknown`: not run, so
+    `not_executable` and `empty_result` rest on sqlglot alone."""
     if final_sql is None:
         return "tool_misuse" if format_errors or tool_errors else "no_answer"
     ran = run is not None and not run.unknown
@@ -210,9 +202,8 @@ def classify_answer(final_sql: str | None, gold_sql: str, run: PredictionRun | N
 
 
 class PredictionRunner:
-    """Runs final queries on the databases under `db_root` as the reward does (module docstring),
-    memoised per (db_id, SQL). Only whether it runs and whether it returns a row matter, so at
-    most one row is fetched."""
+    """Runs final queries under `db_root`, memoised per (db_id, SQL); at most one row is fetched
+    (only whether it runs and returns a row matter)."""
 
     def __init__(self, db_root: str | Path | None, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.databases = DatabaseRoot(Path(db_root)) if db_root is not None else None
@@ -243,8 +234,7 @@ class PredictionRunner:
 
 
 def classify_episode(result: EpisodeResult, gold_sql: str, runner: PredictionRunner) -> str | None:
-    """The category of one episode (None: solved, or never scored: `metrics.solved_outcome` tells
-    which)."""
+    """The category of one episode (None: solved or never scored)."""
     if result.done_reason == "error" or result.solved:
         return None
     run = runner.run(result.db_id, result.final_sql) if result.final_sql is not None else None
@@ -254,8 +244,7 @@ def classify_episode(result: EpisodeResult, gold_sql: str, runner: PredictionRun
 
 def classify_episodes(trajectories: Sequence[Trajectory], gold_sql: Mapping[str, str],
                       db_root: str | Path | None) -> list[str | None]:
-    """Each episode's category, in order (None: solved or never scored); `gold_sql` by task id,
-    `db_root` the episodes' database root (None: queries are not run)."""
+    """Each episode's category, in order; `db_root` None: queries are not run."""
     runner = PredictionRunner(db_root)
     return [classify_episode(t.result, gold_sql[t.task_id], runner) for t in trajectories]
 
@@ -270,19 +259,15 @@ def anatomy_counts(categories: Sequence[str | None], scored: int) -> dict[str, A
 
 def category_outcomes(categories: Sequence[str | None], solved: Sequence[int | None],
                       category: str) -> list[float | None]:
-    """Per episode, 1.0 when it falls in `category`, 0.0 when not, None when never scored
-    (`solved[i]` None): the outcomes a paired interval of the category's rate resamples."""
+    """Per episode, 1.0 in `category`, 0.0 not, None never scored: what a paired interval resamples."""
     return [None if s is None else float(c == category) for c, s in zip(categories, solved, strict=True)]
 
 
 def anatomy_changes(before: Sequence[str | None], before_solved: Sequence[int | None],
                     after: Sequence[str | None], after_solved: Sequence[int | None], *,
                     seed: int = 0) -> dict[str, PairedDelta]:
-    """For each category, the change of its rate between two evaluations of the same tasks (in
-    the same order) with its 95% paired-bootstrap interval (`eval.stats.PairedDelta`; a category
-    is left out when no task was scored on both sides).
-    `before` / `after`: each task's category (`classify_episodes`), `*_solved` its outcome
-    (`metrics.solved_outcome`: None = never scored, left out of the interval)."""
+    """Each category's rate change between two evaluations of the same tasks (same order), with
+    its 95% paired-bootstrap interval; a category no task was scored for on both sides is left out."""
     if len(before) != len(after):
         raise ValueError(f"paired categories need equal lengths, got {len(before)} and {len(after)}")
     out: dict[str, PairedDelta] = {}
@@ -296,9 +281,7 @@ def anatomy_changes(before: Sequence[str | None], before_solved: Sequence[int | 
 
 
 def anatomy_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]] | None:
-    """Each error category's rate change between two greedy evaluations of the same tasks with
-    its paired-bootstrap interval (`eval.anatomy.anatomy_changes`), or None when either lacks the
-    anatomy (`error_categories`, `solved`)."""
+    """`anatomy_changes` of two results dicts, or None when either lacks the anatomy."""
     b, a = before.get("error_categories"), after.get("error_categories")
     if not b or not a or len(b) != len(a) or len(before.get("solved") or ()) != len(b) \
             or len(after.get("solved") or ()) != len(a):

@@ -15,16 +15,10 @@ For a config (`training.data`, `env.task_family`, `training.seed`):
   train, pool, validation or dev (`data.builtin.test_split`); never trained on, never tuned on;
 * **run_eval** -- what a training run evaluates (`training.eval_split`, `eval_num_tasks`).
 
-Training (`jobs.train`), the evaluate command, the model builds and the benchmarks all take their
-tasks from `TaskSplits`, so a split means the same tasks wherever it is used.
-
-A task file is checked as it loads (`data.validation`: fields, sizes, db_ids, each distinct gold
-query run once, as the reward runs it): a bad record is one `error:` line before anything starts,
-unless `skip_bad_records` leaves it out (a warning per record, counted as `bad_record`). Spider's
-official files keep their own rule: questions whose database is missing (`missing_database`) or
-whose gold query SQLite cannot even prepare (`gold_sql_error`: three in Spider train, a missing
-table and ORDER BY before INTERSECT) are left out with a warning, since the reward raises on a
-failing gold query.
+A task file is checked as it loads (`data.validation`): a bad record is one `error:` line, unless
+`skip_bad_records` leaves it out (`bad_record`). Spider's official files drop questions whose
+database is missing (`missing_database`) or whose gold query SQLite cannot prepare
+(`gold_sql_error`), with a warning, since the reward raises on a failing gold query.
 """
 
 from __future__ import annotations

@@ -12,17 +12,11 @@
 It is written to `step-XXXXXX.tmp` and renamed when complete, so `--resume auto` never picks up a
 half-written one (e.g. after `kill -9` mid-save).
 
-Resuming trusts nothing it reads (issue 17 #11, #12): `optim.pt` is loaded with
-`torch.load(weights_only=True)`, so a crafted file cannot run code, and every file must match the
-manifest before anything is restored, so a bit-flipped adapter or a truncated file is caught.
-Nothing is read through a link that leaves the checkpoint (an `optim.pt` linked to a file
-elsewhere is refused before any file is opened), and sizes are checked before anything is hashed:
-against the sizes the manifest records (format 2), or, for a manifest written before sizes were
-recorded (format 1), against `UNRECORDED_FILE_MAX_BYTES`; a 10 GB sparse file is refused after a
-`stat`, not after 20-40 s of hashing (issue 35).
-`latest_checkpoint` returns the newest intact checkpoint and warns about each newer one it skips;
-when checkpoints exist but none is intact it raises `CheckpointError`, a `UserInputError` (one
-`error:` line, exit 2), rather than silently training from scratch over them.
+Resuming trusts nothing it reads: `optim.pt` is loaded with `weights_only=True` (a crafted file
+cannot run code); every file must match the manifest before anything is restored; nothing is read
+through a link that leaves the checkpoint; sizes are checked (against the manifest's, or for a
+format-1 manifest `UNRECORDED_FILE_MAX_BYTES`) before anything is hashed, so a 10 GB sparse file
+is refused after a `stat`.
 """
 
 from __future__ import annotations
@@ -331,13 +325,10 @@ def checkpoint_to_resume(root: Path, resume: str) -> Path | None:
 
 
 def resume_settings_problem(launch: dict[str, Any], checkpoint: Path, *, world_size: int | None = None) -> str | None:
-    """Why resuming `checkpoint` with this launch's resolved config `launch` (`Config.to_dict()`)
-    would train on other settings than the ones its optimizer state was made under, as one line;
-    None when it would not. Compares with the checkpoint's recorded config.yaml
-    (`config.resume.resume_differences`: what may change is `MAY_CHANGE_ON_RESUME`) and, for a
-    ZeRO-3 checkpoint (`world_size` given; its trainer_state.json records the rank count), the
-    number of ranks. Reads two small files, before any model is loaded; never raises (an
-    unreadable file is left to the load, which verifies the manifest)."""
+    """Why resuming `checkpoint` with the resolved config `launch` would train on other settings
+    than its optimizer state was made under (config.yaml against `MAY_CHANGE_ON_RESUME`; for
+    ZeRO-3, `world_size` against its rank count), as one line; None when it would not. Never
+    raises (an unreadable file is left to the load, which verifies the manifest)."""
     import yaml
 
     from skyrl_tool_agent.config.resume import resume_differences

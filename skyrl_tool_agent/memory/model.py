@@ -10,22 +10,14 @@ Bytes, for a `Setup` (a model's shape and how it is trained), from the code that
   moments); full mode a bf16 gradient and fp32 master weights + moments (2; 4 + 8), sharded.
 - **reference** for the KL term: LoRA disables its adapters on the same weights (free); full mode
   keeps a sharded copy. ZeRO-3 also gathers about two layers and the embedding at a time.
-- **update activations** of a micro-batch of T tokens kept for backward: with gradient checkpointing
-  one hidden state a layer per token; without, every layer's own (~7h + 3kv + 4I values a token);
-  an fp16 QLoRA's in fp32 (its upcast embedding and norms make the residual stream fp32).
-- **the backward's transient**, the larger of: the output head's chunk (log-probs are taken from
-  hidden states a chunk of tokens at a time, `kernels.logprobs.head_token_stats`, LoRA and full mode
-  alike: fp32 log-probs and probabilities of a chunk, never the [T, vocab] logits), and a layer's
-  backward (its recomputed activations and the gradients of its widest tensors).
+- **update activations** and **the backward's transient** (the head's chunk or a layer's
+  backward, whichever is larger; never the [T, vocab] logits): their functions below.
 - **sampling snapshot** (`policy.weights.SamplingWeights`): LoRA folded = a copy of the projections;
   sampled through the model's modules = none (the adapters run beside the base weights, the
   embedding and head are read in their own dtype); a folded fp16 QLoRA copy also holds its fp32
   embedding and head in the sampling dtype; full mode gathers the whole model on
   every rank (a single unsharded process: only its concatenated projections).
-- **KV cache**: keys and values of every layer per position, plus the token history (id, log-prob).
-- **engine working sets**: a prefill chunk's activations and its attention's visibility mask (torch's
-  fused attention holds no scores: `kernels.decode_attention.prefill_attention`), and a decode step's
-  gathered keys/values and logits.
+- **KV cache** and **engine working sets** (a prefill chunk, a decode step): their functions below.
 """
 
 from __future__ import annotations
@@ -98,21 +90,17 @@ def zero3_gathered_bytes(s: Setup) -> float:
 
 def activation_bytes(s: Setup, tokens: int) -> float:
     """Activations a micro-batch of `tokens` keeps through its forward: with gradient checkpointing,
-    each layer's input; without, every layer's own (~7h + 3kv + 4I values a token)."""
+    each layer's input; without, every layer's own (~7h + 3kv + 4I values a token), in the
+    residual stream's dtype (fp32 in an upcast QLoRA)."""
     sh = s.shape
     kept = sh.layers * sh.hidden if s.checkpointing else sh.layers * _layer_values(sh)
-    return _activation_dtype_bytes(s) * tokens * kept
+    return _rest_bytes(s) * tokens * kept
 
 
 def _rest_bytes(s: Setup) -> int:
     """Bytes of a parameter that is not 4-bit (the embedding, the head, the norms): float32 where
     k-bit preparation's upcast is kept (`kbit_upcast`), else the model's dtype."""
     return 4 if s.four_bit and s.kbit_upcast else s.dtype_bytes
-
-
-def _activation_dtype_bytes(s: Setup) -> int:
-    """The residual stream's dtype: the embedding's and the norms' (float32 in an upcast QLoRA)."""
-    return _rest_bytes(s)
 
 
 def _layer_values(sh: ModelShape) -> int:
@@ -124,7 +112,7 @@ def backward_layer_bytes(s: Setup, tokens: int) -> float:
     gradients of its widest tensors (the MLP's gate and up, the residual)."""
     sh = s.shape
     recomputed = _layer_values(sh) if s.checkpointing else 0
-    return _activation_dtype_bytes(s) * tokens * (recomputed + 2 * sh.intermediate + sh.hidden)
+    return _rest_bytes(s) * tokens * (recomputed + 2 * sh.intermediate + sh.hidden)
 
 
 def head_bytes(s: Setup, tokens: int) -> float:
@@ -132,7 +120,7 @@ def head_bytes(s: Setup, tokens: int) -> float:
     log-probs and probabilities (4 + 4), their gradient cast to the hidden states' dtype (none for
     float32 ones), and in full mode, where the head trains, that gradient again in fp32 for the
     weight's."""
-    cast = 0 if _activation_dtype_bytes(s) == 4 else s.dtype_bytes
+    cast = 0 if _rest_bytes(s) == 4 else s.dtype_bytes
     weight_grad = 4 if s.mode == "full" else 0
     return (8 + cast + weight_grad) * min(tokens, fused_chunk_tokens(s.shape.vocab)) * s.shape.vocab
 

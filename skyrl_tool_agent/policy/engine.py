@@ -19,9 +19,8 @@ shares its batch. The weights are a `weights.SamplingWeights` snapshot, refreshe
 model's weights changed and no row is in flight (once per optimizer step), so captured graphs stay
 valid: the engine is built once per run.
 
-The engine is asked for a slot per episode in flight and gets what fits its memory budget
-(`memory.plan`); the log says how many and why. A fresh episode that finds every slot taken waits,
-in arrival order, for the slot of an episode that ends, and draws the tokens it would have drawn.
+It gets the slots that fit its memory budget (`memory.plan`); a fresh episode that finds every
+slot taken waits, in arrival order, and draws the tokens it would have drawn.
 """
 
 from __future__ import annotations
