@@ -11,20 +11,11 @@
                          ranks have written; rank 0 writes them)
 
 Every rank writes into `step-XXXXXX.tmp`; rank 0 writes the manifest and renames it once all have
-finished, so `--resume auto` never picks up a half-written checkpoint, and resuming picks the
-newest checkpoint whose files all match their manifest (see `grpo.checkpoint`); the ranks hash a
-checkpoint's files in parallel, each its share by size, at every save and resume. DeepSpeed loads its
-own shard files (with its own torch.load); the manifest at least guarantees they are the bytes
-this run wrote. The ranks' shard files must land on
-one filesystem (one node, or a shared filesystem across nodes). Resuming needs the same world
-size (the optimizer shards are per rank).
+finished (as `grpo.checkpoint`). The shard files must land on one filesystem, and resuming needs
+the same world size (the optimizer shards are per rank).
 
-No consolidated export is written here: gathering the whole model onto rank 0 and writing it again
-at every save cost ~15 GB and a full gather per checkpoint for 7B, and the shards already hold the
-weights. The run's end writes the consolidated export (final/, `DeepSpeedPolicy.save`), and
-`export_consolidated` (`skyrl-tool-agent export step-XXXXXX --output-dir DIR`) builds one from any
-checkpoint on request, offline, from the fp32 master weights in the shards; it can seed a fresh
-run of any size.
+No consolidated export is written at a save (~15 GB and a full gather per checkpoint for 7B): the
+run's end writes final/, and `export_consolidated` builds one from any checkpoint on request.
 """
 
 from __future__ import annotations
@@ -126,11 +117,9 @@ def hashed_in_parallel(ctx: Any, directory: Path) -> dict[str, str]:
 
 
 def verify_in_parallel(ctx: Any, root: Path, path: str) -> None:
-    """Hash the checkpoint `agreed_checkpoint` looks at first (`path`, or with 'auto' the newest
-    under `root`) on every rank, each its share (`hashed_in_parallel`), when its files have the
-    sizes its manifest records; rank 0 then takes it as verified (`record_verified`) and chooses
-    without reading it again. Anything else (a damaged checkpoint, an older one) rank 0 verifies
-    alone, as one process does. Collective."""
+    """Hash the checkpoint `agreed_checkpoint` looks at first on every rank, each its share, when
+    its sizes match the manifest, so rank 0 chooses without reading it again; anything else rank 0
+    verifies alone. Collective."""
     target = None
     if ctx.is_main:
         newest = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))[-1:]
@@ -145,9 +134,8 @@ def verify_in_parallel(ctx: Any, root: Path, path: str) -> None:
 
 def agreed_checkpoint(ctx: Any, root: Path, path: str) -> Path | None:
     """The checkpoint every rank resumes from: `path`, or with 'auto' the latest intact one under
-    `root` (None: there is none). Rank 0 chooses and verifies the manifest, then tells the others,
-    so all ranks load the same one (even if one sees the directory late) and a bad checkpoint is
-    a CheckpointError on every rank rather than a rank waiting forever. Collective."""
+    `root` (None: none). Rank 0 chooses and tells the others, so all load the same one and a bad
+    checkpoint is a CheckpointError on every rank. Collective."""
     verify_in_parallel(ctx, root, path)
     decision: tuple[str | None, str | None] = (None, None)  # (checkpoint, or why none can be used)
     if ctx.is_main:
@@ -210,11 +198,10 @@ def is_sharded_checkpoint(path: Path) -> bool:
 
 def export_consolidated(checkpoint: Path, out: Path, *, dtype: str = "bfloat16") -> dict[str, Any]:
     """The model a full-mode checkpoint holds, consolidated from its ZeRO-3 shards into one
-    `save_pretrained` directory (`dtype`, tokenizer included) at `out`: what final/ is at the end
-    of a run, from any checkpoint, with no launch and no GPU. Its files must match the manifest
-    first (DeepSpeed's reader unpickles the shard files). The fp32 master weights are read whole
-    into RAM (a 7B model: ~30 GB) and rounded to `dtype` as the engine rounds its 16-bit weights,
-    so the bf16 export of the last checkpoint equals final/. Returns what was done."""
+    `save_pretrained` directory at `out`, with no launch and no GPU; the files must match the
+    manifest first (DeepSpeed unpickles the shards). The fp32 master weights are read whole into
+    RAM and rounded to `dtype` as the engine rounds, so the last checkpoint's bf16 export equals
+    final/. Returns what was done."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -1,10 +1,7 @@
 """Limits under which rewards run SQL inside the trainer's own process.
 
-The MCP server runs model SQL in a child process the pool can kill; the reward runs the same
-predicted SQL (and the gold) locally, where a runaway query would stall or balloon the trainer
-itself (issue 17 #7: `printf('%.*c', 2147483647, 'x')` stalled `score_answer` for 10 s, and a
-`json_group_array` over an endless recursive CTE took the trainer to 2.07 GB). So every scoring
-query runs as the server runs it:
+The reward runs the predicted SQL (and the gold) in the trainer's process, where a runaway query
+would stall or balloon the trainer itself, so every scoring query runs as the server runs it:
 
 * on a connection from `mcp_tools.sandbox.open_readonly`: the same layers (read-only URI,
   `query_only`, the allow-list authorizer) and per-operation limits (value length, checked
@@ -12,11 +9,9 @@ query runs as the server runs it:
 * under the server's SQLite heap cap (`process_memory.set_heap_limit`, `MEMORY_LIMIT_MB`), set in
   this process on first use. Only the heap cap: an address-space limit would bound the trainer's
   own tensors too;
-* with `run_query`'s deadline measured in CPU time of the query's thread (`clock="cpu"`): a
-  correct gold query that needs 1.9 s of CPU is not a timeout because six other processes share
-  the cores (issue 28 #5). The query is interrupted when its CPU time is up, or at the wall-clock
-  backstop (`CPU_CLOCK_WALL_FACTOR` x `timeout_s`); the caller gets a timeout at the backstop plus
-  `WALL_CLOCK_GRACE_S` whatever happens inside SQLite (`run_bounded`).
+* with `run_query`'s deadline in CPU time of the query's thread (`clock="cpu"`), so other
+  processes sharing the cores do not time a correct gold query out; a wall-clock backstop
+  (`run_bounded`) bounds it whatever happens inside SQLite.
 
 `database_fault` tells failures of the database itself (missing, unreadable, corrupt) from
 failures of the query, so the caller reports an infrastructure error instead of scoring 0.
@@ -107,12 +102,9 @@ def database_fault(error: BaseException, probe: str | Path | None = None, timeou
 def run_bounded(db_path: str | Path, sql: str, *, timeout_s: float, max_rows: int | None,
                 max_columns: int | None = None, max_chars: int | None = None,
                 expect_columns: int | None = None) -> QueryResult:
-    """`run_query` on a fresh sandboxed connection to `db_path`, under the limits above
-    (`timeout_s`: CPU seconds of the query; `max_rows`, `max_columns`, `max_chars`,
-    `expect_columns` as in `run_query`).
-
-    Returns or raises SandboxError within about `CPU_CLOCK_WALL_FACTOR * timeout_s + WALL_CLOCK_GRACE_S`.
-    """
+    """`run_query` on a fresh sandboxed connection to `db_path` under the limits above (`timeout_s`:
+    CPU seconds); returns or raises SandboxError within about
+    `CPU_CLOCK_WALL_FACTOR * timeout_s + WALL_CLOCK_GRACE_S`."""
     ensure_heap_limit()
     outcome: list[Any] = []
     conns: list[SandboxConnection] = []

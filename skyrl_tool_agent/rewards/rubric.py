@@ -164,15 +164,10 @@ class Rubric:
 
     def score(self, episode: Episode, *, cache: GoldResultCache | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
               keep_distinct: bool = True) -> RewardBreakdown:
-        """Run the answer against the gold query once, then every term on the result.
-
-        `keep_distinct` False deletes DISTINCT from both queries before comparing (the official
-        Spider default; ``execution.compare_execution``). With a `verdict_term` (another task
-        family) that term decides instead and no SQL runs. Raises ``execution.GoldQueryError`` if the
-        gold query itself fails, and its subclass ``execution.DatabaseUnavailableError`` if the
-        database cannot be read: infrastructure faults are never scored. Both queries run under
-        ``limits`` (the tool server's limits, a process-wide SQLite heap cap and a wall-clock bound):
-        this runs in the trainer's own process.
+        """Run the answer against the gold query once (``execution.compare_execution``), then every
+        term on the result; with a `verdict_term` (another task family) that term decides and no
+        SQL runs. Raises ``execution.GoldQueryError`` / ``DatabaseUnavailableError``: infrastructure
+        faults are never scored.
         """
         if episode.answered and self.verdict_term is not None:
             verdict = next(t for t in self.terms if t.name == self.verdict_term)

@@ -12,14 +12,9 @@ A term is a function ``(episode: Episode) -> float``. The built-in terms (each i
   ``only_when_wrong``: it counts only when the answer is wrong, so a correct answer never earns
   less than a near miss. A correct answer reports 1.0 without computing it (the hot path).
 
-For a task family other than SQL (`skyrl_tool_agent.env.families`) the family's verifier is a
-term of its own (e.g. a numeric match), named as the family's ``verdict_term``: its value 1 means
-solved (``Episode.correct``); ``execution``, ``syntax`` and ``partial`` are SQL's.
-
-Every built-in term is 0 without an answer. Your own term is any function of an `Episode`, named
-in the config by ``module:function`` or ``path/to/file.py:function`` (`load_term_function`); mark
-it ``@reward_term(only_when_wrong=True)`` to gate it like ``partial``. How the terms combine into
-the episode's reward: `rubric`.
+Another task family's verifier is a term of its own, its ``verdict_term`` (1 = solved). Every
+built-in term is 0 without an answer. Your own term is any function of an `Episode`
+(`load_term_function`); ``@reward_term(only_when_wrong=True)`` gates it like ``partial``.
 """
 
 from __future__ import annotations
@@ -127,10 +122,9 @@ BUILTIN_TERMS: dict[str, TermFn] = {"execution": _execution, "format": _format, 
 
 
 def load_term_function(target: str) -> TermFn:
-    """The function named by ``package.module:function`` (imported) or ``path/to/file.py:function``
-    (a file; a relative path is relative to the working directory). Raises ValueError (one line)
-    if it cannot be found or does not take one argument. It runs the user's module: called when
-    the reward is built (`Rubric.from_specs`), never when a config loads."""
+    """The function named by ``package.module:function`` or ``path/to/file.py:function``; ValueError
+    (one line) if it cannot be found or does not take one argument. Runs the user's module, so it
+    is called when the reward is built, never when a config loads."""
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr.isidentifier():
         raise ValueError(f"function '{target}': expected 'module:function' or 'path/to/file.py:function'")
