@@ -86,10 +86,8 @@ class Heartbeat:
         return f"skyrl-tool-agent/following/{rank}"
 
     def _verdict(self, line: str | None) -> str | None:
-        """`line` (a verdict naming lost ranks), with this rank recorded in the store as stopping
-        because of them: a rank whose verdict comes later (its collective failed later, or it waited
-        longer for the CPU) then does not name this one, whose beats stop a moment after, among the
-        lost (it read "ranks 3, 0, 2" where rank 3 alone died)."""
+        """`line`, with this rank recorded in the store as stopping because of the lost ranks, so a
+        later verdict does not name this one (whose beats stop a moment after) among the lost."""
         if line is not None:
             with contextlib.suppress(Exception):  # noqa: BLE001 - a store that is gone: the verdict says so already
                 self.store.add(self._following_key(self.rank), 1)
@@ -185,15 +183,9 @@ def narrate_on_rank_0(rank: int) -> None:
 
 
 def skip_cpu_shared_memory_op() -> None:
-    """Keep DeepSpeed on the CPU from compiling its shared-memory communication op.
-
-    DeepSpeed's communication backend builds `deepspeed_shm_comm` (C++, torch's JIT extension
-    loader) whenever the CPU accelerator is compatible with it, but the op serves only
-    `inference_all_reduce` (tensor-parallel inference): ZeRO-3 training never calls it. Building
-    it cost ~50 s on a machine's first start, and the loader's build lock
-    (`$TORCH_EXTENSIONS_DIR/.../deepspeed_shm_comm/lock`), left behind by a start that was killed
-    while it held it, made every later start wait on it forever. Marked incompatible, DeepSpeed
-    leaves the op out and reduces through gloo as for any other collective."""
+    """Keep DeepSpeed on the CPU from compiling `deepspeed_shm_comm`: only tensor-parallel inference
+    uses it, building it cost ~50 s, and a killed build's lock made every later start wait forever.
+    Marked incompatible, the op is left out and gloo reduces."""
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

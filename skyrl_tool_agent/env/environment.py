@@ -11,12 +11,9 @@ Turn protocol (Qwen2.5 / Hermes, documented in README):
   `env.families`); the episode ends there, or after `max_turns` turns.
 - With `tool_call_format: skyrl_sql`, SkyRL-SQL's `<sql>`/`<solution>` tags are used instead, and
   results come back in its `<observation>` wrapping with its turn reminder (`env.skyrl_sql`).
-Malformed turns get an error observation telling the model what to fix; they count as a turn and
-never raise. The reward (see `skyrl_tool_agent.rewards.rubric`) is returned when the episode ends;
-the step's metadata `reward_components` holds each of its terms by name.
-
-`step` is synchronous (the skyrl-gym API); `astep` is the same step for asyncio callers (our
-collector), so tool calls of many episodes overlap with generation.
+Malformed turns get an error observation telling the model what to fix (a turn, never a raise).
+The reward is returned when the episode ends, its terms in the metadata's `reward_components`.
+`step` is the synchronous skyrl-gym API; `astep` is the same step for asyncio callers.
 """
 
 from __future__ import annotations
@@ -76,9 +73,7 @@ class MCPToolEnvironment(BaseTextEnv):
         default_env_config: what `skyrl_tool_agent.register_envs(env_config=...)` registered; keys
             of `env_config` win over it.
 
-    A row without db_id or gold SQL, a bad env_config, or a database root that does not exist is
-    one `EnvDataError` line, raised here (so by `skyrl_gym.make`, before `init`), before any MCP
-    server starts.
+    Bad input is one `EnvDataError` line, raised here, before any MCP server starts.
     """
 
     def __init__(

@@ -17,10 +17,8 @@ Failure model:
   servers (or wait for one), never to a hung one still marked ready;
 - an unknown tool name raises `MCPToolNotFound`.
 
-`BackgroundMCPPool` owns one `MCPClientPool` on a dedicated event-loop thread, so the synchronous
-skyrl-gym env API (`call_tool_sync`) and coroutines on any other event loop (`await call_tool`)
-share one set of sessions; every session lives in one task tree on the runner's loop, which keeps
-anyio cancel scopes out of the callers' loops.
+`BackgroundMCPPool` owns one `MCPClientPool` on its own event-loop thread, so sync callers and
+other loops share one set of sessions and anyio cancel scopes stay out of the callers' loops.
 """
 
 from __future__ import annotations
@@ -129,11 +127,8 @@ class MCPClientPool:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Start every server, wait for each first session, and build the tool routes.
-
-        Raises MCPConfigError (a server did not start within startup_timeout_s, or duplicate tool
-        names); the pool is closed again before raising.
-        """
+        """Start every server and build the tool routes; MCPConfigError (a server did not start in
+        time, or duplicate tool names) after closing the pool again."""
         if self._started:
             return
         self._started = True
@@ -268,12 +263,8 @@ class MCPClientPool:
 
 
 class BackgroundMCPPool:
-    """An `MCPClientPool` on its own event-loop thread, callable from sync code and from any loop.
-
-    `start()` blocks until the servers are up; `call_tool_sync` blocks the calling thread;
-    `await call_tool(...)` works from any other event loop; `close()` is idempotent and also runs
-    at interpreter exit. Usable as a context manager.
-    """
+    """An `MCPClientPool` on its own event-loop thread (module docstring); `close()` is idempotent
+    and also runs at interpreter exit."""
 
     def __init__(self, servers: Sequence[MCPServerConfig], **pool_kwargs: Any) -> None:
         self._pool = MCPClientPool(servers, **pool_kwargs)

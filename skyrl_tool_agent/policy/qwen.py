@@ -5,13 +5,9 @@ sampling distribution (temperature-scaled, before top-p truncation, which is wha
 importance ratio compares against). The trainer recomputes log-probs on the same ids with
 `token_logprobs`; nothing is ever re-tokenised from text.
 
-Every mode samples through one engine, `engine.RolloutEngine`, on CPU and CUDA alike: LoRA from the
-model with its adapters folded in, QLoRA from its 4-bit weights dequantized once per step (either
-of them, where that copy costs episodes, through the model's own modules with the adapters beside
-the base weights), full mode (ZeRO-3) from a snapshot its ranks gather once per step
-(`weights.SamplingWeights`). The
-engine is built once per run and its weights refreshed in place. `model.generate` runs only for an
-architecture the engine does not implement (`weights.unsupported_reason`), and the log says so.
+Every mode samples through one engine, `engine.RolloutEngine`, on CPU and CUDA alike, from a
+`weights.SamplingWeights` snapshot; `model.generate` runs only for an architecture the engine does
+not implement (`weights.unsupported_reason`), and the log says so.
 
 Dropout is off in both sampling and training forwards (the model stays in eval mode; gradients
 still flow): with dropout on, the ratio of a fully on-policy update would not be 1.
@@ -112,10 +108,9 @@ class QwenPolicy:
         self.prefill_tokens = plan.prefill_tokens
 
     def sampling_weights(self) -> SamplingWeights:
-        """The engine's weight snapshot (taken on first use; the engine refreshes it after each step):
-        through the model's own modules or a folded copy as `sample_through_modules` says (the memory
-        plan: the copy where it costs no episode); unset, a 4-bit model is sampled through its
-        modules (bitsandbytes' 4-bit matmul and the adapters) and a LoRA model's adapters are folded in."""
+        """The engine's weight snapshot, taken on first use: through the model's modules or a folded
+        copy as `sample_through_modules` says; unset, a 4-bit model goes through its modules and a
+        LoRA model's adapters are folded in."""
         if self._weights is None:
             through = self.is_4bit if self.sample_through_modules is None else self.sample_through_modules
             logger.info("the rollout engine samples %s", "through the model's modules, the adapters beside the "
@@ -128,11 +123,8 @@ class QwenPolicy:
         snapshot itself); a sharded policy gathers its weights now, together."""
 
     def rollout_engine(self, *, slots: int, capacity: int) -> RolloutEngine | None:
-        """The continuous-batching engine for `slots` episodes of up to `capacity` tokens (None when
-        the engine cannot run this model). Built once and kept for the run, its cache and graphs
-        reused by every collection; rebuilt only when asked for more slots or longer episodes. It
-        holds as many slots as fit `engine_memory_fraction` beside `update_reserve_bytes`; the
-        other episodes wait."""
+        """The engine for `slots` episodes of up to `capacity` tokens (None when it cannot run this
+        model), kept for the run; rebuilt only when asked for more slots or longer episodes."""
         if self.engine_blocker is not None:
             return None
         engine = self._engine
@@ -162,11 +154,9 @@ class QwenPolicy:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, max_new_tokens: int,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
-        """Sample one continuation of up to `max_new_tokens` per prompt, each its own episode (a
-        GRPO group is G copies of a prompt), through the engine: each prompt's tokens are drawn from its seed and their
-        positions (`seeds`, default: drawn from the caller's torch RNG). A collection drives the
-        engine itself through `rollout_engine`. Where the engine cannot run the model,
-        `model.generate` samples from the torch RNG."""
+        """Sample one continuation of up to `max_new_tokens` per prompt through the engine, each
+        prompt's tokens drawn from its seed (`seeds`, default: from the caller's torch RNG); where
+        the engine cannot run the model, `model.generate` samples from the torch RNG."""
         if not prompts:
             return []
         engine = self.rollout_engine(slots=len(prompts), capacity=max(map(len, prompts)) + max_new_tokens)
@@ -218,11 +208,9 @@ class QwenPolicy:
 
     @contextlib.contextmanager
     def training_precision(self) -> Iterator[None]:
-        """The update's forwards and backwards in the weights' dtype: a bf16/fp16 model whose LoRA
-        adapters are float32 (peft keeps them so, for the optimizer) runs its adapter matmuls in
-        the model's dtype under autocast, instead of casting every activation to float32 and back
-        around each adapted projection; the adapters and their gradients stay float32. Nothing
-        changes for a float32 model. Wrap backward passes too (checkpointed layers recompute there)."""
+        """The update's forwards and backwards in the weights' dtype: a bf16/fp16 model's float32
+        LoRA adapters run their matmuls in the model's dtype under autocast (they and their
+        gradients stay float32). Wrap backward passes too (checkpointed layers recompute there)."""
         dtype = next(self.model.parameters()).dtype
         adapters = [p for n, p in self.model.named_parameters() if "lora_" in n and p.requires_grad]
         if dtype not in (torch.bfloat16, torch.float16) or not adapters or self.is_4bit:

@@ -1,25 +1,15 @@
 """`SamplingWeights`: the rollout engine's copy of a Qwen2's weights, as sampling needs them.
 
-A sampler does not need what training needs: peft's LoRA path runs two extra small matmuls per
-projection, q/k/v and gate/up are separate matmuls, a 4-bit weight is dequantized at every use and
-a ZeRO-3 weight is all-gathered at every forward. So once per optimizer step the engine takes a
-snapshot: LoRA deltas folded in, q/k/v and gate/up concatenated, 4-bit weights dequantized, ZeRO-3
-shards gathered layer by layer (what TRL, OpenRLHF and verl do when they feed vLLM). Its arithmetic
-is `Qwen2ForCausalLM`'s in eval mode: RMSNorm in float32, the model's own rotary embedding, GQA
-attention (scale head_dim^-0.5), a SiLU-gated MLP, a tied or untied LM head.
+Once per optimizer step the engine takes a snapshot as sampling needs it: LoRA deltas folded in,
+q/k/v and gate/up concatenated, 4-bit weights dequantized, ZeRO-3 shards gathered layer by layer
+(what TRL, OpenRLHF and verl do when they feed vLLM); its arithmetic is `Qwen2ForCausalLM`'s in
+eval mode. Where that second copy of every projection would cost episodes in flight, a LoRA or
+QLoRA model is sampled `through_modules` instead (the base weights as they are, peft's adapters
+beside them, as vLLM's LoRA serving does): no bytes, nothing to refresh, two small extra matmuls.
 
-That folded copy is a second copy of every projection (13 GB for a 7B in bf16). Where it would cost
-episodes in flight, a LoRA or QLoRA model is sampled `through_modules` instead: the engine calls the
-model's own projection modules, the base weights as they are (bf16, or bitsandbytes' 4-bit matmul)
-with peft's adapters applied beside them, as vLLM's and S-LoRA's LoRA serving does. The projections
-then cost no bytes and nothing to refresh (an optimizer step writes the adapters the engine reads);
-each costs two small extra matmuls per token instead.
-
-The snapshot is refreshed *in place* (`refresh_`): a CUDA graph captured over its tensors stays
-valid. Where a weight needs no change for sampling (no adapter, not sharded, not quantized, already
-in the sampling dtype) the snapshot holds a view of the parameter itself, which is current by
-construction. A sharded model's refresh is collective (every rank gathers each layer together), so
-it runs only when the policy asks (`DeepSpeedPolicy.prepare_sampling`), never lazily.
+The snapshot is refreshed *in place* (`refresh_`), so captured CUDA graphs stay valid; a weight
+that needs no change is a view of the parameter itself. A sharded model's refresh is collective,
+so it runs only when the policy asks (`DeepSpeedPolicy.prepare_sampling`), never lazily.
 """
 
 from __future__ import annotations
@@ -155,12 +145,8 @@ def sampling_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 class SamplingWeights:
-    """The weights of a Qwen2 `model` as of the last `refresh_` (module docstring). With
-    `through_modules` the projections are neither folded nor copied: the engine calls the model's
-    own modules (the base weights, bf16 or 4-bit, and the adapters beside them), for a device where
-    the folded copy would cost episodes (the memory plan decides: `memory.plan`). The embedding and
-    the head are read in their own dtype; only the layers' norms, where not in the sampling dtype
-    (an fp16 QLoRA model's float32 ones), are copied."""
+    """The weights of a Qwen2 `model` as of the last `refresh_` (module docstring). The embedding
+    and the head are read in their own dtype; only norms not in the sampling dtype are copied."""
 
     def __init__(self, model: torch.nn.Module, *, through_modules: bool = False) -> None:
         reason = unsupported_reason(model)
