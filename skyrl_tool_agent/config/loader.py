@@ -207,8 +207,7 @@ def profile_name(profile: str) -> str:
 def profile_on_top(name: str, data: dict[str, Any], profile: str, shown: str) -> dict[str, Any]:
     """Section `name` read from a user's file (`data`), under `profile`: each value equal to its CPU
     default (as `write-defaults` writes it) takes the profile's value; a value the user edited is
-    kept. Logs the values taken and kept, once per file (`--config-dir configs` on a GPU got the
-    CPU values silently before: lr 1e-3, 128 tokens x 3 turns, an 8-minute budget)."""
+    kept. Logs the values taken and kept, once per file."""
     taken: list[str] = []
     kept: list[str] = []
 
@@ -311,21 +310,14 @@ def load_config(
     deepspeed_config: str | Path | None = None,
     profile: str = "cpu",
 ) -> Config:
-    """Load `<config_dir>/{model,training,grpo,env}_config.yaml`, apply `overrides`
-    (`["grpo.group_size=4", "model.lora.r=8"]`, values parsed as YAML) before validation, and
-    return the validated `Config`.
+    """Load `<config_dir>/{model,training,grpo,env}_config.yaml` (None: the packaged defaults),
+    apply `overrides` (`["grpo.group_size=4"]`, values parsed as YAML) and validate.
 
-    `config_dir` None = the defaults shipped in the package (`PACKAGED_CONFIG_DIR`), whatever the
-    working directory. `config_file` instead reads every section from one YAML file with top-level
-    keys model/training/grpo/env (a missing section keeps its defaults; `Config.dump_yaml()` and a
-    run's config.yaml are such files); it excludes `config_dir`. `*_config=` replaces one section's
-    file (the scripts' `--model-config` etc.), also next to `config_file`. The DeepSpeed
-    path is only read by `Config.load_deepspeed()` (default: the packaged file). `profile` ("cpu" or
-    "gpu", see PROFILES) picks the values of the sections taken from the packaged defaults; in a
-    `config_dir` of the user's it replaces the values left at their CPU default (`profile_on_top`);
-    files named one by one (`*_config=`, `config_file`) are read as they are.
-
-    Raises `ConfigError` (one line naming the file or `--set` and the field) on any problem.
+    `config_file` instead reads every section from one YAML file (a missing section keeps its
+    defaults; a run's config.yaml is one); it excludes `config_dir`. `*_config=` replaces one
+    section's file. `profile` ("cpu"/"gpu") picks the packaged defaults' values; in a user's
+    `config_dir` it replaces the values left at their CPU default (`profile_on_top`); files named
+    one by one are read as they are. Any problem is one `ConfigError` line.
     """
     given = {
         "model": model_config,

@@ -7,10 +7,8 @@ checkpoint into the shards; created later, the weights would be initialised and 
 The object must stay alive for the whole run (transformers keeps only a weak reference), so the
 policy holds it.
 
-Sampling does not go through the sharded model: before each collection every rank gathers the
-weights layer by layer into its rollout engine's snapshot, once per optimizer step
-(`prepare_sampling`), and then samples alone, with no collective per token, as TRL, OpenRLHF and
-verl feed vLLM.
+Sampling does not go through the sharded model: each rank gathers a snapshot once per optimizer
+step (`prepare_sampling`) and samples alone.
 """
 
 from __future__ import annotations
@@ -89,12 +87,9 @@ def model_dtype(ds_config: dict[str, Any]) -> torch.dtype:
 
 # ---------------------------------------------------------------------------- policy
 class DeepSpeedPolicy(QwenPolicy):
-    """A `QwenPolicy` over a ZeRO-3 sharded model (full mode).
-
-    Until `attach_engine` the model is the bare sharded module (the trainer builds the optimizer on
-    it, then wraps both in a DeepSpeed engine). Sampling runs on each rank's rollout engine from a
-    gathered snapshot (module doc); training forwards are one plain pass through the DeepSpeed
-    engine, so every rank runs the same number of engine forwards per micro-batch.
+    """A `QwenPolicy` over a ZeRO-3 sharded model (full mode). Until `attach_engine` the model is
+    the bare sharded module; training forwards are one plain pass through the DeepSpeed engine, so
+    every rank runs the same number of engine forwards per micro-batch.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, ctx: DistContext,

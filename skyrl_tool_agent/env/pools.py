@@ -64,10 +64,8 @@ class EpisodeSetupError(ValueError):
 
 
 def build_rubric(config: EnvConfig, family: TaskFamily | None = None) -> Rubric:
-    """The reward of `config` (env.reward.terms, for `family`, default env.task_family's), its terms
-    of your own imported now and the rules checked (`rewards.rubric`): what building a run does
-    before any MCP server starts, since loading a config runs no reward code. One `EnvDataError`
-    line when a term cannot be imported or the terms break a rule."""
+    """The reward of `config` (for `family`, default env.task_family's), its own terms imported
+    and the rules checked, before any MCP server starts; one `EnvDataError` line on a problem."""
     family = family or resolve_family(config.task_family)
     try:
         return Rubric.from_specs(config.reward.terms, verdict_term=family.verdict_term)
@@ -120,13 +118,10 @@ def _duplicate_tool_message(exc: MCPConfigError, config: EnvConfig) -> str:
 class EnvRuntime:
     """The run's MCP servers (`mcp.servers.ServerSet`) plus everything episodes of one configuration share.
 
-    Everything a configuration can get wrong against the servers it starts is checked here, when
-    the run builds its runtime, as one `EnvDataError` line naming the key and the fix: servers that
-    do not start, two servers listing one tool name, offered tools no server lists, a tool map onto
-    a tool that does not exist, schema_in_prompt without a schema tool. Each episode asks the server
-    set for its tools (`episode_tools`: whatever a server writes is isolated per episode), and the
-    run's original data is hashed now and checked before every scoring and at `close`
-    (`rewards.originals`). `pool`: a started pool to route every call to (not owned, not closed)."""
+    What a configuration can get wrong against its servers is checked here, as one `EnvDataError`
+    line naming the key and the fix. Each episode asks the server set for its tools
+    (`episode_tools`), and the original data is hashed now and checked before every scoring and at
+    `close` (`rewards.originals`). `pool`: a started pool to route every call to (not owned)."""
 
     def __init__(self, config: EnvConfig, db_root: str | Path | None, pool: BackgroundMCPPool | None = None) -> None:
         self.config = config
@@ -322,10 +317,8 @@ def _as_mapping(env_config: Any) -> dict[str, Any]:
 
 
 def as_gym_env_config(env_config: Any, defaults: Any = None) -> SkyRLEnvConfig:
-    """`SkyRLEnvConfig` from what `skyrl_gym.make` passed (EnvConfig, a mapping/DictConfig of its
-    fields, or None) over `defaults` (the same kinds; `register_envs(env_config=...)`): the keys
-    given win, and a location given (db_root or db_path) replaces the defaults' location. A bad
-    key or value is one `env_config: ...` line."""
+    """`SkyRLEnvConfig` from what `skyrl_gym.make` passed over `defaults` (`register_envs`): the
+    keys given win, a location given replaces the defaults'. A bad key is one `env_config:` line."""
     given, base = _as_mapping(env_config), _as_mapping(defaults)
     if any(k in given for k in _LOCATION_KEYS):
         base = {k: v for k, v in base.items() if k not in _LOCATION_KEYS}

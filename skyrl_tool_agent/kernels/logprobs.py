@@ -1,12 +1,9 @@
 """Per-token log-probabilities and entropies from LM logits, without a `[B, L, V]` float32 copy.
 
-The obvious `logits.float().log_softmax(-1).gather(...)` materialises two full-vocabulary tensors in
-float32 (the upcast and the log-softmax), and autograd keeps them for the backward pass: for a
-150k-token vocabulary that is ~1.2 GB per 1k tokens. Here the forward pass walks the positions in
-chunks of `chunk_size`, upcasting one chunk at a time to float32 (bf16 logsumexp loses precision),
-and keeps only the `[B, L]` logsumexp. The backward pass recomputes each chunk's softmax from the
-original logits and writes the gradient in the logits' dtype. Peak extra memory is one float32
-chunk, `chunk_size * V * 4` bytes, plus the gradient autograd needs anyway.
+`logits.float().log_softmax(-1).gather(...)` keeps two float32 full-vocabulary tensors for the
+backward (~1.2 GB per 1k tokens at a 150k vocabulary). Here the forward walks `chunk_size`
+positions at a time in float32 and keeps only the `[B, L]` logsumexp; the backward recomputes each
+chunk's softmax. Peak extra memory: one float32 chunk.
 
 Alignment is the caller's: `logits[:, t]` is the distribution that produced `labels[:, t]`, i.e.
 pass `logits[:, :-1]` and `input_ids[:, 1:]` for a causal LM. Both functions compute and return

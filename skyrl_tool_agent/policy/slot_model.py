@@ -7,13 +7,10 @@ that reads it (`slot_root[slot]` > 0) holds only its own positions after it and 
 (`decode_attention`'s cascade). Per slot there is also the token history (the id at each position,
 the sampling log-prob of each sampled one) and the sampling state (seed, temperature, top-p).
 
-The Qwen2 layer is written once (`_layers`); attention is the only part that differs between the
-two forwards that call it: `prefill` runs any rows' new tokens at their positions and may draw each
-row's next token; `decode` runs `steps` static-shape decode steps for a batch of slots, padded to a
-bucket (1, 2, 4, ... slots rows) so that on CUDA each bucket's step is captured once in a CUDA
-graph and replayed, then reads the new tokens back in one transfer. Tokens are drawn on the device
-from the slot's seed and the position (`token_sampling`), so a row's tokens do not depend on its
-batch. Which episode holds which slot, and when, is the engine's business.
+The Qwen2 layer is written once (`_layers`); attention alone differs between `prefill` (any rows'
+new tokens, maybe drawing each row's next) and `decode` (`steps` static-shape steps for a batch
+padded to a bucket of 1, 2, 4, ... rows, each bucket captured once in a CUDA graph, the new tokens
+read back in one transfer). Which episode holds which slot is the engine's business.
 """
 
 from __future__ import annotations

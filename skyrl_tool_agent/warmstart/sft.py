@@ -4,14 +4,10 @@ Conversations are tokenised with exactly the collector's segmentation (prompt; t
 assistant text + `<|im_end|>` and the rendered observation), so the model is trained on the same
 ids it will later see and sample during RL.
 
-At the GPU's pace (the speedrun's build): the examples are packed once, before the training
-clock, into device tensors (`PackedExamples`: a batch is an index into them, no per-step host
-tensor or copy); the optimizer is fused AdamW on CUDA (foreach elsewhere); the loss is read back
-to the host only every `LOSS_READ_EVERY` steps on CUDA (the per-step losses wait on the device);
-and on CUDA the loss is a plain cross-entropy over the logits, which needs nothing from the host,
-while on a CPU the rows' shared system prompt is computed once per batch
-(`policy.prefix.batch_logprobs`, which reads the batch back to find it: free on a CPU, a sync on
-a GPU).
+On CUDA nothing waits on the host: examples are packed on the device once (`PackedExamples`),
+AdamW is fused, the loss is read back every `LOSS_READ_EVERY` steps and is a plain cross-entropy;
+on a CPU the rows' shared system prompt is computed once per batch (`policy.prefix.batch_logprobs`,
+which reads the batch back: free on a CPU, a sync on a GPU).
 """
 
 from __future__ import annotations
@@ -127,10 +123,8 @@ LOSS_READ_EVERY = 50
 
 @dataclass
 class PackedExamples:
-    """Every example tokenised once and held on the training device, right-padded to the longest:
-    `input_ids` and `labels` ([N, W]; labels -100 off the loss mask) and `lengths` (on the host,
-    so a batch's width is known without asking the device). `batch(indices)` selects rows on the
-    device and trims them to the batch's longest."""
+    """Every example tokenised once and held on the training device, right-padded (labels -100 off
+    the loss mask); `lengths` stay on the host, so a batch's width needs no device read."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
@@ -219,14 +213,9 @@ def supervised_finetune(
     returning True stops training there. `resume` is such a state: training goes on from its step
     with the same batches and learning rates an uninterrupted run would have had.
 
-    `clock`: the monotonic clock every budget, deadline and mark reads (`deadline` is on it); tests
-    pass a fake one so that what a budget holds never depends on the machine's speed.
-
-    `epoch_examples(epoch)`: the examples of each epoch after the first (`examples` are epoch 0's),
-    built when the epoch begins: a pass over the data whose examples change from one epoch to the
-    next (`warmstart.build.RedrawnEpochs`: constants redrawn from the database). It must return
-    the same examples for the same epoch every time it is called, so a resumed run rebuilds the
-    epoch it stopped in."""
+    `clock`: the monotonic clock every budget, deadline and mark reads (tests pass a fake one).
+    `epoch_examples(epoch)`: each later epoch's examples (`warmstart.build.RedrawnEpochs`), the
+    same for the same epoch every call, so a resumed run rebuilds the epoch it stopped in."""
     rng = random.Random(settings.seed)
     device = next(model.parameters()).device
     data = examples if isinstance(examples, PackedExamples) else PackedExamples.pack(
