@@ -90,10 +90,8 @@ def _baseline_records(baseline: Mapping[str, Any]) -> list[dict[str, Any]] | Non
 
 
 def _per_question(baseline: Mapping[str, Any], value: Callable[[Mapping[str, Any]], Any]) -> dict[str, Any] | None:
-    """`value` of each of the baseline's per-question records, by task id (a None value left out):
-    the records of its `task_ids` and `solved` lists (a training run's evaluation: greedy, one
-    episode per question, None = never scored) or else of the JSONL its results.json names
-    (`files.trajectories`); None when neither is there."""
+    """`value` of each of the baseline's per-question records by task id (None values left out),
+    from its `task_ids`/`solved` lists or else the JSONL its results.json names; None: neither."""
     ids, solved = baseline.get("task_ids"), baseline.get("solved")
     if isinstance(ids, list) and isinstance(solved, list) and len(ids) == len(solved):
         records = [{"task_id": t, "solved": bool(s), "scored": s is not None} for t, s in zip(ids, solved)]
@@ -200,11 +198,9 @@ def run_labels(base_path: str | Path, current_path: str | Path) -> tuple[str, st
 
 
 def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, seed: int = 0) -> Any:
-    """The change of the execution accuracy on the questions both runs scored (`records`: this
-    run's per-question records), paired by question, each question's `success_rate` on each side
-    (so k samples per question give the avg@k change, the table's, not the first sample's), with
-    its 95% paired-bootstrap interval (`stats.PairedDelta`); None when the baseline's per-question
-    outcomes are not there or no question is shared."""
+    """The execution accuracy's change on the questions both runs scored, paired by question (each
+    side's `success_rate`, so avg@k), with its 95% paired-bootstrap interval; None when the
+    baseline has no per-question outcomes or no question is shared."""
     from skyrl_tool_agent.eval.stats import paired_bootstrap
 
     rates = _per_question(base, success_rate)  # the baseline's, by task id
@@ -230,10 +226,8 @@ def _first_sample_categories(records: Sequence[Mapping[str, Any]]) -> dict[str, 
 
 
 def baseline_categories(baseline: Mapping[str, Any]) -> dict[str, tuple[str | None, bool]] | None:
-    """The baseline's error category per question (its first sample's; None: solved) and whether
-    it was scored, by task id: from its `task_ids`, `error_categories` and `solved` lists (a
-    training run's evaluation) or else from the per-question JSONL its results.json names; None
-    when neither holds the anatomy."""
+    """The baseline's error category per question (first sample's) and whether it was scored, by
+    task id, from its lists or else its per-question JSONL; None when neither holds the anatomy."""
     ids, cats, solved = baseline.get("task_ids"), baseline.get("error_categories"), baseline.get("solved")
     if isinstance(ids, list) and isinstance(cats, list) and isinstance(solved, list) and len(ids) == len(cats) == len(solved):
         return {str(t): (c, s is not None) for t, c, s in zip(ids, cats, solved)}
@@ -261,10 +255,8 @@ class AnatomyRow:
 
 def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *,
                        seed: int = 0) -> list[AnatomyRow] | None:
-    """Each error category (`eval.anatomy`) of the baseline and of this run (`records`, its
-    per-question records) on the questions both have, first samples, with the change of its rate
-    and its 95% paired-bootstrap interval (`anatomy.anatomy_changes`); None when either side has
-    no anatomy or no question is shared."""
+    """Each error category's rate on both sides (shared questions, first samples) and its paired
+    change (`anatomy.anatomy_changes`); None when either side has no anatomy or nothing is shared."""
     from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS, anatomy_changes
 
     base, current = baseline_categories(baseline), _first_sample_categories(records)

@@ -181,14 +181,9 @@ def run_evaluation(
     on_episode: Callable[[Trajectory], None] | None = None,
 ) -> EvaluationRun:
     """Evaluate `policy` ('oracle', a `QwenPolicy`, an `Endpoint` or an `Agent`) on `tasks` through
-    `runtime`'s MCP env.
-
-    An `Endpoint` is probed first (`probe_endpoint`: one `EndpointError` line, before any episode,
-    when it cannot serve), and results.json gets an `endpoint` entry: URL, model, the name the server
-    answered with, requests, retries, failed turns, tokens and `protocol_errors` (episodes left
-    unscored by the server's answers, by reason: server_error, too_large, malformed). `skipped` (questions left out, e.g.
-    missing Spider databases) and `metadata` (dataset, split...) go into the results; `on_episode`
-    is called as each episode finishes (progress bars).
+    `runtime`'s MCP env. An `Endpoint` is probed first (one `EndpointError` line before any episode)
+    and results.json gets its `endpoint` entry (`OpenAIChatAgent.summary`). `on_episode` is called
+    as each episode finishes.
     """
     options = options or EvalOptions()
     if not tasks:
@@ -234,10 +229,8 @@ def _difficulty_rank(name: str) -> tuple[int, str]:
 def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *, num_samples: int = 1,
                     skipped: int = 0, family: str = "sql",
                     categories: Sequence[str | None] | None = None) -> dict[str, Any]:
-    """Metrics overall, `by_difficulty` and `by_db` (see `metrics.evaluation_metrics`), in the
-    words of task family `family` (`eval.vocabulary`: `accuracy` and no SQL-only metric for a
-    family other than SQL; `by_db` only for families with databases). `categories`: each
-    episode's error category (`anatomy.classify_episodes`), counted as `error_anatomy`."""
+    """Metrics overall, `by_difficulty` and `by_db`, in the words of task family `family`
+    (`eval.vocabulary`); `categories` (each episode's error category) counted as `error_anatomy`."""
     by_id = {t.task_id: t for t in tasks}
     gold = {t.task_id: t.gold_sql for t in tasks}
     results = evaluation_metrics(trajectories, gold, num_samples)
@@ -263,11 +256,9 @@ def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *
 
 def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *,
                   family: str = "sql", categories: Sequence[str | None] | None = None) -> list[dict[str, Any]]:
-    """One JSON-friendly record per question: the task, its samples (full trajectories, with exact
-    match for SQL, and with `categories` -- each of `trajectories`' error category, in order --
-    its `error_category`, None when solved or unscored) and its pass counts. Order follows
-    `tasks`. A family other than SQL names the reference `ground_truth` (`eval.vocabulary`) and
-    has no db_id."""
+    """One JSON-friendly record per question, in `tasks`' order: the task, its samples (with their
+    `error_category` from `categories`) and its pass counts; another family names the reference
+    `ground_truth` and has no db_id."""
     words = vocabulary(family)
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     category_of: dict[int, str | None] = {}

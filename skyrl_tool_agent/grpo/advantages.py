@@ -43,12 +43,8 @@ def _check_rewards(rewards: Tensor) -> None:
 
 
 def informative_group_mask(rewards: Tensor, atol: float = 0.0) -> Tensor:
-    """Bool `[N]`: True for groups whose rewards are not all equal (within `atol`).
-
-    A group where every completion scored the same carries no relative signal: all its GRPO/RLOO/
-    Dr. GRPO advantages are 0, so it only dilutes the batch. DAPO's dynamic sampling drops (and
-    re-samples) such groups; the caller filters with this mask and logs how many were dropped.
-    """
+    """Bool `[N]`: True for groups whose rewards are not all equal (within `atol`); an equal group's
+    advantages are all 0, so it only dilutes the batch (DAPO's dynamic sampling drops them)."""
     _check_rewards(rewards)
     spread = rewards.max(dim=1).values - rewards.min(dim=1).values
     return spread > atol

@@ -1,10 +1,8 @@
 """The main job's whole wall time (`training.job_budget_minutes`): load, the probe, the evaluation
 before GRPO, GRPO, the evaluation after it (the same tasks), saving and the report.
 
-GRPO's own budget (`training.time_budget_minutes`) counts only GRPO; the two evaluations around it
-cost what the machine makes them cost (a 2-core CPU 1.7x slower than the one the defaults were
-chosen on spent 8.4 minutes evaluating around an 8-minute GRPO budget). So the job is planned on
-one clock from its start:
+GRPO's own budget (`training.time_budget_minutes`) counts only GRPO; the evaluations around it cost
+what the machine makes them cost. So the job is planned on one clock from its start:
 
 1. the evaluations are sized from the measured speed of the step-0 probe (episodes at the training
    settings, which runs first anyway): a stratified subset of the eval tasks (`fixed_subset`; with
@@ -59,10 +57,8 @@ class JobBudget:
 
     @classmethod
     def for_run(cls, training: TrainingConfig, started: float | None = None) -> JobBudget | None:
-        """The plan of a run with `training.job_budget_minutes` (None: no whole-job limit), GRPO
-        capped at `training.time_budget_minutes`, counted from `started` (a `time.monotonic()`
-        reading; default now; the train command passes its process's start, so its imports and the
-        data's loading are the job's too)."""
+        """The plan of a run, counted from `started` (a `time.monotonic()` reading; default now; the
+        train command passes its process's start, so imports and data loading count too)."""
         if training.job_budget_minutes is None:
             return None
         return cls(60.0 * training.job_budget_minutes, training.time_budget_s,
@@ -81,10 +77,9 @@ class JobBudget:
         return time.time() + self.left_s()
 
     def eval_tasks_that_fit(self, wanted: int, episodes_per_task: int, probe_episode_s: float) -> int:
-        """How many of `wanted` eval tasks two evaluations can hold, each task `episodes_per_task`
-        episodes (greedy + training.eval_samples) at `EVAL_VS_PROBE_EPISODE` x `probe_episode_s`
-        (the probe's measured seconds per episode), leaving GRPO `MIN_GRPO_SHARE` of the job and the
-        finish its reserve. An estimate: the evaluation's measured time then decides GRPO's share."""
+        """How many of `wanted` eval tasks two evaluations can hold (each task `episodes_per_task`
+        episodes at `EVAL_VS_PROBE_EPISODE` x the probe's seconds per episode), leaving GRPO
+        `MIN_GRPO_SHARE` and the finish its reserve."""
         room = self.left_s() - FINISH_RESERVE_S - MIN_GRPO_SHARE * self.total_s
         episode_s = EVAL_VS_PROBE_EPISODE * max(probe_episode_s, 1e-9)
         per_task = max(episodes_per_task, 1) * episode_s * (1 + AFTER_EVAL_MARGIN)

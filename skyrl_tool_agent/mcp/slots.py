@@ -6,10 +6,8 @@ slot ready, and waits until the session breaks (the server's stdout hits EOF), a
 fails, or the pool closes; then it tears the process down and starts a new one with backoff.
 Callers on the same event loop use the live session concurrently; they never own it.
 
-The process runs through `mcp.transport` (its group dies with this process; non-protocol stdout
-counted, not a traceback per line; stderr held while it starts). A server that does not start is
-one line (`ServerSlot.last_error`): why (exited, no answer, a refused handshake), its exit code,
-the last lines of its stderr and what it printed on stdout that was not protocol.
+The process runs through `mcp.transport`. A server that does not start is one line
+(`ServerSlot.last_error`): why, its exit code, its stderr's last lines and its non-protocol stdout.
 """
 
 from __future__ import annotations
@@ -139,12 +137,9 @@ class ServerSlot:
             await asyncio.shield(self._task)
 
     def mark_broken(self, reason: str, *, session: ClientSession | None = None, kill: bool = False) -> None:
-        """Tear this session down and start a fresh server (no-op if already restarting).
-
-        `session`: only if that is still the live session (a late failure of a replaced session
-        must not take down its successor). `kill` SIGKILLs the process first: a hung server would
-        otherwise hold the restart for the SDK's shutdown grace periods (about 4 s).
-        """
+        """Tear this session down and start a fresh server (no-op if already restarting); with
+        `session`, only if that is still the live one. `kill` SIGKILLs first (a hung server would
+        hold the restart for the SDK's shutdown grace periods)."""
         if session is not None and session is not self.session:
             return
         if self.session is not None and not self._broken.is_set():
@@ -166,12 +161,8 @@ class ServerSlot:
         return self.session is not None and self.session is not self._suspected
 
     def suspect(self, session: ClientSession) -> None:
-        """A call on `session` timed out: take it out of rotation at once and ping it in the
-        background; it comes back if the ping answers, else its server is killed and restarted.
-
-        At the first timeout, not after the ping fails: until then (`ping_timeout_s`) round-robin
-        would keep sending retries to a hung server, each failing only at its own call timeout.
-        """
+        """A call on `session` timed out: out of rotation at once (retries would otherwise go to a hung
+        server), pinged in the background; it comes back if the ping answers, else is restarted."""
         if session is not self.session or self._suspected is session:
             return
         self._suspected = session

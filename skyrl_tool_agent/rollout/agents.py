@@ -40,16 +40,10 @@ class SamplingPolicy(Protocol):
 
 
 class PolicyAgent(Agent):
-    """Samples turns from a `QwenPolicy`.
-
-    With the policy's `RolloutEngine` (`start_collection` opens it), every turn is submitted to the
-    engine as it arrives and resolves as soon as its own tokens are done (continuous batching:
-    `continuous` tells the collector not to wait for a batch, unless the collection is lockstep).
-    The engine keeps each episode's slot between its turns and frees it when the episode ends
-    (`end_episode`). A policy without an engine (a model it cannot run) generates a batch of turns
-    in a worker thread. Each episode is seeded from one draw of the torch RNG per collection and its
-    number, and its tokens are drawn from (seed, position): they do not depend on what the episode
-    was batched with, and two collections from one torch seed share their draws episode by episode.
+    """Samples turns from a `QwenPolicy`: through its `RolloutEngine` each turn is submitted as it
+    arrives and resolves when its own tokens are done (`continuous`); without an engine a batch of
+    turns is generated in a worker thread. Each episode is seeded from one torch-RNG draw per
+    collection and its number, so its tokens do not depend on what it was batched with.
     """
 
     def __init__(self, policy: SamplingPolicy, params: SamplingParams) -> None:
@@ -185,16 +179,9 @@ class OracleAgent(ScriptedAgent):
 
 
 def make_agent(policy: Any, params: SamplingParams = GREEDY, *, seed: int = 0) -> Agent:
-    """The agent for `policy`, the one seam between "what answers" and the collector:
-
-    - the string 'oracle': `OracleAgent` (it adapts its script to the env's tools and max_turns);
-    - an `openai_agent.Endpoint`: `OpenAIChatAgent` (a served model; `seed` seeds sampled requests);
-    - a `QwenPolicy` (a `SamplingPolicy`): `PolicyAgent`;
-    - an `Agent` (a class deriving from `turns.Agent` that writes `async act(requests)`): itself.
-
-    Model agents sample with `params` (default greedy), each turn up to its request's
-    `max_new_tokens`. Agents with a `tokenizer` attribute sample token ids (the collector records
-    tokens with it); the others return text.
+    """The agent for `policy`: 'oracle' -> `OracleAgent`, an `Endpoint` -> `OpenAIChatAgent`, a
+    `SamplingPolicy` -> `PolicyAgent`, an `Agent` -> itself. Model agents sample with `params`
+    (default greedy).
     """
     from skyrl_tool_agent.rollout.openai_agent import Endpoint, OpenAIChatAgent
 

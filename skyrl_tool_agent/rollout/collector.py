@@ -60,11 +60,9 @@ class CollectorSettings:
     def from_config(cls, config: Config, *, max_turns: int | None = None, min_turns: int = 0,
                     concurrency: int | None = None, deterministic: bool | None = None,
                     evaluation: bool = False) -> CollectorSettings:
-        """The one translation from config: episode limits from `grpo.*` (`max_turns` overrides,
-        at least `min_turns`), concurrency and retries from `env.collector`. deterministic (default
-        `env.collector.lockstep`) = lockstep generation batches ordered by episode, so sampling and
-        greedy results do not depend on tool latency (reproducible runs and resumes).
-        `evaluation`: episodes of an evaluation report, scored with env.reward.eval_keep_distinct."""
+        """The one translation from config: limits from `grpo.*`, concurrency and retries from
+        `env.collector`; `deterministic` (default `lockstep`) orders generation batches by episode,
+        so results do not depend on tool latency. `evaluation`: scored with eval_keep_distinct."""
         g = config.grpo
         width = max(1, concurrency or config.env.collector.concurrency)
         return cls(
@@ -343,10 +341,8 @@ class Collect(Protocol):
 def collect_episodes(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], group_size: int,
                      params: SamplingParams, settings: CollectorSettings | None = None,
                      on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
-    """Episodes of `policy` (anything `rollout.agents.make_agent` takes) in this process, one
-    collector call: what an evaluation runs when no trainer passes its own `collect`
-    (`GRPOTrainer.collect` builds its `PolicyAgent` directly). An agent with a tokenizer records
-    token ids (and so keeps the token budget)."""
+    """Episodes of `policy` (anything `make_agent` takes) in one collector call: what an evaluation
+    runs when no trainer passes its own `collect`. An agent with a tokenizer records token ids."""
     agent = make_agent(policy, params)
     collector = TrajectoryCollector(runtime, agent, tokenizer=agent.tokenizer, settings=settings)
     return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
