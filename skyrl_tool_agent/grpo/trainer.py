@@ -205,11 +205,9 @@ class GRPOTrainer:
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         """The optimizer steps on one rollout batch: `update_epochs` passes, each one step per
-        `gradient_accumulation` micro-batches (null: one step per pass, normalised over the whole
-        batch). Every statistic is the mean over all the optimizer steps: ``loss`` and ``pg_loss``
-        are each step's loss as minimised (they add up over its micro-batches), the others are
-        token-weighted means (``optimizer_steps``: how many steps were taken). The LR schedule
-        then advances once: it counts rollout batches that trained (`grpo.optimizer`)."""
+        `gradient_accumulation` micro-batches (null: one per pass). Statistics are means over the
+        steps (``loss``/``pg_loss`` as minimised, the others token-weighted); the LR schedule then
+        advances once (it counts rollout batches that trained)."""
         g, t = self.config.grpo, self.config.training
         fixed_length = g.resolved_fixed_length()  # null in YAML means max_total_tokens
         size = max(1, t.micro_batch_size)

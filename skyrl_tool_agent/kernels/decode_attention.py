@@ -7,13 +7,10 @@ embedded model); a row that reads it (`root_lens[b]` > 0) attends to root positi
 softmax over both (cascade attention, as FlashInfer and vLLM's prefix caching do). The root is
 stored and computed once instead of once per row, and a decode step reads a row's own keys only.
 
-`cascade_attention` is the arithmetic in plain torch, for decode on a CPU: the root's scores for
-all rows are one matmul per KV head. `prefill_attention` gives a prefill's (several queries per row)
-through torch's fused attention kernels, which never hold the float32 scores. `decode_attention` is
-the GPU decode step (Triton, flash-decoding style without the split): one program per (row, KV
-head) streams the root's then the row's keys with an online softmax, for all query heads sharing
-that KV head (GQA grouped: no `repeat_kv` copy); its shapes do not depend on the lengths, so it is
-captured in a CUDA graph.
+`cascade_attention` is the plain-torch arithmetic (CPU decode), `prefill_attention` a prefill's
+through torch's fused kernels, `decode_attention` the GPU decode step (Triton: one program per
+(row, KV head) with an online softmax, GQA grouped; shapes independent of the lengths, so it is
+captured in a CUDA graph).
 """
 
 from __future__ import annotations

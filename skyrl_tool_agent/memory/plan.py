@@ -133,11 +133,10 @@ def _slots_that_fit(s: mm.Setup, budget: float, *, capacity: int, rows: int, upd
 def plan_run(s: mm.Setup, *, device_bytes: int, fraction: float, demand: int, max_total_tokens: int,
              update_tokens: int | None, update_cap: int | None = None, prefill_default: int = 16384,
              stop_check_interval: int = 8, overhead_bytes: int = CUDA_CONTEXT_BYTES, explain: bool = True) -> RunPlan:
-    """The run's plan on one device (module docstring). `update_tokens`: the update's budget as
-    set (None: chosen, up to `update_cap` and the saturation point, in whole rows of
-    `max_total_tokens`); `demand`: episodes in flight this rank wants. Raises `PlanError` (one
-    line naming what would fit; `explain` False: a bare one, for `suggestions`' own re-planning,
-    which would otherwise look for suggestions of each of its tries) when not even one episode fits."""
+    """The run's plan on one device (module docstring). `update_tokens` None: chosen (whole rows of
+    `max_total_tokens`, up to `update_cap`); `demand`: episodes in flight this rank wants. Raises
+    `PlanError` when not even one episode fits (`explain` False: without suggestions, for
+    `suggestions`' own re-planning)."""
     capacity = max_total_tokens + stop_check_interval + 2
     budget = device_bytes * fraction
     row = max_total_tokens

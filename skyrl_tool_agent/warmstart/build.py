@@ -50,15 +50,10 @@ def oracle_episodes(runtime: EnvRuntime, tasks: Sequence[Task], settings: Collec
 
 
 class RedrawnEpochs:
-    """The examples of each epoch of a supervised build with constants redrawn (issue 48):
-    `self(epoch)` draws every task's stated constants afresh from its database
-    (`warmstart.redraw.redraw_constants`, the question and the gold query together), runs the
-    oracle on the redrawn tasks through the real env (so each episode carries the new query's
-    recomputed answer) and tokenises the episodes. A task that states no constant, or whose draw
-    fails, stays as it is; a draw whose gold query is one of `held_out_sql` (the validation and
-    dev queries: a redrawn pool query can land on one) is tried again, then the task stays as it
-    is, so no held-out query is ever trained on. Each epoch's draw is seeded by (seed, epoch): the
-    same epoch gives the same examples (a resumed build rebuilds its epoch exactly)."""
+    """The examples of each epoch with constants redrawn: `self(epoch)` redraws every task's stated
+    constants (`redraw.redraw_constants`), runs the oracle on them through the real env and
+    tokenises the episodes. A task whose draw fails, or lands on one of `held_out_sql` after a
+    retry, stays as it is. Seeded by (seed, epoch), so a resumed build rebuilds its epoch exactly."""
 
     def __init__(self, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings, tokenizer: Any, *,
                  seed: int, held_out_sql: set[str], retries: int = 3) -> None:
@@ -109,17 +104,10 @@ def build_embedded_model(
     provenance: dict | None = None,
     redraw_held_out_sql: set[str] | None = None,
 ) -> dict:
-    """Build and save the embedded model into `out_dir`; returns the build report (also saved as
-    `warmstart.json`: `provenance` (e.g. the build command), warm-start loss curve, held-out EX
-    at each eval step on `heldout_tasks`, timings). `collector_settings`: the oracle episodes';
-    `eval_settings`: the held-out evaluations' (the evaluation settings, as every greedy figure's:
-    `eval.greedy`). `device`: where the warm start runs
-    (`resolve_device(config.model.device)` in the pipeline). The files are written into a
-    temporary sibling directory and renamed into place, so an interrupted build leaves no
-    half-written model behind; `warmstart.json` records their sha256 (`policy.manifest`).
-    `redraw_held_out_sql`: given, every epoch's examples have their constants redrawn
-    (`RedrawnEpochs`, never landing on one of these gold queries); None, the same examples every
-    epoch."""
+    """Build and save the embedded model into `out_dir` (a temporary sibling renamed into place);
+    returns the build report, also saved as `warmstart.json` with each file's sha256.
+    `collector_settings`: the oracle episodes'; `eval_settings`: the held-out evaluations'.
+    `redraw_held_out_sql`: given, every epoch's constants are redrawn (`RedrawnEpochs`)."""
     t0 = time.monotonic()
     report: dict = {**(provenance or {}), "train_tasks": len(train_tasks), "heldout_tasks": len(heldout_tasks)}
     if progress:

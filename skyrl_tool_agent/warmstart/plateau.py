@@ -1,12 +1,9 @@
 """Continue a warm start on the generated pool until its held-out curve is flat.
 
-GRPO's gain is only RL's when the start has stopped learning from supervision on the very
-questions RL samples from. `train_to_plateau` continues a built model (by default the shipped one)
-with the warm start's supervised recipe on oracle episodes of the generated pool's training part,
-evaluates greedy execution accuracy on the pool's validation split every `eval_every` steps, and
-stops when the curve is flat (`PlateauRule`). It is long on a CPU (hours), so after every
-evaluation it writes a checkpoint (weights, optimizer moments, data order, RNG, the curve) that a
-later call continues exactly, on this machine or another.
+GRPO's gain is only RL's when the start has stopped learning from supervision on the questions RL
+samples from. `train_to_plateau` continues a built model with the warm start's recipe until the
+greedy curve on the pool's validation split is flat (`PlateauRule`), checkpointing after every
+evaluation so a later call continues exactly (hours on a CPU).
 
     skyrl-tool-agent build-model --to-plateau --output-dir DIR [--from MODEL_DIR]   # resumes DIR
 """
@@ -58,10 +55,8 @@ class PlateauRule:
 
 
 def tail_gain(evals: Sequence[dict[str, Any]], rule: PlateauRule) -> float | None:
-    """Execution accuracy added over the last `rule.tail_fraction` of the steps of `evals`
-    (rows with `step` and `execution_accuracy`, in step order): the mean of the last `smooth`
-    evaluations minus the mean of the `smooth` evaluations ending at the last one at or before
-    step (1 - tail_fraction) x last step. None while there are too few evaluations."""
+    """Execution accuracy added over the last `rule.tail_fraction` of the steps of `evals` (each end
+    the mean of `smooth` evaluations); None while there are too few evaluations."""
     evals = [e for e in evals if e["execution_accuracy"] is not None]  # unscored evaluations: no point
     if not evals:
         return None
@@ -96,10 +91,9 @@ def stop_reason(evals: Sequence[dict[str, Any]], rule: PlateauRule, max_steps: i
 
 
 def continuation_settings(seed: int, **overrides: Any) -> SFTSettings:
-    """The warm start's recipe continued at the tail learning rate of its cosine schedule (a
-    tenth of the peak), with no warmup and no schedule of its own (a million planned steps: the
-    rate stays within 0.1% of constant over the first 30,000). Used for continued SFT as GRPO's
-    baseline and for the plateau build, so the two are the same supervised training."""
+    """The warm start's recipe continued at its cosine schedule's tail rate (a tenth of the peak),
+    no warmup, effectively constant (a million planned steps); the SFT arm and the plateau build
+    share it."""
     base = SFTSettings()
     settings = SFTSettings(steps=10**6, warmup_steps=0, seed=seed, time_budget_minutes=None, eval_every=10**9,
                            learning_rate=base.learning_rate * 0.1)
@@ -150,13 +144,10 @@ def train_to_plateau(
     progress: Callable[[int, float], None] | None = None,
     redraw_held_out_sql: set[str] | None = None,
 ) -> dict[str, Any]:
-    """Continue the model in `start_dir` on oracle episodes of `train_tasks` until its greedy
-    execution accuracy on `heldout_tasks` is flat by `rule` (or `max_steps`), resuming from
-    `out_dir/checkpoint` when one is there. The result is `out_dir/model` (fp32, with
-    `warmstart.json`: the start's own record under `start`, then this build's settings, loss,
-    held-out curve and why it stopped). Returns that record. `redraw_held_out_sql`: given, each
-    epoch's examples have their constants redrawn from the database (`warmstart.build.RedrawnEpochs`,
-    never landing on one of these gold queries)."""
+    """Continue the model in `start_dir` on oracle episodes of `train_tasks` until its greedy curve
+    on `heldout_tasks` is flat by `rule` (or `max_steps`), resuming from `out_dir/checkpoint`.
+    Writes `out_dir/model` with `warmstart.json` and returns that record. `redraw_held_out_sql`:
+    given, each epoch's constants are redrawn (`RedrawnEpochs`)."""
     resume_from = _latest_checkpoint(out_dir)
     # The start is checked against its manifest; a checkpoint is a plain local model directory.
     source = (ModelConfig(name_or_path=str(resume_from), device=device) if resume_from

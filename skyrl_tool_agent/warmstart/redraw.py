@@ -1,14 +1,10 @@
 """Constants redrawn from the database: supervised examples where recalling a memorised constant
-never pays (issue 48 item 2).
+never pays (the shipped start's dev failures are mostly `literal_only`).
 
-The shipped start's dev failures are mostly literal-only (`eval.anatomy`): gold's query with one
-wrong number or string, a constant the model memorised instead of the one the question states.
-`redraw_constants(task, db_path, rng)` returns a copy of a task whose stated constants are
-replaced, in the question and in the gold query together, by other values of the same column
-drawn from the database; the new gold query is run on the database and kept only when it returns
-rows (the answer is recomputed: the oracle episode of the redrawn task computes it through the
-real env). Trained on a fresh draw each epoch, the only way to be right is to copy the constant
-from the question.
+`redraw_constants(task, db_path, rng)` returns a copy of a task whose stated constants are replaced,
+in the question and the gold query together, by other values of the same column; the new gold is
+kept only when it returns rows. Trained on a fresh draw each epoch, the only way to be right is to
+copy the constant from the question.
 
 A constant is redrawn when it is compared with a column (``=``, ``<>``, ``<``, ``<=``, ``>``,
 ``>=``) whose table the query names, and its text occurs in the question exactly once as a whole

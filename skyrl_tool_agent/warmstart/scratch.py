@@ -84,17 +84,11 @@ def build_from_scratch(
     progress: Callable[[int, float], None] | None = None,
     provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Build a model of `shape` for `tokenizer` and train it on `examples` until the monotonic
-    `deadline`, evaluating greedy on `heldout_tasks` `evaluations` times, evenly over the training
-    clock, and stopping early once the curve is flat by `rule` (never before `min_fraction` of the
-    planned steps: a model from nothing sits at 0 for a while, which is no plateau). The cosine
-    schedule is fitted to the time left (`sft.time_budget_minutes` is set from `deadline`), or to
-    `sft.steps` when fewer fit; with `sft.time_budget_minutes` None it is `sft.steps` long whatever
-    the first steps' pace (which on a GPU includes its warm-up), the evaluations evenly over those
-    steps, and `deadline` only guards. The examples are packed onto `device` before the clock starts
-    (`sft.PackedExamples`). Saves the model (fp32, tokenizer, `warmstart.json`: settings, loss,
-    held-out curve, why it stopped, `weights_fingerprint`, each file's sha256) into `out_dir` and
-    returns that record."""
+    """Build a model of `shape` and train it on `examples` until the monotonic `deadline`,
+    evaluating greedy on `heldout_tasks` `evaluations` times and stopping once flat by `rule` (not
+    before `min_fraction` of the planned steps: a model from nothing sits at 0 for a while). The
+    schedule is fitted to the time left, or with `sft.time_budget_minutes` None is `sft.steps` long
+    (`deadline` only guards). Saves the model with `warmstart.json` into `out_dir`; returns it."""
     import torch
 
     packed = PackedExamples.pack(examples, tokenizer.pad_token_id, device, sft.max_length)
