@@ -2,16 +2,12 @@
 construction, across nodes each rank resolves its config, model files and output directory on its
 own node.
 
-* **Settings** (`agree_on_settings`): every rank's resolved config (every knob, the DeepSpeed JSON
-  in full mode) and the identity of its model files, gathered and compared with rank 0's before
-  any work. A node that resolves `--profile auto` from another model cache, or was launched with
-  one more `--set`, would otherwise train with other numbers in the same optimizer step.
-* **The output directory** (`agree_on_output_dir`): rank 0 writes a token file into it and every
-  rank must read it back. Every rank writes checkpoint shards into it and resumes from it; on
-  node-local disks the checkpoint is silently incomplete.
-* **The task stream** (`check_same_tasks`): each collection's task ids, digested on every rank and
-  compared (the trainer gathers the digests with the rollouts): the ranks split a batch by
-  position, so a node reading other task files or generating another pool mixes up the groups.
+* **Settings** (`agree_on_settings`): every rank's resolved config and model files' identity,
+  compared with rank 0's before any work.
+* **The output directory** (`agree_on_output_dir`): one directory every rank sees (on node-local
+  disks a checkpoint would be silently incomplete).
+* **The task stream** (`check_same_tasks`): each collection's task ids, digested and compared (the
+  ranks split a batch by position).
 
 A disagreement stops every rank with the same one-line `UserInputError` naming the knob (or the
 file) and both values.

@@ -5,13 +5,10 @@ weights (ZeRO-3 shards in full mode, a whole replica per rank in LoRA mode).
   state), keeps tasks ``rank, rank + W, ...`` and rolls out all `group_size` episodes of each (a
   group never spans ranks). Sampling seeds differ per rank.
 * Rewards and advantages: the trajectories are all-gathered back into task-major order, so every
-  rank computes the same group advantages, curriculum feedback and metrics from the whole batch,
-  and the loaders stay identical. Evaluation is split the same way. Each rank's digest of the
-  batch's task ids rides along and must equal rank 0's (`agreement.check_same_tasks`).
-* Update: the kept trajectories are split into W shards balanced by token count; each rank runs
-  its shard in micro-batches with the loss divided by the whole batch's normaliser (the base
-  trainer's `_update` computes it from the whole batch every rank holds), so the ranks' gradients
-  add up to one process's gradient on the whole batch. How they are added up is the subclass's.
+  rank computes the same advantages, curriculum feedback and metrics, and the loaders stay
+  identical. Evaluation is split the same way.
+* Update: W shards balanced by token count, each rank's loss divided by the whole batch's
+  normaliser, so the gradients add up to one process's (how they are added: the subclass's).
 * Stopping: rank 0's clock decides the time budget, and a signal on any rank stops every rank,
   after the same step.
 """

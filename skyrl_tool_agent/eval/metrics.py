@@ -66,9 +66,8 @@ def format_rate(value: float | None, summary: Mapping[str, Any] | None = None, d
 
 
 def evaluation_record(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """`summarize` plus `solved`: 1/0 per episode in order, for paired confidence intervals between
-    two evaluations of the same tasks (before/after a run, GRPO vs continued SFT); None for an
-    episode that was never scored (an infrastructure error), which the interval leaves out."""
+    """`summarize` plus `solved`: 1/0 per episode in order (None: never scored), for paired
+    intervals between two evaluations of the same tasks."""
     return {**summarize(trajectories), "solved": [solved_outcome(tr) for tr in trajectories]}
 
 
@@ -78,16 +77,10 @@ def solved_outcome(trajectory: Trajectory) -> int | None:
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
-    """Execution accuracy, reward, format/validity rates, turns and tool use over episodes.
-
-    `valid_sql_rate` is there when the reward has the `syntax` term (its verdict).
-
-    Episodes that failed on infrastructure (`done_reason == "error"`: a server or database that
-    failed even after retries, a broken gold query) were never scored, so they are left out of
-    every per-episode rate and mean (all None when nothing was scored: no figure, never a 0.0
-    that reads as "the model got worse") and counted instead:
-    `n` is all episodes, `scored` the ones the rates are over, `infra_errors` / `infra_error_rate`
-    the rest.
+    """Execution accuracy, reward, format/validity rates, turns and tool use over episodes
+    (`valid_sql_rate` with the `syntax` term). Infrastructure failures (`done_reason == "error"`)
+    were never scored: they are left out of every rate (all None when nothing was scored, never a
+    misleading 0.0) and counted: `n` all episodes, `scored` the rest, `infra_errors`/`_rate` them.
     """
     everything = [t.result for t in trajectories]
     if not everything:

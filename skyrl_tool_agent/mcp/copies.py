@@ -1,12 +1,8 @@
 """Copies of what an MCP server may write, and the server pointed at them (`IsolatedServer`).
 
-A server given `writable_paths` (`config.env.MCPServerConfig`) is never handed its originals: every
-argument, env value or cwd of it that names a writable path (as written, `./x` or absolute,
-compared after normalisation: `point_at`) is pointed at a copy. A copy is made in place
-(`copy_state`: SQLite's backup API for a database, a plain copy otherwise), so a server that has
-the file open sees the new bytes at its next transaction, and digested (`state_digest`) so a copy
-no call changed is neither saved nor restored. Every copy lives under the run's directory
-(`mcp.reaper`), removed when the run ends however it ends.
+A server given `writable_paths` is never handed its originals: whatever names one is pointed at a
+copy (`point_at`), made in place (`copy_state`) and digested (`state_digest`). Every copy lives
+under the run's directory (`mcp.reaper`), removed when the run ends however it ends.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ def copy_state(source: Path, target: Path) -> None:
 
 def state_digest(paths: Sequence[Path]) -> str:
     """A digest of what `paths` hold (a file with its SQLite journal and WAL, a directory's files by
-    name): equal digests, equal state. Cheaper than a copy, so a slot whose files no call changed is
-    neither saved nor restored."""
+    name): equal digests, equal state, so unchanged files are neither saved nor restored."""
     digest = hashlib.blake2b(digest_size=20)
 
     def add(path: Path, name: str) -> None:

@@ -1,17 +1,11 @@
 """Shared-prefix training forwards: the system prompt is computed once per batch.
 
-Every episode of a run starts with the same system message (instructions + the tool list), which
-is most of a small model's context: on the embedded default it is ~570 of ~830 tokens. Running it
-once and broadcasting its key/value cache across the batch cuts the log-prob forwards' compute
-~2-3x on CPU (the rollout engine does the same while sampling: its root slot).
-
-Layout: rows are `prefix + suffix_i`. The prefix KV is computed once (with gradient when
-training, so LoRA/full updates still flow through it), expanded over the batch, and the suffixes
-run on top of it with explicit position ids, in passes of similar lengths (`suffix_passes`: one long
-episode does not pad the others), so results equal a plain full-sequence forward up to float
-rounding. Rows that are the same episode are computed once (`batch_logprobs`). Without a prefix
-worth sharing, and in full mode's ZeRO-3 engine, one plain forward runs with the output head chunked
-inside lm_head's own forward (`plain_forward_logprobs`).
+Every episode starts with the same system message (~570 of ~830 tokens on the embedded default);
+running it once and broadcasting its key/value cache cuts the log-prob forwards ~2-3x on CPU.
+Rows are `prefix + suffix_i`: the prefix KV is computed once (with gradient when training),
+expanded over the batch, and the suffixes run on it with explicit position ids, in passes of
+similar lengths (`suffix_passes`), equal to a plain forward up to float rounding. Without a prefix
+worth sharing, and under ZeRO-3, one plain forward runs (`plain_forward_logprobs`).
 """
 
 from __future__ import annotations
@@ -47,12 +41,10 @@ def expand_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], batch: int) -> Dyn
 
 
 def output_head(model: torch.nn.Module, *, partitioned: bool = False) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
-    """(the decoder body, the output projection) of a causal LM (under a peft wrapper or a DeepSpeed
-    engine) whose log-probs can be taken from the body's hidden states by `head_token_stats` (never
-    materialising the logits): a plain bias-free `lm_head` with nothing after it. None for other
-    heads (logit soft-capping or scaling, an adapter on the head): their log-probs come from the
-    logits. A ZeRO-3 partitioned head counts only where `partitioned`: its weight exists only inside
-    lm_head's forward and backward, where `plain_forward_logprobs` runs the chunks."""
+    """(the decoder body, the output projection) of a causal LM whose log-probs `head_token_stats`
+    can take from the hidden states: a plain bias-free `lm_head` with nothing after it; None for
+    other heads (their log-probs come from the logits). A ZeRO-3 partitioned head counts only
+    where `partitioned` (its weight exists only inside lm_head's forward and backward)."""
     causal = base_model(model)
     body, head = getattr(causal, "model", None), getattr(causal, "lm_head", None)
     config = getattr(causal, "config", None)
@@ -136,10 +128,8 @@ SUFFIX_PASS_COST = 64
 
 
 def suffix_passes(lengths: Sequence[int], pass_cost: int = SUFFIX_PASS_COST) -> list[list[int]]:
-    """Rows (indices into `lengths`, each row's own tokens after the shared prefix) of each suffix
-    pass: the split, by length, that minimises the padded positions computed plus `pass_cost` a
-    pass. A group's suffixes are short but one episode that runs long would pad every row to its
-    length: ~4x the positions (and the update's activations) at 8 rows of ~100 and one of 1,100."""
+    """Rows (indices into `lengths`) of each suffix pass: the split by length that minimises padded
+    positions plus `pass_cost` a pass (one long episode would otherwise pad every row to it)."""
     order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
     best = [0] + [0] * len(order)  # best[i]: the cheapest split of the i longest rows
     cut = [0] * (len(order) + 1)
@@ -156,14 +146,10 @@ def batch_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
     with_entropy: bool = False, score_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of `input_ids[:, 1:]` ([B, L-1], right-padded rows; position t scores token t+1),
-    sharing the rows' common prefix when it is long enough; entropies if asked. Positions past a
-    row's end score 0, and so do those outside `score_mask` ([B, L-1], when given), whose head
-    projection is skipped: the update needs only its loss positions, not the prompt's. With an
-    `output_head` the logits are never materialised (`head_token_stats`).
-    Identical rows are computed once: a GRPO group of a confident policy often samples the same
-    episode several times (the default CPU job's groups: 2-5 distinct of 8), and a copied row's
-    gradient flows back through `index_select`, summed as if it had been computed twice."""
+    """Log-probs of `input_ids[:, 1:]` ([B, L-1], right-padded; position t scores token t+1),
+    sharing the rows' common prefix when long enough; entropies if asked. Positions past a row's end
+    or outside `score_mask` score 0 (no head projection there). Identical rows (a confident
+    policy's group) are computed once; a copy's gradient flows back through `index_select`."""
     temperature = logprob_temperature(temperature)
     rows = [tuple(r[: int(m.sum())]) for r, m in zip(input_ids.tolist(), attention_mask)]
     first: dict[tuple[int, ...], int] = {}
@@ -205,14 +191,10 @@ def plain_forward_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
     with_entropy: bool = False, score_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`batch_logprobs` of right-padded rows from one plain forward of `model` (a causal LM, or a
-    DeepSpeed engine around one), nothing shared: [B, L-1], 0 past a row's end and outside
-    `score_mask`. With an `output_head` the head's own module computes the log-probs chunk by chunk
-    from the final hidden states (`head_token_stats`) instead of its logits, so the logits never
-    exist whole; running inside lm_head's forward is what lets a ZeRO-3 partitioned head weight
-    be gathered by DeepSpeed's hooks around that forward and again for its backward, and its
-    gradient reduced as lm_head's always is. The module's output is then the [B, L-1, 1 or 2]
-    log-probs (and entropies), not logits."""
+    """`batch_logprobs` from one plain forward of `model` (or a DeepSpeed engine around one),
+    nothing shared. With an `output_head` the log-probs are computed chunk by chunk inside lm_head's
+    own forward, so the logits never exist whole and a ZeRO-3 partitioned head is gathered (and its
+    gradient reduced) by DeepSpeed's hooks as usual; the module then outputs log-probs, not logits."""
     temperature = logprob_temperature(temperature)
     scored = attention_mask[:, 1:].bool() if score_mask is None else attention_mask[:, 1:].bool() & score_mask.bool()
     head = output_head(model, partitioned=True)

@@ -3,15 +3,10 @@
 The diff is over SQL tokens (quoted literals and identifiers stay whole), compared without regard
 to keyword/identifier case or spacing, and rendered as HTML with every token escaped.
 
-The result rows are computed when the report is written, from the SQLite database the episode ran
-on, only through `rewards.limits.run_bounded`: the read-only sandbox of the `execute_sql` tool, its
-per-query deadline, the SQLite heap cap and a wall-clock bound, on the file the SQLite MCP server
-would open for the episode's db_id (`data.databases.DatabaseRoot`, the server's own listing of
-its database root): an absolute db_id, `../x` or a link out of the root from a crafted rollouts
-file reads no database outside the root. A report over many episodes also has a total time budget
-for its queries; past it the remaining previews say they were not run. A missing database, one
-the server would not serve (or no database root given) is said in the page, per episode, instead
-of rows.
+The result rows are computed when the report is written, only through `rewards.limits.run_bounded`,
+on the file the SQLite MCP server would open for the db_id (`data.databases.DatabaseRoot`), so a
+crafted rollouts file reads no database outside the root. A total time budget bounds a report's
+queries; a preview not run, or a database not served, is said in the page instead of rows.
 """
 
 from __future__ import annotations
