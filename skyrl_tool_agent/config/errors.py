@@ -42,17 +42,9 @@ class ConfigError(UserInputError):
 
 
 class cli_main_guard(ContextDecorator):  # noqa: N801 - reads as a function at call sites
-    """Context manager / decorator for script entry points.
-
-    A `UserInputError` (and any type in `also`, e.g. `FileNotFoundError`) is printed to stderr as
-    ``error: <one line>`` and the process exits with status 2; Ctrl-C exits with status 130 after
-    ``interrupted``. Everything else propagates (with its traceback: that is a bug).
-
-        @cli_main_guard()
-        def main() -> None: ...
-
-        with cli_main_guard(also=(FileNotFoundError,)):
-            cfg = load_config(...)
+    """Context manager / decorator for entry points: a `UserInputError` (or a type in `also`) is
+    ``error: <one line>`` on stderr and exit status 2; Ctrl-C is ``interrupted`` and 130. Anything
+    else propagates with its traceback (a bug).
     """
 
     def __init__(self, also: tuple[type[BaseException], ...] = ()) -> None:

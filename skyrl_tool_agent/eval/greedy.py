@@ -4,12 +4,9 @@ paired intervals between two evaluations of the same tasks), with the error anat
 evaluation (`anatomy`: `error_categories` per task, `error_anatomy` counts); and its sampled companion,
 `sampled_evaluation` (k episodes per task at the training temperature: avg@k and pass@k).
 
-Every greedy figure of the project comes from `greedy_evaluation`: the trainer's evaluations
-(before, on cadence, after), the warm-start and plateau builds' held-out curves, the shipped
-model's greedy check and the supervised baseline. Callers pass the evaluation collector settings,
-`CollectorSettings.from_config(config, evaluation=True)` (the config's episode limits, lockstep
-batches, `env.reward.eval_keep_distinct`), so the figures compare with each other and with the
-evaluate command's.
+Every greedy figure of the project comes from `greedy_evaluation`, with the evaluation collector
+settings (`CollectorSettings.from_config(config, evaluation=True)`), so the figures compare with
+each other and with the evaluate command's.
 """
 
 from __future__ import annotations
@@ -45,10 +42,8 @@ class GreedyRun:
 def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings, *,
                       on_episode_done: Callable[[Trajectory], None] | None = None,
                       collect: Collect | None = None) -> GreedyRun:
-    """One greedy episode per task of `tasks`, in task order, with `settings` (the evaluation
-    collector settings: module docstring). `collect`: who runs the episodes (default: this
-    process, `rollout.collector.collect_episodes`); the trainer passes its own `collect`, which a data-parallel
-    trainer shards over its ranks. `on_episode_done` is called as each episode finishes."""
+    """One greedy episode per task of `tasks`, in task order. `collect`: who runs the episodes
+    (default: this process; the trainer passes its own, which data parallel shards over ranks)."""
     run = collect or functools.partial(collect_episodes, policy, runtime)
     trajectories = run(tasks, 1, GREEDY, settings, on_episode_done)
     record = evaluation_record(trajectories)

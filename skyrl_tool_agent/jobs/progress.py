@@ -131,15 +131,9 @@ def evaluation_progress(what: str, total: int, accuracy_short: str) -> Iterator[
 @contextlib.contextmanager
 def training_progress(total_steps: int, time_budget_s: float | None = None, *,
                       eval_split: str = "dev", accuracy_short: str = "EX") -> Iterator[Any]:
-    """A rich progress bar; the yielded callback takes ('step', metrics), ('grpo_budget', seconds on
-    the budget's clock: the main job's budget may leave GRPO less than `time_budget_s`) or (phase
-    text, fraction).
-
-    With a time budget the bar fills by whichever ends training first, steps or minutes (the
-    metrics' `time/elapsed_s` is the budget's clock), so the ETA is the real one.
-    A bar is invisible in a log file (rich draws it only on a terminal), so there the same
-    information is logged instead: every GRPO step, a build line every LOG_PROGRESS_EVERY_S, and
-    an evaluation's progress ('eval', (done, total)) every EVAL_PROGRESS_EVERY_S."""
+    """A rich progress bar; the yielded callback takes ('step', metrics), ('grpo_budget', seconds),
+    ('eval', (done, total)) or (phase text, fraction). With a time budget the bar fills by whichever
+    ends training first, steps or minutes. In a log file (no bar) the same is logged instead."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),

@@ -1,12 +1,9 @@
 """`ServerSet`: every MCP server process of a run behind one door.
 
-It starts what the config names (`env.mcp_servers`, placeholders filled) and hands each episode
-its tools (`episode_tools`); the caller never learns how a server runs. A server that writes
-nothing is shared by every episode, its calls spread over its sessions (`pool.BackgroundMCPPool`).
-One given `writable_paths` runs as a warm pool whose calls each run on a copy holding their
-episode's state (`warm.WarmServers`). One declared `stateful` gets a process per episode, started
-at the episode's first call to it on a fresh copy of its writable paths (`EpisodeTools`). Every
-copy lives under the run's directory (`copies`). `close` (or leaving `with`) stops them all.
+It starts what the config names and hands each episode its tools (`episode_tools`); the caller
+never learns how a server runs: shared (`pool.BackgroundMCPPool`), a warm pool on per-episode
+copies (`writable_paths`: `warm.WarmServers`) or a process per episode (`stateful`: `EpisodeTools`).
+`close` (or leaving `with`) stops them all.
 """
 
 from __future__ import annotations
@@ -137,11 +134,8 @@ def _check_unique_tools(tools: Sequence[ToolSpec]) -> None:
 
 
 class EpisodeTools:
-    """One episode's tool calls: a shared server's through the runtime's pool, a server with writable
-    paths through its `WarmServers` (on a warm process holding this episode's state), a stateful server's
-    through the episode's own process of it, started at its first call to that server (not to any
-    other) on a fresh copy of its writable paths. `close`/`aclose` end the episode: its state and
-    own processes go."""
+    """One episode's tool calls, each routed as its server runs (module docstring); a stateful
+    server's process starts at the episode's first call to it. `close`/`aclose` end the episode."""
 
     def __init__(self, shared: BackgroundMCPPool, isolated: Sequence[IsolatedServer], *,
                  call_timeout_s: float, warm: Mapping[str, WarmServers] | None = None,

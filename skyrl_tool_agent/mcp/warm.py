@@ -1,15 +1,10 @@
 """`WarmServers`: a server that writes, shared by every episode without one seeing another's writes.
 
-A server given `writable_paths` (`config.env.MCPServerConfig`) does not cost a process per episode:
-it runs as a warm pool of at most `env.isolation_pool_size` processes, each on its own directory
-holding copies of those paths (`mcp.copies`), started one at a time as calls need them. A call takes
-a warm process for itself alone; its files hold that episode's state: the original's bytes for an
-episode that has not called yet (restored from the original), else the episode's own latest state
-(the process it last used, if no other episode took it since, else the episode's saved copy,
-restored into it). An episode whose process another episode takes has its state saved first. The
-server's own process is never told: between two calls its files change under it as a fresh process
-would find them. So a server that keeps state in memory must say so (`stateful: true`): each of its
-episodes gets a process of its own (`servers.EpisodeTools`).
+It runs as a warm pool of at most `env.isolation_pool_size` processes, each on its own copies of
+the writable paths (`mcp.copies`), started as calls need them. A call takes a warm process alone,
+its files holding that episode's state (the original's bytes at its first call, else its latest,
+saved when another episode takes the process). The process is never told, so a server that keeps
+state in memory must say `stateful: true`.
 """
 
 from __future__ import annotations

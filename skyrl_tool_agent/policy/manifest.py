@@ -1,17 +1,9 @@
 """The file manifest of a model directory: sha256 of every file, checked before the files are used.
 
-The embedded default ships in the package (`skyrl_tool_agent/assets/embedded`) with its
-`warmstart.json` recording each file's sha256, and so does every build of it (into a cache or
-`model.embedded_dir`). A truncated clone, a Git LFS pointer in place of the weights, a hand-edited
-file or a partly written build then fails at load with one line naming the file, instead of
-training from wrong weights. Checkpoints, which nest directories, use `tree_hashes`,
-`tree_sizes` and `tree_problems` the same way (`skyrl_tool_agent.grpo.checkpoint`).
-
-`verify_manifest` reads nothing through a symbolic link (`own_file`): a `warmstart.json`, or a
-file it lists, that is a link is refused. `tree_problems` reads nothing it should not: a symbolic link under the directory whose target lies
-outside it (an `optim.pt` pointing at another file) is refused before any file is opened, and each
-file's size is checked against the size recorded for it (or a cap, when none is recorded) before
-any file is hashed, so a 10 GB sparse file costs a `stat`, not 20-40 s of hashing.
+The embedded default and every build of it record each file's sha256 in `warmstart.json`, so a
+truncated clone, a Git LFS pointer or a partly written build fails at load with one line naming
+the file. Checkpoints, which nest directories, use `tree_hashes`, `tree_sizes` and `tree_problems`.
+Nothing is read through a symbolic link (`own_file`), and sizes are checked before hashing.
 """
 
 from __future__ import annotations
@@ -31,10 +23,8 @@ def file_sha256(path: Path) -> str:
 
 
 def own_file(directory: Path, name: str) -> Path:
-    """`directory / name`, checked to be reached without a symbolic link: ValueError when `name`
-    is not a relative path inside `directory`, or when it or a folder on its way is a link. A
-    link's target could be any file (/dev/zero, which hashes forever; a file of someone else's),
-    and the model's files must be its own. `directory` itself may be a link."""
+    """`directory / name`, reached without a symbolic link (a link's target could be /dev/zero):
+    ValueError when `name` leaves `directory` or it or a folder on its way is a link."""
     relative = PurePosixPath(name)
     if not relative.parts or relative.is_absolute() or ".." in relative.parts or "\\" in name:
         raise ValueError(f"{name!r} is not a file name inside {directory}")
@@ -123,10 +113,9 @@ def tree_problems(directory: Path, recorded: Mapping[str, str], *, exclude: Coll
     """What differs between `directory` and the hashes `recorded` by `tree_hashes`: links out of
     it, missing, resized, changed (a bit flip) or unexpected files; empty when it is intact.
 
-    Nothing is read through a link that leaves `directory`: any such link is the only problem
-    reported. Sizes come next, from `stat` alone: each file must have its size in `sizes` (from
-    `tree_sizes`) or, for a file with none recorded, at most `max_bytes`; a file that fails is not
-    hashed, nor is any other once one has failed (the directory is refused either way)."""
+    A link out of `directory` is the only problem reported; sizes (`sizes`, else at most
+    `max_bytes`) are checked from `stat` before anything is hashed, and nothing is hashed once one
+    has failed."""
     if leaving := links_leaving(directory):
         return leaving
     sizes = sizes or {}
