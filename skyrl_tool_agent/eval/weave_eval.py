@@ -1,14 +1,9 @@
 """The evaluation as a `weave.Evaluation`: dataset of tasks, the policy as a `weave.Model`, scorers.
 
-With W&B credentials the Evaluation is traced to Weave (evaluation dashboards, comparisons across
-checkpoints; each prediction's output is the full trajectory). Without them the very same
-Evaluation runs with Weave disabled (`WEAVE_DISABLED=true`): nothing is traced, nothing touches
-the network, and `weave.init` is never called, so no login prompt can appear.
-
-Episodes do not run inside `predict` one by one: an `EpisodeSource` (the trajectory collector,
-started for all tasks at once so generation is batched across episodes) produces them, and each
-`predict` awaits its task's episodes. The Evaluation therefore costs what a plain collector run
-costs, and its rows are exactly the episodes the offline report shows.
+With W&B credentials it is traced to Weave; without them the same Evaluation runs with Weave
+disabled (nothing traced, no network, no login prompt). Episodes come from an `EpisodeSource` (the
+collector, started for all tasks at once) that each `predict` awaits, so the Evaluation costs what
+a plain collector run costs and its rows are the episodes the offline report shows.
 """
 
 from __future__ import annotations

@@ -23,20 +23,14 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
                         save_to: Path | None = None, examples: list[tuple[list[int], list[int]]] | None = None,
                         before: dict[str, Any] | None = None, deadline: float | None = None,
                         batch_size: int | None = None, splits: TaskSplits | None = None) -> dict[str, Any]:
-    """The supervised baseline for GRPO's gain: continue the embedded model's warm start (same
-    recipe at the tail learning rate of its schedule, on the tasks GRPO samples:
-    `training.data.train_pool`) for `minutes` of training time, then evaluate greedy on `eval_tasks`
-    (default: GRPO's fixed dev subset; with `training.eval_samples`, avg@k too, as GRPO's
-    evaluations). `eval_at_minutes` adds evaluations on the way (a curve
-    against training time; evaluation time is off that clock). Each evaluation carries `solved`
-    per task for paired intervals. `save_to`: keep the continued model there (`save_pretrained` +
-    tokenizer), e.g. as the start of a GRPO run (`--set model.name_or_path=DIR`).
+    """The supervised baseline for GRPO's gain: continue the warm start (its recipe at the tail
+    learning rate, on the tasks GRPO samples) for `minutes` of training time, then evaluate as
+    GRPO's evaluations do on `eval_tasks` (default: the run's). `eval_at_minutes` adds evaluations
+    on the way (off the training clock). `save_to`: keep the continued model there.
 
-    A caller that has them already (the speedrun) passes `examples` (oracle episodes of the
-    training tasks tokenised with this model's tokenizer: not collected again), `before` (the
-    start's evaluation on `eval_tasks`: not run again), a monotonic `deadline` that also ends the
-    training, the supervised `batch_size` and the loaded `splits`. The result's `start_weights` is
-    the `weights_fingerprint` of the model before training."""
+    A caller that has them (the speedrun) passes `examples` (tokenised oracle episodes), `before`
+    (the start's evaluation), a monotonic `deadline`, `batch_size` and `splits`. `start_weights`
+    in the result: the model's `weights_fingerprint` before training."""
     from skyrl_tool_agent.eval.greedy import training_evaluation
     from skyrl_tool_agent.warmstart.build import oracle_conversations
     from skyrl_tool_agent.warmstart.plateau import continuation_settings
@@ -71,14 +65,10 @@ def continue_warm_start(config: Config, minutes: float, *, eval_at_minutes: tupl
 
 
 class GRPOCurve:
-    """GRPO from the config's model, evaluated on the run's eval tasks (`TaskSplits.run_eval`) at
-    marks of training time: `train_for(seconds)` trains until the arm has trained that long in all
-    (evaluations excluded, as in the main job's budget), then the trainer's last step evaluates.
-    The probe of `training.probe_tasks` revisited training tasks runs as in the main job. Writes
-    metrics.jsonl (step 0: the start's evaluation and probe) into `out`; `close()` ends the run.
-    Used by benchmarks/bench_learning.py and the speedrun (`skyrl_tool_agent.speedrun`), which
-    passes its loaded `splits` (the generated pool is not built again) and the `pool` it trains on
-    (its RL pool, held out of the build; default `splits.rl_train()`). `start_weights`: the
+    """GRPO from the config's model, evaluated on the run's eval tasks at marks of training time:
+    `train_for(seconds)` trains until the arm has trained that long in all (evaluations excluded),
+    then evaluates; the probe runs as in the main job. Writes metrics.jsonl into `out`; `close()`
+    ends the run. `pool`: what it trains on (default `splits.rl_train()`). `start_weights`: the
     `weights_fingerprint` of the model GRPO starts from."""
 
     def __init__(self, config: Config, out: Path, *, splits: TaskSplits | None = None,

@@ -2,16 +2,12 @@
 
 `run_reaper()` is this process's `RunReaper`, made on first use:
 
-- `run_dir`: one directory per run, `<tmp>/skyrl-tool-agent/run-<pid>-<random>/`, holding every copy
-  the run makes (the isolated servers' slots, episodes' saved states). An `owner.json` names the
-  owning process (host, pid and start time); every new run sweeps the directories whose owner is
-  dead, so a run killed before its watchdog could act leaves nothing past the next start on this
-  machine. Only the owner's host can tell: a directory another host made (a temporary directory
-  shared by the nodes of a launch) is left to that host's next start, never taken for dead
-  because its pid means nothing here.
+- `run_dir`: one directory per run, holding every copy the run makes, with an `owner.json` (host,
+  pid, start time); every new run sweeps this host's directories whose owner is dead (another
+  host's are left to it: its pid means nothing here).
 - a watchdog process (`mcp/watchdog.py`) that kills the registered server process groups and
-  removes `run_dir` as soon as this process dies, by any signal (its stdin pipe reaches EOF). It
-  works alike on Linux and macOS (no prctl): a pipe's end is the one death notice both give.
+  removes `run_dir` as soon as this process dies, by any signal (its stdin pipe reaches EOF: the
+  one death notice Linux and macOS both give).
 
 Server processes register themselves (`register`) when spawned and leave (`unregister`) when reaped.
 A forked child (multiprocessing) gets its own reaper: the parent's belongs to the parent.

@@ -1,17 +1,9 @@
-"""`report.html`: one self-contained page per evaluation (no network: inline CSS/JS, the difficulty
-plot embedded as base64) with the summary, the comparison with a baseline (metrics, and the
-questions newly solved and newly broken), per-difficulty bars, the per-database table, and a
-viewer of the evaluated episodes: question, turns with tool calls and results, reward terms, and
-final vs gold SQL as a word diff with the first rows of both results (`report_sql`), and for SQL
-why the wrong answers are wrong (`anatomy`: counts, their picture, and with a baseline each
-category's change with its paired-bootstrap interval; each episode names its category). Given a
-training run's rollouts (`report_rollouts`), a "Training rollouts" view follows.
-
-Both viewers filter, search and sort in the page (see `report_assets`); a URL fragment sets the
-filters (`report.html#failed`: only the failed episodes; `#rollouts.status=failed&rollouts.q=paris`).
-
-The page is rendered by Jinja with autoescaping (`report_templates`): all text from models,
-databases, questions and files is escaped.
+"""`report.html`: one self-contained page per evaluation (no network: inline CSS/JS, plots as
+base64): summary, comparison with a baseline, per-difficulty and per-database tables, the error
+anatomy, and a viewer of the episodes (turns, reward terms, final vs gold SQL with their first rows:
+`sql_preview`); given a training run's rollouts, a "Training rollouts" view. Both viewers filter,
+search and sort in the page; a URL fragment sets the filters (`report.html#failed`). Jinja
+autoescapes every text (`templates`).
 """
 
 from __future__ import annotations
@@ -162,14 +154,9 @@ def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any
                   rollouts: Sequence[Mapping[str, Any]] | None = None, db_root: Path | None = None,
                   previewer: ResultPreviewer | None = None, errors_png: Path | None = None,
                   run: TrainingRunView | None = None) -> str:
-    """The report page as a string (see module doc).
-
-    `records`: per-question records (`evaluate.build_records`); `baseline`: a results.json to
-    compare with (its per-question outcomes: `compare.baseline_outcomes`); `rollouts`: records of a
-    training run's rollouts.jsonl; `db_root`: where the episodes' databases are, for the result
-    rows (`previewer` instead: a configured `ResultPreviewer`); `errors_png`: the error anatomy's
-    picture, embedded in its section; `run`: the training run the evaluation belongs to (its state
-    and curves head the page).
+    """The report page as a string (module docstring). `baseline`: a results.json to compare with;
+    `db_root` (or a configured `previewer`): for the result rows; `run`: the training run the
+    evaluation belongs to (its state and curves head the page).
     """
     previewer = previewer or ResultPreviewer(db_root)
     ev = _evaluation_view(records, int(results.get("num_samples", 1) or 1) > 1, previewer)

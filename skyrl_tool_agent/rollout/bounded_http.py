@@ -1,18 +1,13 @@
 """One HTTP exchange with a server that may be hostile, under hard bounds.
 
-httpx's timeouts bound each wait (connect, the gap between two reads), not the exchange: a server
-that sends one byte a second, or a body that never ends, holds a request forever. And httpx
-inflates a gzip body as it comes, whole: a 300 KB reply can become 300 MB in memory. Here
+httpx's timeouts bound each wait, not the exchange (a server dripping a byte a second holds a
+request forever), and httpx inflates a gzip body whole. Here
 
-- one deadline covers the whole exchange: connect, request, headers and the entire body
-  (`asyncio.timeout` around all of it); past it the request fails with `httpx.ReadTimeout`, a
-  transport error like httpx's own timeouts;
-- the body is streamed raw and refused (`ResponseTooLarge`) as soon as it passes `max_bytes`, on
-  the wire and after decompression: a declared Content-Length over the cap is refused before any
-  byte is read, and gzip/deflate are inflated here, a bounded slice at a time, so memory holds at
-  most `max_bytes` of body whatever the compression ratio;
-- only gzip and deflate are asked for (`Accept-Encoding`) and inflated; any other content coding
-  is `UndecodableResponse`, as is a body that is not the coding it claims.
+- one deadline covers connect, request, headers and the entire body; past it the request fails
+  with `httpx.ReadTimeout`, a transport error like httpx's own;
+- the body is refused (`ResponseTooLarge`) as soon as it passes `max_bytes`, on the wire and after
+  decompression (gzip/deflate are inflated here a bounded slice at a time);
+- any other content coding, or a body that is not the coding it claims, is `UndecodableResponse`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """A served model's chat-completions answer as this project reads it, and what it may not exceed.
 
-The models are permissive where the API is (unknown fields are ignored, optional fields may be
-absent or null) and strict on the types of what is used: a `message` that is not an object, a
-`tool_calls` that is not a list of objects, a token count that is not an integer is a malformed
-answer, reported as `ProtocolError`, never an exception from deep inside the agent. The JSON is
-parsed by pydantic-core, whose nesting limit turns an absurdly deep document into a validation
-error rather than a `RecursionError`.
+The models are permissive where the API is (unknown fields ignored, optional ones null) and strict
+on the types of what is used: a wrong type is a `ProtocolError`, and pydantic-core's nesting limit
+makes an absurdly deep document a validation error, not a `RecursionError`.
 
 Limits (`ReplyLimits.for_turn`): a turn's text (content, tool calls and reasoning together) holds at
 most max(64 Ki, 16 x max_tokens) characters -- no tokenizer averages 16 characters a token, so a
