@@ -13,13 +13,9 @@ Layout (one module per file it validates):
 * `user_code`               loading a Python file a config names (reward terms, task families), when a run is built
 * `cli`                     `add_config_args` / `config_from_args` for the scripts
 
-Every knob is documented once, in its `Field(description=...)`; the shipped YAML files are
-generated from the schemas (`python -m skyrl_tool_agent.config write-defaults configs`) and hold
-the CPU defaults, with the H100 value in each comment. They ship inside the package
-(`config/defaults/`, what `load_config()` reads with no directory, from any working directory);
-the repository's configs/ is the same files as a copy to edit (tests/test_commands.py keeps the
-two equal). `--config FILE.yaml` reads every section from one file instead. This package never
-imports torch.
+Every knob is documented once, in its `Field(description=...)`; the YAML files are generated from
+the schemas (`python -m skyrl_tool_agent.config write-defaults configs`) and ship in the package
+(`config/defaults/`); the repository's configs/ is a copy to edit. This package never imports torch.
 """
 
 from __future__ import annotations

@@ -48,12 +48,8 @@ class CurriculumConfig(Section):
     adaptive: the linear schedule, plus per-task weights from fed-back pass rates: a task with at
     least `adaptive_min_attempts` attempts whose pass rate is above `adaptive_high` (always solved)
     or below `adaptive_low` (never solved; GRPO advantages all zero) gets `adaptive_min_weight`.
-    The weights act only on tasks drawn again, i.e. once a bucket has been gone through: on the
-    whole generated pool (10,383 tasks) a CPU run draws none twice, so there adaptive samples
-    exactly what linear does; on the frontier (`training.data.frontier_tasks`: all 632 mixed tasks
-    by default, 128 to revisit each ~6 times) a CPU main job draws a task again after its bucket is
-    gone through, and a task that became always or never solved (an exponential moving average,
-    alpha 0.5 by default, of its recent groups) fades.
+    The weights act only on tasks drawn again (once a bucket has been gone through, as on the
+    frontier), so on the whole generated pool a CPU run samples exactly what linear does.
     """
 
     mode: Literal["linear", "uniform", "adaptive"] = knob(

@@ -1,9 +1,6 @@
-"""What a resumed launch may change: a checkpoint's optimizer state, schedule and data-loader state
-were made under its run's settings, so `--resume` compares this launch's resolved config with the
-one the checkpoint recorded (its config.yaml) and stops on a knob that changes what training does
-(learning rate, the loss's knobs, model, mode, data, rewards...), rather than training on with the
-restored optimizer under other numbers (`--profile auto` resolving otherwise on another machine,
-an edited config file, one `--set` more).
+"""What a resumed launch may change: `--resume` compares this launch's resolved config with the
+checkpoint's config.yaml and stops on a knob that changes what training does, rather than train on
+with the restored optimizer under other numbers.
 
 `MAY_CHANGE_ON_RESUME` lists what legitimately changes between launches of one run: how long it
 runs, where it writes, what it logs and measures, and how (not what) it computes. Every other knob

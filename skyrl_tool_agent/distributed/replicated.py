@@ -3,13 +3,9 @@
 
     torchrun --nproc_per_node 8 training/scripts/train_grpo.py --mode lora ...
 
-Rollouts, evaluations and update rows are split as in every data-parallel run
-(`data_parallel.DataParallelTrainer`). Each rank runs its shard's micro-batches with plain
-`backward` (the loss already divided by the whole batch's normaliser); before clipping and the
-optimizer step the trainable parameters' gradients are summed over the ranks in one all-reduce, so
-every rank applies the same update, equal to one process's update on the whole batch, and the
-replicas stay identical. Checkpoints are the single-process ones (`grpo.checkpoint`), written by
-rank 0 alone and loaded by every rank, so they resume under any number of processes.
+Before clipping and the optimizer step the trainable parameters' gradients are summed over the
+ranks in one all-reduce, so every replica applies one process's update on the whole batch.
+Checkpoints are the single-process ones, written by rank 0, so they resume under any world size.
 """
 
 from __future__ import annotations

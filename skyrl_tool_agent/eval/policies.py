@@ -1,14 +1,9 @@
 """Load the policy an evaluation runs: a base model, a trained LoRA adapter, a full fine-tune, or a
 training checkpoint, all as a `QwenPolicy` ready for generation.
 
-Accepted `model_path` values:
-- None: `model.name_or_path` of the config (the embedded default unless overridden);
-- a directory saved by `QwenPolicy.save` (training's `final/`): LoRA adapter (`adapter_config.json`)
-  or whole model (`config.json`), tokenizer included;
-- a training checkpoint `checkpoints/step-XXXXXX` (its `weights/` holds the adapter or model, without
-  tokenizer: the tokenizer comes from the adapter's base model or from the config's model);
-- a hub name or `embedded`.
-Adapters are merged into their base for evaluation (plain forward passes, faster generation).
+`model_path`: None (the config's model), a `QwenPolicy.save` directory (adapter or whole model), a
+training checkpoint `step-XXXXXX` (tokenizer from the adapter's base or the config's model), a hub
+name or `embedded`. Adapters are merged into their base for evaluation.
 """
 
 from __future__ import annotations

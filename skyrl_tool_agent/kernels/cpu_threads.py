@@ -1,13 +1,9 @@
 """The OpenMP worker threads torch's CPU ops run on, freed by a thread that goes idle.
 
-OpenMP keeps a pool of worker threads for each thread that has run a parallel op (torch's CPU
-backend: GNU OpenMP on Linux, LLVM's on macOS). When the pools together hold more threads than the
-machine has cores, GNU OpenMP stops letting its workers spin between parallel regions: every region
-then waits for the kernel to wake them. The rollout engine decodes in its own thread beside the main
-thread (the update, the evaluations), so on a 2-core machine both pools exist and every op of both
-threads pays that wake-up: the engine's decode ran ~1.5x slower with the main thread's pool merely
-present (issue 46, lab notebook session 17). So a thread about to wait for another frees its pool
-(`omp_pause_resource_all`, OpenMP 5.0), and the pool is rebuilt at its next parallel op.
+OpenMP keeps a worker pool per thread that ran a parallel op; when the pools hold more threads than
+there are cores, GNU OpenMP's workers stop spinning and every region waits for a wake-up (the
+engine's decode thread ran ~1.5x slower beside the main thread's idle pool). So a thread about to
+wait for another frees its pool (`omp_pause_resource_all`), rebuilt at its next parallel op.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """LoRA projections as one matmul in the update: `x @ (W + s B A)^T` instead of peft's five ops.
 
-peft's `lora.Linear` computes `base(x) + lora_B(lora_A(dropout(x))) * s`: the base matmul, two
-skinny matmuls through the rank-r bottleneck, a scale and an add, each its own pass over the
-`[N, out]` activations, and autograd keeps the `[N, r]` bottleneck and walks all five backwards.
-While the adapter's dropout is off (the policy trains in eval mode: `policy.checkpointing`), the
-same function is one matmul with the merged weight `W + s B A`, built once per forward for
-`out * in * r` FLOPs (nothing beside `N * out * in` for the N tokens of a pass). `LoraLinearFunction`'s
-backward gives the input `g @ (W + s B A)` in one matmul and the adapters their exact gradients,
-`dB = s g^T (x A^T)` and `dA = s (g B)^T x`; the frozen base weight gets none.
+While the adapter's dropout is off (the policy trains in eval mode), peft's
+`base(x) + lora_B(lora_A(x)) * s` is one matmul with the merged weight `W + s B A`, built once per
+forward. `LoraLinearFunction`'s backward gives the input `g @ (W + s B A)` and the adapters their
+exact gradients, `dB = s g^T (x A^T)` and `dA = s (g B)^T x`; the frozen base weight gets none.
 
 Only float32 weights are merged: in bfloat16 the small `s B A` would mostly round away against
 `W`. Anything else (a bf16/fp16 or 4-bit base, dropout on, several or variant adapters, a merged

@@ -6,10 +6,8 @@ group), and besides:
 
 - the process group is registered with the run's watchdog (`mcp.reaper`), so it dies with this
   process however this process dies;
-- stdout lines that are not MCP protocol are counted per process, the first shown once in the log,
-  never one traceback each (the SDK logs a traceback per line and hands each to the session);
-- stderr goes through a pipe: while the server starts, its lines are held (the last ones name why a
-  server did not start: `ServerOutput.describe`), then passed on to `errlog` as they come;
+- stdout lines that are not MCP protocol are counted, the first logged once (not a traceback each);
+- stderr is held while the server starts (`ServerOutput.describe`), then passed on to `errlog`;
 - the exit code is kept (`ServerOutput.returncode`).
 """
 

@@ -158,12 +158,10 @@ def pin_4bit_training_layout(model: torch.nn.Module) -> int:
     """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel; returns the
     number of 4-bit layers.
 
-    On CPUs with AVX512-BF16, bitsandbytes (0.48+) repacks a `Linear4bit` weight the first time
-    the layer runs in eval mode without gradients (as in `generate`). The packed layout has no
-    backward: a later training forward raises (layers with a bias) or silently drops the gradient
-    through the base weight (layers without). The policy stays in eval mode and samples between
-    updates, so the repacking is switched off (sampling uses the dequantize path instead).
-    `check_4bit_training_layout` catches a bitsandbytes that packs anyway.
+    On CPUs with AVX512-BF16, bitsandbytes (0.48+) repacks a `Linear4bit` weight the first time it
+    runs in eval mode without gradients; the packed layout has no backward (a later training
+    forward raises or silently drops the gradient), and the policy samples in eval mode between
+    updates. `check_4bit_training_layout` catches a bitsandbytes that packs anyway.
     """
     try:
         from bitsandbytes.nn import Linear4bit

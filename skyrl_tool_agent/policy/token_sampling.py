@@ -1,13 +1,9 @@
 """Choosing the next token on the device, with no host synchronisation and no global RNG state.
 
-A rollout engine that keeps hundreds of rows in one captured decode step cannot call
-`torch.multinomial` per row (host-side bookkeeping) nor let a row's random draw depend on which
-other rows share its batch (continuous batching changes the batch every few tokens). So each row
-draws its token by inverting the CDF with one uniform number that is a pure function of the
-episode's seed and the token's position (`counter_uniform`, a counter-based hash like Philox's use
-in JAX): the same episode samples the same tokens whether it runs alone or beside 255 others, in
-one turn or several, whatever the stop-check interval. Everything here is tensor ops of static
-shape, so it runs inside a CUDA graph.
+Each row draws its token by inverting the CDF with one uniform number that is a pure function of
+the episode's seed and the token's position (`counter_uniform`, a counter-based hash), so an
+episode samples the same tokens whatever shares its batch (continuous batching changes it every
+few tokens). Everything is static-shape tensor ops, so it runs inside a CUDA graph.
 
 What sampling means: temperature <= 0 is greedy (`sampling_params.is_greedy`, here per row on the
 device); top-p keeps the smallest prefix of the sorted distribution whose mass before the
