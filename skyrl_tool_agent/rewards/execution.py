@@ -1,20 +1,14 @@
 """Execution match: does the predicted SQL return the same result as the gold SQL?
 
-Semantics follow the official Spider test-suite evaluator (taoyds/test-suite-sql-eval,
-``exec_eval.py``: ``eval_exec_match`` + ``result_eq``), which accepts a prediction when some
-permutation of its columns makes its rows equal to the gold rows -- as a list when the gold query
-orders its result, as a multiset (bag) otherwise. Both queries run through
-``limits.run_bounded`` (``mcp_tools.sandbox.run_query`` on a read-only connection with the tool
-server's limits and timeouts, see ``limits``).
-
-How ``results_match`` decides, and where it deliberately differs from the official code:
+Semantics follow the official Spider test-suite evaluator (``exec_eval.py``: ``eval_exec_match`` +
+``result_eq``): a match when some permutation of the prediction's columns makes its rows equal to
+gold's, as a list when gold orders its result, as a bag otherwise. Both queries run through
+``limits.run_bounded``. How ``results_match`` decides, and where it deliberately differs:
 
 * Both empty -> match (whatever the columns); different row or column counts -> no match.
-* Column order: the official code enumerates permutations (all of them up to 3 columns, a
-  random-row-pruned set beyond). Here the search is exact and deterministic: a pred column can
-  stand for a gold column only if their value bags (their value sequences when order matters)
-  are equal -- a necessary condition -- and a backtracking search over those candidates checks
-  the projected rows at every step. Same answers as the official code, without its randomness.
+* Column order: an exact, deterministic backtracking search over the pred columns whose value bags
+  equal a gold column's (the official code enumerates random-pruned permutations): same answers,
+  no randomness.
 * Values are compared after canonicalisation: ``None`` equals ``None`` (NULL-safe, as Python's
   ``==`` in the official code), booleans are ints, integral floats are ints (``1.0 == 1`` as in
   Python), other floats are rounded to 10 significant digits so ``0.1 + 0.2`` matches ``0.3``
@@ -31,15 +25,11 @@ How ``results_match`` decides, and where it deliberately differs from the offici
   detection and exact float comparison.
 * LIMIT with ties: results are compared, not intent, so ``ORDER BY score DESC LIMIT 1`` with a
   tie may legitimately return another row than gold and then does not match (official: same).
-* A prediction that fails (syntax error, write attempt, timeout, ...) does not match. A gold query
-  that fails raises ``GoldQueryError``: that is a dataset bug, not the policy's fault.
-* A database that cannot be opened or read (missing, not a database, corrupt, emptied, or
-  rewritten between the gold and the predicted query) raises ``DatabaseUnavailableError`` (a
-  ``GoldQueryError``): an infrastructure fault, never a score of 0 for the prediction.
+* A prediction that fails does not match. A gold query that fails raises ``GoldQueryError`` (a
+  dataset bug); a database that cannot be read, or is rewritten between the two queries, raises
+  ``DatabaseUnavailableError``: an infrastructure fault, never a 0 for the prediction.
 
-Both queries run under ``limits`` (the tool server's limits, a process-wide heap cap and a
-wall-clock bound), since they run inside the trainer's own process. Cached gold results are keyed
-by the database file's identity (device, inode, size, mtime), so a replaced file is re-queried.
+Cached gold results are keyed by the database file's identity, so a replaced file is re-queried.
 """
 
 from __future__ import annotations
@@ -138,11 +128,7 @@ def results_match(
     *,
     float_tolerant: bool = True,
 ) -> bool:
-    """Whether ``pred`` denotes the same result as ``gold`` (pure; see the module docstring).
-
-    True when some permutation of pred's columns makes its rows equal to gold's: in the same
-    order if ``order_matters``, as multisets otherwise.
-    """
+    """Whether ``pred`` denotes the same result as ``gold`` (pure; module docstring)."""
     gold_rows = [tuple(_canon_value(v, float_tolerant) for v in r) for r in _rows_of(gold)]
     pred_rows = [tuple(_canon_value(v, float_tolerant) for v in r) for r in _rows_of(pred)]
     if not gold_rows and not pred_rows:
@@ -261,12 +247,8 @@ def compare_execution(
     keep_distinct: bool | None = None,
 ) -> ExecutionComparison:
     """Run both queries in the sandbox and compare their results (module docstring).
-
-    `keep_distinct` alone picks the DISTINCT behaviour (False = delete every DISTINCT from both
-    queries, the official default); None = that of the mode (kept here, deleted with
-    `spider_official`). Raises GoldQueryError if the gold query fails, DatabaseUnavailableError if
-    the database cannot be read (or changes meanwhile); a failing prediction is a non-match whose
-    error is reported in the returned object.
+    `keep_distinct` False deletes every DISTINCT from both; None: the mode's (deleted only with
+    `spider_official`). A failing prediction is a non-match whose error is in the result.
     """
     if spider_official:
         pred_sql, gold_sql = _official_postprocess(pred_sql), _official_postprocess(gold_sql)
@@ -343,11 +325,7 @@ def execution_match(
     spider_official: bool = False,
     keep_distinct: bool | None = None,
 ) -> bool:
-    """True when ``pred_sql`` returns the same result as ``gold_sql`` on ``db_path``.
-
-    Spider execution-accuracy semantics (module docstring). A failing or timed-out prediction is
-    False; a failing gold query raises GoldQueryError.
-    """
+    """True when ``pred_sql`` returns the same result as ``gold_sql`` on ``db_path`` (`compare_execution`)."""
     return compare_execution(
         pred_sql, gold_sql, db_path, timeout_s=timeout_s, cache=cache, spider_official=spider_official,
         keep_distinct=keep_distinct,

@@ -7,11 +7,8 @@ which parses `<tool_call>{json}</tool_call>` / `<answer>SQL</answer>` exactly as
 Servers that parse tool calls themselves return structured `tool_calls`; they are written back as
 the `<tool_call>` blocks the model produced, so episodes have the same form as local ones.
 
-The server is not trusted. Every request, the probe's too, is one bounded exchange
-(`bounded_http`): a single deadline, `Endpoint.timeout_s`, covers connect, headers and the whole
-body (a server dripping a byte a second cannot stretch it), and the body is refused past its cap on
-the wire and once decompressed (a gzip bomb stops at the cap). The answer is read through pydantic
-models of the chat-completions response (`openai_schema`), and a turn's text is capped as well.
+The server is not trusted: every request is one bounded exchange (`bounded_http`: one deadline,
+`Endpoint.timeout_s`, and a capped body), read through pydantic models (`openai_schema`).
 
 Failures, by who can fix them:
 - 429, 408, 5xx and connection errors/timeouts are retried with exponential backoff (tenacity);
@@ -96,14 +93,9 @@ class EndpointError(UserInputError):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where and how to reach the served model.
-
-    `base_url`: the API root, as for the OpenAI client (`http://localhost:8000/v1`; a URL with no
-    path gets `/v1`). `model`: the name the server serves it under. `api_key`: sent as a bearer
-    token when set (local servers need none). `timeout_s`: the deadline of one request, connect to
-    the body's last byte (a whole turn's generation).
-    `max_retries` / `backoff_s`: retries of 429/408/5xx/connection errors, waiting `backoff_s`,
-    then twice as long each time (at most `MAX_BACKOFF_S`). `concurrency`: requests in flight.
+    """Where and how to reach the served model. `base_url`: the API root (a URL with no path gets
+    `/v1`). `timeout_s`: one request's deadline, connect to the body's last byte. `max_retries` /
+    `backoff_s`: retries of 429/408/5xx/connection errors, doubling the wait up to `MAX_BACKOFF_S`.
     """
 
     base_url: str
@@ -192,17 +184,10 @@ def message_text(message: AssistantMessage | dict[str, Any]) -> str:
 
 def probe_endpoint(endpoint: Endpoint) -> dict[str, Any]:
     """Check, before any episode, that `endpoint` answers chat completions for its model: lists
-    `/models` (a listed set that lacks the model is an error) and asks for one token with the same
-    request shape the episodes use. Returns {"models": listed ids or None, "served_model": the name
-    the server answered with, "model": the name to request}; raises `EndpointError` (one line)
-    otherwise. A success is remembered for the process, so a command can probe before starting
-    anything and the evaluation again.
-
-    Each request goes over its own connection: a server that cannot list its models (`transformers
-    serve` on a machine with no Hugging Face cache answers `/models` with HTTP 500) may close the
-    connection after that answer. `model` may be the name the server reports rather than the one it
-    was started with: `transformers serve DIR` answers as `DIR@main` and is pinned to `DIR`; either
-    that name or `DIR`'s last path part is taken for `DIR` (`"model"` in the answer; `resolve_endpoint`)."""
+    `/models` and asks for one token as the episodes ask. Returns {"models": listed ids or None,
+    "served_model", "model": the name to request (`transformers serve DIR` answers as `DIR@main`)};
+    raises `EndpointError` (one line) otherwise. A success is remembered for the process. Each
+    request goes over its own connection (a failed listing may close it)."""
     return dict(_probe(endpoint))
 
 
@@ -300,12 +285,9 @@ def _body(model: str, messages: Sequence[dict[str, Any]], *, temperature: float,
 
 
 class OpenAIChatAgent(Agent):
-    """An `Agent` whose turns come from `endpoint`'s chat completions (see module doc).
-
-    Sampling is the local path's: `params` (temperature, 0 = greedy, and top-p) and each request's
-    `max_new_tokens` (from `grpo.max_new_tokens_per_turn`, as for a local model). When sampling, each request carries a seed derived from `seed`, the episode and the turn, so servers that honour
-    seeds repeat a run. `stats` counts requests, retries, failed turns and tokens, `protocol_errors`
-    the turns that left their episode unscored, by reason (`summary()`: both, for results.json).
+    """An `Agent` whose turns come from `endpoint`'s chat completions (module docstring), sampled
+    with `params` and each request's `max_new_tokens`; a sampled request carries a seed from
+    `seed`, the episode and the turn. `summary()`: `stats` and `protocol_errors`, for results.json.
     """
 
     def __init__(self, endpoint: Endpoint, params: SamplingParams = GREEDY, *, seed: int = 0) -> None:
