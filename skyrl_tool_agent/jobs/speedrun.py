@@ -1,34 +1,12 @@
 """The speedrun: from nothing to a GRPO-trained SQL agent within one wall-clock budget, with the
 arm RL must beat beside it (`skyrl-tool-agent speedrun --minutes M --output-dir DIR`).
 
-Phases, each timed and each failing soft (its error logged and recorded, the results of the
-phases before it kept), with `speedrun.json` rewritten as each one ends:
-
-1. **build**: a fresh Qwen2 (`--hidden-size` ...) with the shipped model's tokenizer, supervised on
-   oracle episodes of the generated pool until its greedy curve on the pool's validation split is
-   flat (`warmstart.scratch`), within `build_share` of the budget. The RL pool (`rl_pool_tasks`
-   pool tasks) is held out of it: no task whose gold query is an RL task's is in the build's
-   data (`hold_out_rl_pool`), so GRPO trains on questions the start never saw answered. The
-   episodes are tokenised and packed onto the device before the training clock, and on CUDA the
-   schedule is a fixed `build_steps` long (`GPU_BUILD_STEPS` by default; the time cap only
-   guards), with bf16 autocast, fused AdamW and the loss read back every
-   `warmstart.sft.LOSS_READ_EVERY` steps (`warmstart.sft`);
-2. **start**: the start evaluated on the dev tasks (greedy and avg@k with common random numbers,
-   `GRPOTrainer.evaluate`); its duration sizes the evaluations still to come, and what is left is
-   split evenly between the two arms;
-3. **grpo**: GRPO from the start through the real MCP environment (`jobs.arms.GRPOCurve`: the
-   trainer, the rollout engine on CUDA, the probe of revisited training tasks), evaluated on dev at
-   `points` marks of its training time;
-4. **sft**: continued supervised training from the same start, on the oracle episodes of the RL
-   pool (the tasks GRPO trains on, with their gold answers), at the recipe's tail learning rate,
-   for the training time GRPO used (`jobs.arms.continue_warm_start`), evaluated at the same marks;
-5. **report**: paired-bootstrap intervals of every change and of GRPO - SFT, the error anatomy
-   of each arm's last evaluation against the start's (`eval.anatomy`), `speedrun.md` (the
-   tables), `speedrun.png` (the curves).
-
-Only flat files go into the output directory (speedrun.json, speedrun.md, speedrun.png,
-grpo_metrics.jsonl; the command adds speedrun.log); models, checkpoints and run directories go to
-the work directory.
+Phases (README's speedrun section), each timed and failing soft, `speedrun.json` rewritten as each
+ends: **build** (`warmstart.scratch`; the RL pool held out of its data, `hold_out_rl_pool`, so GRPO
+trains on questions the start never saw answered), **start** (its evaluation sizes the later ones),
+**grpo** (`jobs.arms.GRPOCurve`), **sft** (`jobs.arms.continue_warm_start`, on the RL pool's oracle
+episodes, for GRPO's training time) and **report**. Only flat files go into the output directory;
+models, checkpoints and run directories go to the work directory.
 """
 
 from __future__ import annotations

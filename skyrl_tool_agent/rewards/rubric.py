@@ -15,16 +15,10 @@ count costs 0.05 / N per unit. Weight 0 = reported, not counted. With the defaul
 (0.1 + 0.05 + 0.2) / 1.15 ~= 0.30 (close > far > unparseable > malformed) and a correct answer in a
 malformed episode (1 + 0.05) / 1.15 ~= 0.91.
 
-Rules (`Rubric` refuses anything else, one line, when the run builds its reward: loading a config
-imports no term of your own, so these are checked here and only here): names
-unique and not `mean`/`std` (train metrics log `reward/<name>` beside `reward/mean`), weights
-finite, built-in weights >= 0, N > 0, and the only_when_wrong terms' positive weights sum to at
-most the weight of the term that decides correctness (execution; another task family's
-`verdict_term`), so a near miss never outscores a correct answer.
-
-Correctness is decided once per episode, before the terms run: for SQL by running the answer and
-the gold query (`Episode.comparison`), for another family by its verdict term, whose value 1 means
-solved (`Episode.verdict`; that family's rubric must list the term).
+Rules (`Rubric` refuses anything else, one line, when the run builds its reward): names unique and
+not `mean`/`std`, weights finite, built-in weights >= 0, N > 0, and the only_when_wrong terms'
+positive weights sum to at most the weight of the term that decides correctness, so a near miss
+never outscores a correct answer. Correctness is decided once per episode, before the terms run.
 """
 
 from __future__ import annotations
