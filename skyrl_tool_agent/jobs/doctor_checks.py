@@ -1,11 +1,6 @@
-"""The doctor's checks (`jobs.doctor` runs them): the device, its memory (against what the gpu
-profile's update needs by the memory plan), bf16 matmuls, the rollout engine's CUDA-graph capture
-(graphs = eager, token for token; a capture that failed and fell back to eager is a FAIL), one tiny
-GRPO training step (sample a group, recompute its log-probs, one clipped-loss update of the LoRA
-adapters) on the embedded model, bitsandbytes' 4-bit matmul (QLoRA), NCCL and DeepSpeed ZeRO-3
-initialised on one rank (each in a child process: a hang or crash there is a FAIL line, not the
-doctor's), the MCP servers' start, the dataset and Spider paths, and free disk. Each returns
-(PASS / WARN / FAIL / SKIP, what it measured); GPU-only checks SKIP on a machine without CUDA."""
+"""The doctor's checks (`jobs.doctor` runs them). Each returns (PASS / WARN / FAIL / SKIP, what it
+measured); GPU-only checks SKIP without CUDA; NCCL and DeepSpeed run in a child process, so a hang
+or crash there is a FAIL line, not the doctor's."""
 
 from __future__ import annotations
 
@@ -64,10 +59,8 @@ def check_memory(device: torch.device) -> tuple[str, str]:
 
 def check_memory_plan(config: Any, device: torch.device, *, gpu_memory_gib: float | None = None,
                       world: int = 1) -> tuple[str, str]:
-    """The memory plan train would make for `config` (its model, mode and knobs) on one of `world`
-    GPUs of `gpu_memory_gib`, else on `device` (a GPU's memory, the CPU's available RAM): PASS with
-    the plan's line, FAIL with what would fit where not even one episode does (`memory.plan`), WARN
-    where the model's shape cannot be read."""
+    """The memory plan train would make for `config` on one of `world` GPUs of `gpu_memory_gib`, else
+    on `device`: PASS with the plan's line, FAIL with what would fit, WARN without the model's shape."""
     import psutil
 
     from skyrl_tool_agent.memory.plan import PlanError
