@@ -67,11 +67,9 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float | tor
 
 
 def plan_micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
-    """Rows (indices into `lengths`) of each forward/backward pass. Without `max_tokens`: `max_rows`
-    rows at a time in order (each pass padded to its longest row). With it: rows by length,
-    longest first, each pass filled while its padded size (rows x longest row) stays within
-    `max_tokens` and it has at most `max_rows` rows, so passes hold similar lengths and little
-    padding. A row longer than the budget runs alone. The gradient of a step is their sum either way."""
+    """Rows (indices into `lengths`) of each forward/backward pass: without `max_tokens`, `max_rows`
+    at a time in order; with it, longest first, each pass filled while rows x longest row stays
+    within `max_tokens` (and `max_rows`); a row longer than the budget runs alone."""
     if max_rows < 1 or (max_tokens is not None and max_tokens < 1):
         raise ValueError("max_rows and max_tokens must be >= 1")
     order = list(range(len(lengths)))
@@ -110,11 +108,9 @@ def decide_episodes(
 ) -> EpisodeDecisions:
     """Advantages and kept flags for one step's episodes, `group_size` per task in task order.
 
-    A group with an infrastructure failure (done_reason "error": never scored, placeholder reward
-    0) would skew its group's baseline, so the whole group is left out: advantage 0, not kept, and
-    not part of the batch statistics `scale_batch` takes. Among the others, groups without reward
-    spread are dropped when `filter_uniform` (DAPO dynamic sampling); episodes without token ids
-    (text-only policies) are never kept."""
+    A group with an infrastructure failure would skew its baseline, so it is left out whole (also of
+    `scale_batch`'s statistics); groups without reward spread are dropped when `filter_uniform`;
+    episodes without token ids are never kept."""
     scored = [tr.result.done_reason != "error" for tr in trajectories]
     groups = len(trajectories) // group_size
     clean = torch.tensor([all(scored[i * group_size:(i + 1) * group_size]) for i in range(groups)], dtype=torch.bool)

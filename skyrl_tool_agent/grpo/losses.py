@@ -14,12 +14,9 @@ All per-token tensors are `[B, L]` over the full (prompt + completion + tool out
 - ``fixed_length``:  sum / (B * fixed_length) (Dr. GRPO's constant normaliser; TRL ``dr_grpo``),
                      which has no length bias at all.
 
-Gradient accumulation: every mode is `numerator(micro-batch) / denominator`, and the numerator is
-additive over micro-batches (sequences are never split). So compute the denominator once on the
-full batch, `norm = loss_normalizer(full_loss_mask, aggregation, fixed_length)`, pass it as
-`normalizer=norm` for every micro-batch and `backward()` each micro-batch loss unscaled: the summed
-gradients then equal those of the un-split batch. (Under data parallel with gradients averaged over
-R ranks, use the global denominator over all ranks divided by R.)
+Gradient accumulation: every mode is `numerator(micro-batch) / denominator` with an additive
+numerator, so pass the full batch's `loss_normalizer` as `normalizer` for every micro-batch and
+`backward()` each loss unscaled: the summed gradients equal the un-split batch's.
 """
 
 from __future__ import annotations
@@ -105,12 +102,9 @@ def clipped_policy_loss(
 
     `advantages` is `[B, L]` or `[B]` (one per sequence). The gradient is exactly zero where the
     clip is active: ratio > 1 + eps_high with A > 0, or ratio < 1 - eps_low with A < 0.
-    `dual_clip` (verl's ``clip_ratio_c``, > 1) additionally caps the loss of negative-advantage
-    tokens at `-dual_clip * A`, bounding the update when the ratio is far above 1.
-    Masked-out positions get loss 0 and no gradient even if their log-probs are inf/NaN.
-
-    Stats (token means over the mask): ``clip_frac_low``, ``clip_frac_high``, ``clip_frac``,
-    ``ratio_mean``, ``ratio_max`` and ``approx_kl`` = k3 estimate of KL(pi_old || pi).
+    `dual_clip` (verl's ``clip_ratio_c``, > 1) caps the loss of negative-advantage tokens at
+    `-dual_clip * A`. Masked-out positions get loss 0 and no gradient even if inf/NaN. Stats are
+    token means over the mask; ``approx_kl`` is the k3 estimate of KL(pi_old || pi).
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError("dual_clip must be > 1")
@@ -168,11 +162,8 @@ def aggregate(
     fixed_length: int | None = None,
     normalizer: float | None = None,
 ) -> Tensor:
-    """Reduce a `[B, L]` per-token loss over `loss_mask` to a scalar (modes in the module docstring).
-
-    `normalizer` overrides the denominator (default: `loss_normalizer` of this mask); pass the
-    full batch's value when accumulating micro-batches. Masked-out tokens get no gradient.
-    """
+    """Reduce a `[B, L]` per-token loss over `loss_mask` to a scalar (module docstring); `normalizer`
+    overrides the denominator (default: `loss_normalizer` of this mask)."""
     mask = _as_bool(loss_mask)
     denominator = loss_normalizer(mask, mode, fixed_length) if normalizer is None else float(normalizer)
     if denominator <= 0:
@@ -206,15 +197,10 @@ def grpo_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """The full GRPO objective (module docstring) as a scalar loss to minimise, plus stats.
 
-    `logp` (with grad), `old_logp` (the sampling policy's, no grad) and optional `ref_logp` are
-    `[B, L]` token log-probs; `advantages` is `[B, L]` or `[B]`. The KL penalty is added per token
-    when `kl_coef != 0` (then `ref_logp` is required); the entropy bonus (`entropy` per token,
-    with grad if it should train) is subtracted when `entropy_coef != 0`. Both are inside the
-    aggregation, so the accumulation recipe in the module docstring covers them too.
-
-    Stats: ``loss``, ``pg_loss`` (policy term alone, same aggregation), the clip statistics of
-    `clipped_policy_loss`, ``kl`` (token mean; only when `ref_logp` is given), ``entropy`` (token
-    mean; only when given) and ``num_tokens`` (for weighting stats across micro-batches).
+    `logp` (with grad), `old_logp` (no grad) and optional `ref_logp` (required when `kl_coef != 0`)
+    are `[B, L]`; `advantages` `[B, L]` or `[B]`. The KL penalty and the entropy bonus are inside
+    the aggregation, so the accumulation recipe covers them. Stats: ``loss``, ``pg_loss``, the clip
+    statistics, ``kl`` / ``entropy`` (when given) and ``num_tokens``.
     """
     if kl_coef != 0.0 and ref_logp is None:
         raise ValueError("kl_coef != 0 needs ref_logp")

@@ -1,10 +1,8 @@
 """The optimizer of a GRPO run: AdamW over the policy's trainable parameters and the learning-rate
 schedule of `training.*` (warmup, then constant, linear or cosine to 0 at `max_steps`).
 
-The schedule counts updates, not steps: `GRPOTrainer` advances it once per rollout batch that
-trained (after that batch's optimizer steps). A step whose groups were all dropped runs no
-optimizer step and leaves it where it was, so warmup lasts `warmup_steps` updates and linear and
-cosine reach 0 only after `max_steps` of them (never, in a run with a step that did not train)."""
+The schedule counts updates, not steps: it advances once per rollout batch that trained, so a step
+whose groups were all dropped leaves it where it was."""
 
 from __future__ import annotations
 

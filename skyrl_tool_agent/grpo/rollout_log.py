@@ -1,10 +1,8 @@
 """Sampled training episodes a person can read: which ones a step keeps, and as what record.
 
-TRL's `log_completions` and SkyRL's `dump_data_batch` habit: every `training.rollouts_every` steps
-the trainer writes `training.rollout_groups_per_step` whole GRPO groups of the step (every episode
-of each task's group, so the contrast the advantages come from can be seen) to `rollouts.jsonl`
-(and a W&B table when W&B is on): the whole conversation with tool calls and results, the reward
-and its terms, the advantage the update used, and the final SQL beside the gold SQL.
+Every `training.rollouts_every` steps the trainer writes whole GRPO groups (the contrast the
+advantages come from) to `rollouts.jsonl` and W&B: conversation, reward terms, advantage, final
+beside gold SQL (TRL's `log_completions`).
 """
 
 from __future__ import annotations

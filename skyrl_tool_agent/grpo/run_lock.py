@@ -1,11 +1,8 @@
 """One output directory, one run: a lock file holding the owner's pid.
 
-Two runs writing one `training.output_dir` interleave metrics.jsonl and mix their checkpoints
-without a word (issue 28 #6). `acquire_output_dir` creates `<out>/.run.lock` exclusively
-(`O_CREAT | O_EXCL`) with the owner's pid and host; a second run finds it, sees the owner
-alive and refuses with one line (`OutputDirInUse`, a `UserInputError`: exit 2). A lock left by a
-run that died (its pid gone on this host) is stale and taken over. `release_output_dir` removes
-it when its owner finishes, whatever way.
+Two runs writing one `training.output_dir` would mix their files without a word.
+`acquire_output_dir` creates `<out>/.run.lock` exclusively; a second run seeing the owner alive
+refuses with one line (`OutputDirInUse`); a dead owner's lock is taken over.
 """
 
 from __future__ import annotations

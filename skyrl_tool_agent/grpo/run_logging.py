@@ -77,11 +77,7 @@ class RunLogger:
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop lines of metrics.jsonl and rollouts.jsonl logged after the checkpoint's
-        step (they will be logged again).
-
-        A run killed mid-write leaves a partial last line; it is dropped (with a warning) like any
-        line that is not a JSON object with an integer step, and the file is rewritten clean.
-        """
+        step, and (with a warning) any line that is not a JSON object with an integer step."""
         for path in (self.path, self.rollouts_path):
             if path.is_file():
                 kept = [row for row in read_metrics(path) if row["step"] <= step]
