@@ -10,12 +10,8 @@ import torch
 
 @contextlib.contextmanager
 def recompute_activations(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Train mode with every dropout off, while `enabled` (`model.gradient_checkpointing`).
-
-    transformers only recomputes activations (gradient checkpointing) in train mode, but the policy
-    trains in eval mode so that dropout (LoRA's included) is off and the update's log-probs match the
-    sampler's; switching the dropout modules back to eval keeps the forward identical while the
-    checkpointing layers see `training=True`.
+    """Train mode with every dropout off, while `enabled`: transformers recomputes activations only
+    in train mode, and the update's log-probs must match the sampler's (no dropout).
     """
     if not enabled:
         yield

@@ -1,9 +1,7 @@
 """The embedded default model: a BPE tokenizer trained on the project's corpus and a tiny Qwen2.
 
-Real users pass a Qwen model; this exists so the main job runs on a laptop CPU with no download.
-The tokenizer uses Qwen2's pre-tokenizer split regex and byte-level BPE, and is saved as a
-`Qwen2Tokenizer`, so `AutoTokenizer` reloads it with identical ids. The model is a standard
-`Qwen2ForCausalLM` (a few million parameters). Warm-starting it is `skyrl_tool_agent.warmstart`.
+It exists so the main job runs on a laptop CPU with no download. The tokenizer (Qwen2's split
+regex, byte-level BPE) is saved as a `Qwen2Tokenizer`, so `AutoTokenizer` reloads identical ids.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """`RolloutEngine`: continuous-batching sampling over a slot KV cache, with CUDA-graph decode steps.
 
-A GRPO step's rollout is hundreds of multi-turn episodes whose turns and tool calls take different
-times. The engine keeps each episode in a *slot* of one preallocated KV cache from its first turn
-to its end, so a later turn prefills only the tokens appended since. A worker thread runs the loop
-of vLLM and transformers' continuous batching:
+The engine keeps each episode in a *slot* of one preallocated KV cache from its first turn to its
+end, so a later turn prefills only the tokens appended since. A worker thread runs the loop of
+vLLM's continuous batching:
 
     admit the turns that arrived (prefill) -> decode `stop_check_interval` steps for every row in
     flight -> read the new tokens back once, finish the rows that hit a stop id or their token cap
 
-so a turn that ends leaves the batch at the next check and one that arrives joins there. What many
-episodes share is computed once: the prefix every fresh prompt shares (the system prompt) becomes
-the cache's *root*, stored once and read by every slot that starts with it; a prompt several fresh
-episodes ask for (a GRPO group) is run once and its keys copied to the others' slots, each then
-drawing its own first token. The forward over the cache (the one Qwen2 layer stack, prefill and
-decode, CUDA graphs, read-back) is `slot_model.SlotModel`; tokens are drawn on the device from a
-per-episode counter-based seed (`token_sampling`), so an episode samples the same tokens whatever
-shares its batch. The weights are a `weights.SamplingWeights` snapshot, refreshed in place when the
-model's weights changed and no row is in flight (once per optimizer step), so captured graphs stay
-valid: the engine is built once per run.
+The system prompt every fresh prompt shares becomes the cache's *root*, stored once; a prompt a
+GRPO group shares is run once and its keys copied to the others' slots. The forward is
+`slot_model.SlotModel`; tokens come from a per-episode seed (`token_sampling`); the weights are a
+`weights.SamplingWeights` snapshot refreshed in place when no row is in flight, so captured graphs
+stay valid and the engine is built once per run.
 
 It gets the slots that fit its memory budget (`memory.plan`); a fresh episode that finds every
 slot taken waits, in arrival order, and draws the tokens it would have drawn.
@@ -101,17 +95,10 @@ class _Row:
 class RolloutEngine:
     """Samples turns of many episodes at once for a Qwen2 (see the module docstring).
 
-    Args:
-        weights: the snapshot to sample from, or a model to take one of.
-        slots: episodes wanted in flight at once (the collector's concurrency); the engine gets
-            `min(slots, what fits memory_fraction)` (`self.slots`, `self.plan`), the others wait.
-        capacity: most tokens an episode holds (prompt and every turn; `grpo.max_total_tokens`).
-        stop_ids, pad_id: the tokenizer's end-of-turn ids and padding id.
-        stop_check_interval: decode steps between reads of the sampled tokens (a row may run up to
-            this many steps past its stop id; those tokens are dropped). Default: 8 on CUDA, 1 on CPU.
-        memory_fraction: the share of the device's memory (CUDA) or of the available RAM (CPU)
-            the process may fill with the engine's cache (`model.engine_memory_fraction`, `memory.plan`).
-        cuda_graphs, attention, prefill_tokens: how the forward runs (`slot_model.SlotModel`).
+    `weights`: the snapshot, or a model to take one of. `slots`: episodes wanted in flight; the
+    engine gets what fits `memory_fraction` (`self.plan`). `capacity`: most tokens an episode holds.
+    `stop_check_interval`: decode steps between reads of the sampled tokens (default 8 on CUDA, 1
+    on CPU). `cuda_graphs`, `attention`, `prefill_tokens`: `slot_model.SlotModel`'s.
     """
 
     def __init__(self, weights: SamplingWeights | torch.nn.Module, *, slots: int, capacity: int,
@@ -354,10 +341,8 @@ class RolloutEngine:
         return shared if shared >= MIN_SHARED_PREFIX else 0
 
     def _pack_rows(self) -> None:
-        """Move the rows being decoded into slots 0..n-1, swapping each row above with what holds
-        a slot below (an episode between turns, or nothing). The torch attention then reads their
-        keys as one view of the cache; else it copies every row's keys out at every decode step,
-        where a move copies one slot's once."""
+        """Move the rows being decoded into slots 0..n-1 (swapping with what holds them), so the
+        torch attention reads their keys as one view instead of copying them every decode step."""
         rows = len(self._rows)
         movers = [r for r in self._rows if r.slot.index >= rows]
         if not movers:

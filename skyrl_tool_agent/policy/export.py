@@ -1,10 +1,5 @@
-"""A trained LoRA adapter as what a server loads: the adapter merged into its base model and saved
-as one plain model directory (`transformers`, vLLM, SGLang, `transformers serve` load it like any
-checkpoint), or the adapter itself on its base (`load_with_adapter`: peft, the way a server that
-loads LoRA adapters serves it).
-
-Training's `final/` (and a checkpoint's `weights/`) holds a peft adapter: `adapter_config.json`
-names its base (`base_model_name_or_path`), the tokenizer is saved beside it.
+"""A trained LoRA adapter as what a server loads: merged into its base and saved as one plain model
+directory, or the adapter itself on its base (`load_with_adapter`, as a LoRA-serving server does).
 """
 
 from __future__ import annotations

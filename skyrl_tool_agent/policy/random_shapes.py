@@ -14,10 +14,8 @@ RANDOM_SHAPES = {name.lower(): name for name in QWEN25}
 def write_random_model(shape: str, out: Path, tokenizer_dir: Path, *, seed: int = 0) -> int:
     """Write a model directory with a `QWEN25` architecture's exact shape (`shape`: a RANDOM_SHAPES
     key, e.g. 'qwen2.5-1.5b') and random bf16 weights, plus the tokenizer files of `tokenizer_dir`
-    (the embedded model's: ids past its vocabulary decode to nothing). For timing and memory on a
-    GPU machine that cannot download the real weights: random weights never emit a stop token or a
-    tool call, so every turn runs to its token cap (a rollout's worst case) and every reward is 0.
-    Returns the parameter count."""
+    (the embedded model's). For timing and memory where the real weights cannot be downloaded:
+    every turn runs to its token cap (a rollout's worst case). Returns the parameter count."""
     import shutil
 
     import torch

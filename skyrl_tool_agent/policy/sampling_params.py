@@ -1,10 +1,7 @@
 """`SamplingParams`: how a turn's tokens are drawn, one small torch-free value passed whole from the
-trainer and the evaluator through the collector and the agent to the engine's slots and to a served
-model's requests (nano-vllm's sampling_params.py is the peer). How many tokens a turn may take is
-not here: that is the collector's per-turn budget (`TurnRequest.max_new_tokens`), given beside it.
-
-It imports nothing heavy (no torch), so the layers above the policy hold it without loading a model.
-The greedy rule lives here once: temperature <= 0 is the argmax token, no random draw.
+trainer and the evaluator to the engine's slots and a served model's requests (a turn's token cap
+is the collector's, `TurnRequest.max_new_tokens`). The greedy rule lives here once: temperature
+<= 0 is the argmax token.
 """
 
 from __future__ import annotations
