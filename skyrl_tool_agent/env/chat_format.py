@@ -1,10 +1,7 @@
 """Qwen2.5 chat and tool-calling text format, rendered without a tokenizer.
 
-The environment speaks OpenAI-style messages (what skyrl-gym and SkyRL-train expect); this module
-turns the MCP tool list into Qwen2.5's `# Tools` system block, and renders messages as ChatML exactly
-as Qwen2.5's chat template does. Rendering ourselves (instead of re-applying a chat template to the
-whole history every turn) lets the collector append each observation's tokens to the exact ids the
-policy sampled: no re-tokenisation drift across turns.
+Rendering ourselves (not re-applying a chat template to the whole history every turn) lets the
+collector append each observation's tokens to the exact ids the policy sampled: no drift.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """`MCPToolEnvironment`: a skyrl-gym text environment whose tools are MCP servers.
 
-One instance is one episode (SkyRL-train creates an env per trajectory). MCP server processes are
-not per episode: envs share a pool (`skyrl_tool_agent.env.pools`) keyed by the server specs, or use
-the pool the collector passes in.
-
-Turn protocol (Qwen2.5 / Hermes, documented in README):
-- a tool turn holds one or more `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks;
-  each is executed through MCP and its result returned as `<tool_response>...</tool_response>`;
-- the final turn is `<answer>SQL</answer>` (another task family's answer for `env.task_family`,
-  `env.families`); the episode ends there, or after `max_turns` turns.
-- With `tool_call_format: skyrl_sql`, SkyRL-SQL's `<sql>`/`<solution>` tags are used instead, and
-  results come back in its `<observation>` wrapping with its turn reminder (`env.skyrl_sql`).
-Malformed turns get an error observation telling the model what to fix (a turn, never a raise).
+One instance is one episode; MCP server processes are shared (`env.pools`). The turn protocol is
+README's (`env.parsing`); the episode ends at the answer or after `max_turns` turns. Malformed turns get an error observation telling the model what to fix (a turn, never a raise).
 The reward is returned when the episode ends, its terms in the metadata's `reward_components`.
 `step` is the synchronous skyrl-gym API; `astep` is the same step for asyncio callers.
 """
@@ -58,20 +48,11 @@ class _StepPlan:
 class MCPToolEnvironment(BaseTextEnv):
     """Multi-turn tool-use episode over MCP tools, scored with execution accuracy.
 
-    Args:
-        env_config: what `skyrl_gym.make` passes (SkyRL-train: its `environment.skyrl_gym.mcp_tool_env`
-            section): `SkyRLEnvConfig` fields (every `EnvConfig` knob plus `db_root` / `db_path`), as
-            an `EnvConfig`, a mapping or DictConfig, or None for defaults.
-        extras: one dataset row in SkyRL-train's shape (every column but prompt and env_class):
-            `db_id` and `reward_spec.ground_truth` (gold SQL; `gold_sql` also accepted) are
-            required (a task family without databases needs only its ground truth there); optional `max_turns`, `db_root` (wins over env_config's), `data` (skyrl-gym's
-            subdirectory of env_config `db_path`: spider, synsql, bird) and `system_prompt`;
-            `reward_spec.keep_distinct`, when given, overrides the runtime's DISTINCT semantics for
-            this episode (evaluation reports).
-        runtime: an already-started `EnvRuntime` (pool, reward cache, settings) to share; built from
-            `env_config` and cached per process when omitted.
-        default_env_config: what `skyrl_tool_agent.register_envs(env_config=...)` registered; keys
-            of `env_config` win over it.
+    `env_config`: what `skyrl_gym.make` passes (`SkyRLEnvConfig` fields), over `default_env_config`
+    (`register_envs`). `extras`: one dataset row in SkyRL-train's shape: `db_id` and
+    `reward_spec.ground_truth` (or `gold_sql`) required; optional `max_turns`, `db_root`, `data`
+    (skyrl-gym's `db_path` subdirectory), `system_prompt`, `reward_spec.keep_distinct`. `runtime`: a
+    started `EnvRuntime` to share (default: built from `env_config`, cached per process).
 
     Bad input is one `EnvDataError` line, raised here, before any MCP server starts.
     """
@@ -149,12 +130,9 @@ class MCPToolEnvironment(BaseTextEnv):
         return [tool_to_openai(t.name, t.description or "", t.input_schema) for t in self.runtime.tools]
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
-        """Prepend a system message listing the tools (Qwen2.5 format) to the task prompt.
-
-        A system message already in `prompt` is kept as the instruction part and gets the tool block.
-        With `tool_call_format: skyrl_sql` there is no tool block (the one tool is `<sql>`): the
-        prompt's own system message is kept as it is, as SkyRL-SQL's env does, else SkyRL-SQL-style
-        instructions are prepended (`skyrl_tool_agent.env.skyrl_sql.SYSTEM_PROMPT`).
+        """Prepend a system message listing the tools (Qwen2.5 format) to the task prompt; a system
+        message in `prompt` is kept as the instruction part. With `skyrl_sql` there is no tool
+        block: the prompt's system message is kept as is, else `skyrl_sql.SYSTEM_PROMPT` is used.
         """
         messages = [dict(m) for m in prompt]
         system = self.system_prompt
@@ -236,10 +214,8 @@ class MCPToolEnvironment(BaseTextEnv):
         return text + "\n" + format_tool_response(results) if results else text
 
     def score(self) -> RewardBreakdown:
-        """The reward of the episode as it stands: its answer if it gave one, else none (blocking:
-        the answer and gold query run). `step` scores with it when the episode ends; a caller that
-        ends an episode itself (the collector, at its token budget) scores it with it too, so both
-        endings are scored by one rule."""
+        """The reward of the episode as it stands (blocking: the queries run); `step` and a caller
+        that ends an episode itself (the collector, at its token budget) score by this one rule."""
         settings = self.runtime.settings
         self.runtime.check_originals()  # a changed original is an infrastructure fault, never a score
         episode = Episode(

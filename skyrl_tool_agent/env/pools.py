@@ -1,9 +1,7 @@
 """What episodes share: the MCP pool, the tool list, the gold-result cache and resolved settings.
 
-SkyRL-train builds one env per trajectory from `(env_config, extras)`. Starting MCP servers per
-episode would cost a process spawn per trajectory, so runtimes are cached per process, keyed by
-the server specs and database root, and closed at exit (`close_runtimes`, which also runs the
-end-of-run hash check of the original data; call it to close them earlier).
+SkyRL-train builds one env per trajectory, so runtimes are cached per process, keyed by the server
+specs and database root, and closed at exit (`close_runtimes`).
 """
 
 from __future__ import annotations

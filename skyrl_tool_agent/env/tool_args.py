@@ -90,9 +90,8 @@ def validate_arguments(
 ) -> list[str]:
     """Check a call of tool ``name`` against ``tools[name]`` (its argument schema).
 
-    Returns model-facing error messages, each prefixed with ``where`` (e.g. "tool_call 2"); an
-    empty list means the call is acceptable. ``additionalProperties`` absent counts as false:
-    an argument the schema does not list is reported (models often misspell argument names).
+    Returns model-facing errors prefixed with ``where`` (empty: acceptable). ``additionalProperties``
+    absent counts as false (models often misspell argument names).
     """
     if name not in tools:
         valid = ", ".join(sorted(tools)) or "(none)"

@@ -1,10 +1,8 @@
 """Agents the collector can drive: the model (`PolicyAgent`), the scripted oracle (`OracleAgent`), a
 served model (`openai_agent.OpenAIChatAgent`), and `make_agent`, the one place that picks among them.
 
-An agent answers a batch of `TurnRequest`s at once (the collector batches generation across
-episodes waiting for the policy). Model agents return sampled token ids + log-probs and expose the
-`tokenizer` the collector records tokens with; text agents return text, which the collector
-tokenises when it records tokens (warm-start data).
+Model agents return sampled token ids + log-probs and expose the `tokenizer` the collector records
+tokens with; text agents return text, which the collector tokenises when it records tokens.
 """
 
 from __future__ import annotations
@@ -116,11 +114,9 @@ def gold_tables(sql: str) -> tuple[str, ...]:
 
 
 def oracle_turn_texts(task: Task, env_info: Mapping[str, Any] | None = None, *, describe: bool = True) -> list[str]:
-    """The scripted oracle's turns for an env that reported `env_info` at `init` (None: every tool
-    offered, db_id passed by the model, no schema in the prompt): list tables and describe the gold
-    query's tables (one turn, several calls) unless the schema is in the prompt, execute the gold
-    SQL, submit it. Tools the env does not offer are skipped, and describe_table when the episode's
-    max_turns leaves no room for it."""
+    """The scripted oracle's turns for an env's `env_info`: list and describe the gold query's tables
+    (unless the schema is in the prompt), execute the gold SQL, submit it; tools not offered are
+    skipped, and describe_table when max_turns leaves no room."""
     info = env_info or {}
     offered = info.get("tools")
     bound = set(info.get("db_id_bound") or ())

@@ -150,14 +150,8 @@ class _GenerationBatcher:
 
 
 class TrajectoryCollector:
-    """Runs episodes for tasks (G per task) through `MCPToolEnvironment` and an `Agent`.
-
-    Args:
-        runtime: the shared env runtime (MCP pool, tools, reward cache).
-        agent: `PolicyAgent`, `OracleAgent`, or any `Agent` (`rollout.turns`).
-        tokenizer: records token ids/masks when given (training); None = text only (evaluation).
-        settings: limits and concurrency.
-    """
+    """Runs episodes for tasks (G per task) through `MCPToolEnvironment` and an `Agent`;
+    `tokenizer` records token ids/masks (None: text only)."""
 
     def __init__(self, runtime: EnvRuntime, agent: Agent, *, tokenizer: Any = None, settings: CollectorSettings | None = None) -> None:
         self.runtime = runtime

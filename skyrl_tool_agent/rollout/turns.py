@@ -42,13 +42,9 @@ class AgentTurn:
 
 @runtime_checkable
 class Agent(Protocol):
-    """What the collector drives. An agent writes `act`; it derives from `Agent` for the rest, whose
-    defaults do nothing, and overrides what it needs (the policy's agent opens its rollout engine
-    in `start_collection`, frees an episode's slot in `end_episode`, and is `continuous`).
-
-    The collector calls, for every agent: `start_collection` before a collection's first episode,
-    `act` with the turns waiting (a batch, or one at a time when `continuous`), `end_episode` when
-    an episode ends, and `finish_collection` after the last one.
+    """What the collector drives: `start_collection`, then `act` with the turns waiting (a batch, or
+    one at a time when `continuous`), `end_episode` as each ends, `finish_collection`. An agent
+    writes `act`; the other hooks' defaults do nothing.
     """
 
     #: True: the agent batches on its own (each request goes to `act` at once and the answers come
