@@ -4,9 +4,8 @@ metrics overall, per difficulty and per database (+ pass@k when sampled) -> offl
     run = run_evaluation(tasks, runtime, "oracle" | policy, settings, EvalOptions(...))
     reports.evaluation.write_outputs(run, OutputPaths.beside(Path("results.json")))  # + the files beside it
 
-The episodes are produced by one `TrajectoryCollector.collect` call over all tasks (concurrent
-episodes, generation batched across them) while a `weave.Evaluation` over the same tasks consumes
-them (see `weave_eval`); Weave is online with W&B credentials and disabled otherwise.
+One `TrajectoryCollector.collect` call over all tasks produces the episodes a `weave.Evaluation`
+consumes (`weave_eval`).
 """
 
 from __future__ import annotations

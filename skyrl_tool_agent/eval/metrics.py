@@ -23,10 +23,8 @@ COVERAGE_KEYS: tuple[str, ...] = ("scored", "infra_errors")
 
 
 def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """An evaluation's headline figures as metrics.jsonl keys (`eval/execution_accuracy`, ...),
-    with `eval/scored` and `eval/infra_errors` beside them (a rate is None when nothing was scored),
-    `eval/avg@k`, `eval/pass@k` when it sampled (`sampled_record`), and each error category's rate
-    over the scored episodes, `eval/errors/<category>`, when it has the anatomy (`eval.anatomy`)."""
+    """An evaluation's headline figures as metrics.jsonl keys (`eval/...`): rates, `scored`,
+    `infra_errors`, `avg@k`/`pass@k` when sampled, `errors/<category>` with the anatomy."""
     out = {f"eval/{key}": summary.get(key) for key in (*HEADLINE_KEYS, *COVERAGE_KEYS)}
     for category, rate in ((summary.get("error_anatomy") or {}).get("rates") or {}).items():
         out[f"eval/errors/{category}"] = rate
@@ -38,10 +36,8 @@ def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
 
 
 def sampled_record(trajectories: Sequence[Trajectory], k: int, temperature: float) -> dict[str, Any]:
-    """`k` sampled episodes per task (in task, sample order) as avg@k (mean over tasks of the
-    fraction of its samples solved: sampled pass@1) and pass@k (fraction of tasks solved at least
-    once), with `per_task` fractions for paired intervals (None: no sample of the task was scored,
-    an infrastructure error; a task's fraction is over its scored samples)."""
+    """`k` sampled episodes per task (task, sample order) as avg@k (mean fraction solved) and pass@k
+    (fraction solved at least once), with `per_task` fractions over scored samples (None: none)."""
     if len(trajectories) % k:
         raise ValueError(f"{len(trajectories)} episodes are not {k} per task")
     per_task: list[float | None] = []
@@ -160,10 +156,8 @@ def pass_at_k_levels(num_samples: int) -> list[int]:
 def evaluation_metrics(
     trajectories: Sequence[Trajectory], gold_sql: Mapping[str, str], num_samples: int = 1
 ) -> dict[str, Any]:
-    """`summarize` plus exact match and each reward term's mean (`reward_terms`), with `n`
-    counting questions (not episodes), and pass@k (mean over questions) when `num_samples` > 1.
-    Sample-level rates (execution accuracy, exact match, ...) average over all episodes, i.e. they
-    are pass@1 estimates."""
+    """`summarize` plus exact match and each reward term's mean, `n` counting questions, and pass@k
+    when `num_samples` > 1; sample-level rates average over all episodes (pass@1 estimates)."""
     if not trajectories:
         return {"n": 0, "episodes": 0}
     out: dict[str, Any] = summarize(trajectories)

@@ -227,10 +227,8 @@ class TaskSplits:
         return self._test
 
     def validation_at_hand(self) -> list[Task] | None:
-        """`validation()` where this run has it without generating anything more: Spider's (a part
-        of dev), or the generated pool's when GRPO trains on that pool or evaluates on it; None for
-        the built-in data's training file (the pool, which needs every built-in database, is then
-        never generated)."""
+        """`validation()` where this run has it without generating anything more; None for the
+        built-in data's training file (the pool is then never generated)."""
         t = self.config.training
         if t.data.dataset != "builtin" or train_pool_kind(self.config) != "file" or t.eval_split == "validation":
             return self.validation()
@@ -323,10 +321,8 @@ class EvalTaskSet:
 
 def load_eval_tasks(config: Config, split: Split = "dev", *, limit: int | None = None, seed: int = 0,
                     skip_bad_records: bool = False) -> EvalTaskSet:
-    """The `split` of `config`'s data (`TaskSplits`: the tasks training means by that name), or a
-    stratified-by-difficulty subset of `limit` of them chosen by `data.batching.fixed_subset`
-    (deterministic for a seed: the same limit and seed give the same questions, so two runs
-    compare). Missing files are `UserInputError`s naming the path."""
+    """The `split` of `config`'s data (`TaskSplits`), or a seeded stratified subset of `limit` of them
+    (`fixed_subset`: two runs compare); a missing file is a `UserInputError` naming it."""
     if limit is not None and limit < 1:
         raise UserInputError(f"--limit must be >= 1, got {limit}")
     splits = TaskSplits(config, skip_bad_records=skip_bad_records)

@@ -1,12 +1,8 @@
 """Confidence intervals for accuracy differences measured on the same tasks.
 
-Two evaluations of one task set are paired: a task's outcome before and after training are not
-independent, so the interval of the difference resamples tasks (both outcomes of a task travel
-together), as in paired-bootstrap significance testing for NLP (Koehn 2004; Berg-Kirkpatrick et
-al. 2012). Pure numpy over per-task outcomes; no model involved.
-
-An outcome of None is a task that was never scored (an infrastructure error): its pair is left
-out of the interval and counted in `unscored`, never taken as "unsolved".
+Two evaluations of one task set are paired, so the interval resamples tasks (both outcomes of a
+task travel together: Koehn 2004). An outcome of None (never scored) leaves its pair out, counted
+in `unscored`, never taken as "unsolved".
 """
 
 from __future__ import annotations

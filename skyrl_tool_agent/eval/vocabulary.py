@@ -1,10 +1,7 @@
 """The words an evaluation's outputs use, by task family: SQL words only for SQL.
 
-The SQL family reports execution accuracy, exact match and valid SQL against each task's gold SQL;
-any other family (its verifier term decides, `env.families.TaskFamily.verdict_term`) reports
-`accuracy` against each task's ground truth, with no SQL-only metric. results.json names its
-family (`"family"`) and its headline key (`"headline"`); readers (the printed table, report.html,
-`--compare`, the difficulty plot) take their words from `vocabulary_of(results)`.
+Another family reports `accuracy` against each task's ground truth, with no SQL-only metric.
+results.json names its `family` and `headline`; readers take their words from `vocabulary_of`.
 """
 
 from __future__ import annotations

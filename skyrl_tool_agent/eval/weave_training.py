@@ -1,11 +1,7 @@
-"""A training run's evaluations in Weave: with W&B online, each evaluation the trainer makes
-(before GRPO, every `training.eval_every` steps, after) becomes a `weave.Evaluation` named
-`<run>-step-<N>` of the policy as a `weave.Model` named after the run, whose `step` field makes
-each evaluated step a version of it, scored by the scorers `eval` uses (`weave_eval.SCORERS`).
-The Evaluation replays the episodes the trainer already ran (`StoredEpisodes`): it costs no episode.
-
-Offline or disabled, nothing is traced and `weave` is never imported (no login prompt, no network);
-the run says once, in one log line, where the Weave data would have gone and what to run later.
+"""A training run's evaluations in Weave: with W&B online, each evaluation the trainer makes becomes
+a `weave.Evaluation` named `<run>-step-<N>` (each step a version of the run's `weave.Model`),
+replaying the episodes the trainer already ran. Offline or disabled, `weave` is never imported and
+the run says once where the data would have gone and what to run later.
 """
 
 from __future__ import annotations
@@ -56,9 +52,8 @@ def replay_evaluation(tasks: Sequence[Task], trajectories: Sequence[Trajectory],
 
 
 class TrainingWeave:
-    """Where a training run's evaluations go in Weave (module docstring). `mode`: `weave_setup.weave_mode`
-    of the run's W&B mode; `wandb_mode`: that mode resolved (online, offline, disabled), for the words
-    of the line an untraced run logs; `later`: the command that evaluates the run's model into Weave."""
+    """Where a training run's evaluations go in Weave (module docstring); `later`: the command that
+    evaluates the run's model into Weave."""
 
     def __init__(self, *, mode: WeaveMode, wandb_mode: str, project: str, run_name: str, sql: bool,
                  later: str) -> None:
@@ -92,9 +87,7 @@ class TrainingWeave:
 
 
 def training_weave(config: Config, run_logger: Any, eval_tasks: list[Task]) -> Any:
-    """The run's `eval.weave_training.TrainingWeave`: its evaluations as Weave Evaluations named
-    after the W&B run (else the output directory) when W&B is online; otherwise the one line that
-    says where they would have gone and the `eval` command that puts the trained model there."""
+    """The run's `TrainingWeave`, named after the W&B run (else the output directory)."""
     from skyrl_tool_agent.env.families import resolve_family
     from skyrl_tool_agent.eval.vocabulary import vocabulary
     from skyrl_tool_agent.eval.weave_setup import weave_mode
