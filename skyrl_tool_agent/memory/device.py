@@ -21,10 +21,8 @@ class DeviceMemory:
 
 
 def device_memory(device: Any) -> DeviceMemory:
-    """The memory a budget on `device` (a torch.device) is drawn from: on CUDA the device's total,
-    with this process's tensors and other processes' memory in use (the caching allocator's free
-    blocks count as free: the cache reuses them); on a CPU the RAM available now (what this
-    process holds is already outside it)."""
+    """The memory a budget on `device` is drawn from: on CUDA the device's total and what is in use
+    (the caching allocator's free blocks count as free); on a CPU the RAM available now."""
     if device.type == "cuda":
         import torch
 

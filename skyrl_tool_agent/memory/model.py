@@ -186,11 +186,9 @@ def prefill_working_bytes(s: Setup, *, chunk_tokens: int, capacity: int) -> floa
 
 
 def score_bytes(s: Setup) -> float:
-    """Bytes per attention score alive at a prefill's peak (`prefill_attention`): no score is held,
-    only the visibility mask, one entry per query group (so / kv_heads): the bool mask of the root's
-    and own keys (1), its negation or the own part before concatenation (1), and the additive mask
-    torch's attention makes of it in the weights' dtype. Measured on CPU (flash); CUDA's
-    memory-efficient kernel converts the mask the same way (not measured)."""
+    """Bytes per attention score alive at a prefill's peak (`prefill_attention`): only the visibility
+    mask, per query group: two bool masks and torch's additive one in the weights' dtype
+    (measured on CPU)."""
     return (2 + s.dtype_bytes) / s.shape.kv_heads
 
 

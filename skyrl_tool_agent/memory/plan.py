@@ -1,14 +1,10 @@
 """The memory plan of a run: the rollout engine's slots and the update's micro-batch, chosen together.
 
-The engine is built once per run and keeps its KV cache through every update, so one device holds,
-at once: the weights (and full mode's reference), the engine's weight snapshot, its cache of one
-slot per episode in flight, its working set (a prefill chunk, a decode step), and the update's
-peak (`model.update_reserve_bytes`). `plan_run` chooses, within `fraction` of the device:
+The engine keeps its KV cache through every update, so one device holds all of `memory.model` at
+once. `plan_run` chooses, within `fraction` of the device:
 
-1. **episodes in flight first**: as many slots as the step's episodes on this rank want (`demand`),
-   with the smallest footprint of everything else (a one-row update, a 512-token prefill chunk,
-   no snapshot copy where the model can be sampled through its own modules). A GRPO step ends when
-   its slowest group ends, so a slot short stretches the whole rollout;
+1. **episodes in flight first** (`demand`), with the smallest footprint of everything else: a GRPO
+   step ends when its slowest group ends, so a slot short stretches the whole rollout;
 2. then **the update's token budget**, up to `UPDATE_SATURATION_TOKENS` (and the configured budget):
    beyond it a micro-batch is no faster per token, it only holds memory;
 3. then a **snapshot copy** (fused projections sample faster than the adapters beside the weights)

@@ -1,11 +1,7 @@
 """A Qwen2 decoder's shape, the one input of the memory model: read once from its config.json.
 
-Everything the memory model counts follows from these numbers (exact parameter counts, not
-estimates): the decoder's linear weights (what NF4 quantises and LoRA adapts), the embedding and
-head, the keys/values per token. `shape_of(model)` finds the config.json of a model directory, an
-adapter's base, a training checkpoint's weights/, or a hub name: from the local Hugging Face cache,
-else downloaded once (config.json only, a few KB) unless HF_HUB_OFFLINE is set, so a first run of a
-7B is sized as a 7B.
+`shape_of(model)` finds the config.json of a model directory, an adapter's base, a checkpoint's
+weights/, or a hub name (the HF cache, else downloaded once unless HF_HUB_OFFLINE is set).
 """
 
 from __future__ import annotations

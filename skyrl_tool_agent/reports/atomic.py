@@ -1,7 +1,5 @@
-"""Files a person may read while they are rewritten (a long run's curves, table and report.html):
-each new version is written beside the old one and then takes its name in one `os.replace`, so a
-reader opens the old file or the new one, never half of one (POSIX rename is atomic within a
-directory; the temporary file is in the same directory, hence on the same filesystem)."""
+"""Files a person may read while they are rewritten: each new version is written beside the old one
+and takes its name in one `os.replace`, so a reader never opens half of one."""
 
 from __future__ import annotations
 
@@ -16,9 +14,8 @@ __all__ = ["replaced_atomically", "write_text_atomically"]
 
 @contextlib.contextmanager
 def replaced_atomically(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path` (same suffix, so writers that go by it still do) to
-    write the new version to; when the body returns, it replaces `path` in one step. If the body
-    raises, `path` is left as it was and the temporary file is removed. The folder is made."""
+    """Yield a temporary path beside `path` (same suffix) that replaces `path` when the body returns;
+    if it raises, `path` is left as it was. The folder is made."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not mkstemp: its 0600 mode would survive the rename; a plain open keeps the umask's mode.

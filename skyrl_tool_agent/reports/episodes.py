@@ -1,8 +1,5 @@
-"""One episode as report.html shows it, for evaluated samples and training rollouts alike: the
-turns (tool calls named, long messages cut), reward terms, the SQL panel (`report_sql`) and the
-`data-*` attributes the page's script filters, searches and sorts on.
-
-Everything here is plain data; the templates (`report_templates`, autoescaped) turn it into HTML.
+"""One episode as report.html shows it (evaluated samples and training rollouts alike), as plain data
+the autoescaped templates turn into HTML, with the `data-*` attributes the page's script reads.
 """
 
 from __future__ import annotations
@@ -80,12 +77,8 @@ def _number(value: Any) -> str:
 def episode(ident: str, record: Mapping[str, Any], sample: Mapping[str, Any], *, system_prompt: str,
             previewer: ResultPreviewer, facts: Sequence[tuple[str, str]], tags: Sequence[str] = (),
             data: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What the page shows of one episode.
-
-    `record` holds the task (task_id, db_id, question, gold_sql, difficulty); `sample` the episode
-    (solved, reward, final_sql, messages, reward terms); both may be the same mapping (a rollout).
-    `facts`: (label, text) rows under the question; `data`: extra sort/filter attributes.
-    """
+    """What the page shows of one episode: `record` the task, `sample` the episode (the same mapping
+    for a rollout); `facts`: (label, text) rows under the question; `data`: extra attributes."""
     solved = bool(sample.get("solved"))
     db_id = str(record.get("db_id", ""))
     attributes = {"failed": "0" if solved else "1", "db": db_id, "difficulty": str(record.get("difficulty", "")),

@@ -36,12 +36,8 @@ class OutputPaths:
 def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str, Any] | None = None,
                   report: bool = True, rollouts: Sequence[dict[str, Any]] | None = None,
                   db_root: Path | None = None, training_run: TrainingRunView | None = None) -> OutputPaths:
-    """Write results.json, the per-question JSONL, the difficulty PNG, the error anatomy's PNG (a
-    SQL evaluation: this run's counts, beside the baseline's when it has them) and (if `report`)
-    report.html. `baseline` (a previous results.json) adds a comparison to the report, `rollouts` (a training
-    run's rollouts.jsonl records) a training rollouts view; `db_root` (the episodes' databases)
-    lets it show the first rows of the final and gold queries' results; `training_run` (a training
-    run's state and curves) heads the report."""
+    """Write results.json, the per-question JSONL, the difficulty and error anatomy PNGs and (if
+    `report`) report.html (`reports.html.render_report` takes the other arguments)."""
     from skyrl_tool_agent.reports.atomic import replaced_atomically, write_text_atomically
     from skyrl_tool_agent.reports.plots import plot_accuracy_by_difficulty, plot_error_anatomy
 

@@ -1,12 +1,9 @@
 """Static parts of report.html: its CSS and its JS (inline: the page needs no network). Kept as
 Python strings so they ship with the package without package-data rules.
 
-The JS filters (hides/shows), searches and reorders the server-rendered episodes of each viewer
-(`<section class="viewer">`: the evaluation's and the training rollouts'), driven by the controls
-marked `data-ctl` (`status`, `eq`/`min`/`max` on a `data-field`, `text`, `sort` as `field:±1`).
-It never inserts text, so nothing from the data can run as code. The URL fragment holds the
-filters (`#<viewer>.<control name>=<value>&...`, kept up to date as they change; `#failed`: the
-failed evaluation episodes), so a filtered view can be linked; `#<episode id>` opens that episode.
+The JS filters, searches and reorders the server-rendered episodes of each viewer, driven by the
+`data-ctl` controls; it never inserts text, so nothing from the data can run as code. The URL
+fragment holds the filters (`#<viewer>.<control>=<value>&...`, `#failed`, `#<episode id>`).
 """
 
 from __future__ import annotations

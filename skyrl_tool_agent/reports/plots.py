@@ -51,11 +51,9 @@ def _rolling_mean(values: list[float], window: int) -> list[float]:
 
 def plot_training_curves(metrics_path: Path, out_png: Path, *, eval_split: str = "dev", kl_off: bool = False,
                          state: str = "") -> Path:
-    """Reward and execution accuracy (train per step with a rolling mean, the `eval_split` tasks at
-    eval steps) on fixed 0-1 axes, KL and entropy against step, from metrics.jsonl. `kl_off`: the run
-    had no KL term (grpo.kl_coef = 0), so its logged KL is a placeholder 0: the panel says so
-    instead of drawing a flat line. `state`: the run's state in words (step, minutes, running or
-    why it stopped), the picture's title: a picture drawn during a run says how far it had got."""
+    """Reward, execution accuracy, KL and entropy against step, from metrics.jsonl. `kl_off`: the
+    logged KL is a placeholder 0 (no KL term), said instead of drawn. `state`: the run's state in
+    words, the picture's title."""
     rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     if state:

@@ -1,8 +1,5 @@
-"""The "Training rollouts" view of report.html: a training run's `rollouts.jsonl` (sampled episodes
-written by `grpo.rollout_log.rollout_records`), grouped by step, each with its reward terms,
-advantage, conversation and final-vs-gold SQL panel. The page's script filters them (steps,
-solved/failed, reward, database), searches question and SQL, and sorts by step, reward or
-advantage (see `report_assets`).
+"""The "Training rollouts" view of report.html: a training run's `rollouts.jsonl`, grouped by step,
+filtered, searched and sorted in the page (`html_assets`).
 """
 
 from __future__ import annotations
@@ -43,9 +40,7 @@ class RolloutMessage(BaseModel):
 
 
 class RolloutRecord(BaseModel):
-    """A line of rollouts.jsonl as `grpo.rollout_log.rollout_records` writes it: the fields the
-    report reads, with their types (a group member that is text ended the report in a ValueError);
-    other fields pass through untouched."""
+    """A line of rollouts.jsonl: the fields the report reads, typed; others pass through."""
 
     model_config = ConfigDict(extra="allow")
 

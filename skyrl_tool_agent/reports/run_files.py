@@ -25,12 +25,9 @@ def run_state(step: int, max_steps: int, minutes: float, stop_reason: str = "") 
 
 
 class RunOutputs:
-    """A run's training_curves.png, metrics_table.md (the before/after table: the evaluation before
-    GRPO against the latest one) and report.html (the latest evaluation's episodes against the one
-    before, the training rollouts so far, the curves), each with the run's state (`run_state`),
-    each replaced atomically: written by rank 0 after the first evaluation and probe, after every
-    evaluation and probe during training (`GRPOTrainer.after_measurement`), and at the end. One
-    writer for all of them, so a long run shows what it learns while it runs."""
+    """A run's training_curves.png, metrics_table.md and report.html, each with the run's state and
+    replaced atomically, rewritten after every evaluation and probe (`after_measurement`) and at
+    the end, so a long run shows what it learns while it runs."""
 
     def __init__(self, config: Config, eval_tasks: list[Task], before: dict[str, Any], db_root: Path) -> None:
         self.config, self.eval_tasks, self.before, self.db_root = config, eval_tasks, before, db_root
@@ -39,10 +36,7 @@ class RunOutputs:
     def write(self, trainer: Any, *, after: dict[str, Any] | None = None, stop_reason: str = "",
               grpo_seconds: float | None = None, test: dict[str, Any] | None = None) -> None:
         """Write the three files for `trainer`'s step and latest evaluation (`after`, default its
-        `last_eval`, the one before GRPO until there is another; its episodes are the trainer's
-        `last_eval_trajectories`); `stop_reason`: why the run stopped ("" while it runs);
-        `grpo_seconds`: the GRPO clock where training stopped (default: the trainer's clock now);
-        `test`: the test split's `split_record` (the table's second part, at the end)."""
+        `last_eval`); `stop_reason`: "" while it runs; `test`: the test split's `split_record`."""
         from skyrl_tool_agent.env.families import resolve_family
         from skyrl_tool_agent.reports.plots import plot_training_curves
         from skyrl_tool_agent.reports.html import TrainingRunView

@@ -1,10 +1,5 @@
-"""The Jinja templates of report.html, with autoescaping on: every value from a model, a database,
-a question or a file is escaped by the template engine; only our own CSS/JS and the SQL diff
-(`report_sql`, which escapes each token itself) are passed as `Markup`. Kept as Python strings so
-they ship with the package without package-data rules.
-
-The page's script (`report_assets.JS`) reads the `data-*` attributes and `data-ctl` controls
-written here; it never inserts text.
+"""The Jinja templates of report.html, autoescaped: only our CSS/JS and the SQL diff (which escapes
+each token itself) are `Markup`. Python strings, so they ship without package-data rules.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""A training run's report.html: its latest evaluation (every episode, as `evaluate.py` reports one;
-the final one once the run ends) compared with the evaluation before training (metrics, and the
-questions newly solved and newly broken), with the run's sampled training episodes
-(`rollouts.jsonl`) as a Training rollouts view, headed by the run's state and curves.
-
-Written by the training pipeline into its output directory (`reports.run_files.RunOutputs`: after the first
-evaluation, after every evaluation and probe, and at the end; each file replaced atomically):
-`eval_final.json`, `eval_final_trajectories.jsonl`, `eval_final_by_difficulty.png` and `report.html`.
+"""A training run's report.html: its latest evaluation against the one before training, with its
+rollouts view, headed by the run's state and curves; written by `reports.run_files.RunOutputs`
+with `eval_final.json`, `eval_final_trajectories.jsonl` and `eval_final_by_difficulty.png`.
 """
 
 from __future__ import annotations
@@ -44,9 +39,7 @@ def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectori
                           before: Mapping[str, Any], *, db_root: Path, step: int,
                           run: TrainingRunView | None = None) -> OutputPaths:
     """Write the run's latest evaluation files and report.html into `training.output_dir` (module
-    docstring). `trajectories`: the latest evaluation's episodes of `eval_tasks`, after `step`
-    steps (0: the evaluation before training, shown alone); `before`: the evaluation before
-    training (its `solved` list follows `eval_tasks`); `run`: the run's state and curves."""
+    docstring); at `step` 0 the evaluation before training is shown alone."""
     out = config.training.resolved_output_dir()
     family = resolve_family(config.env.task_family).name
     words = vocabulary(family)
