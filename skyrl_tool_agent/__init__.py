@@ -30,11 +30,8 @@ ENV_ID = "mcp_tool_env"
 def register_envs(env_config: Any = None) -> None:
     """Register `mcp_tool_env` with skyrl-gym (idempotent).
 
-    `env_config` (an `EnvConfig`, or a mapping of `SkyRLEnvConfig` fields: every env knob plus
-    `db_root` / `db_path`) becomes the default under the env_config that `skyrl_gym.make` passes:
-    SkyRL-train passes its `environment.skyrl_gym.mcp_tool_env` section, for which its typed config
-    (`skyrl.train`) has no field, so {} (docs/skyrl_train.md). Registering again with another
-    `env_config` replaces the default.
+    `env_config` (`SkyRLEnvConfig` fields) becomes the default under the env_config `skyrl_gym.make`
+    passes (SkyRL-train passes {}: docs/skyrl_train.md); registering again replaces it.
     """
     import skyrl_gym
     from skyrl_gym.envs.registration import registry

@@ -1,11 +1,9 @@
 """Where the built-in dataset lives, whatever the working directory (paths only: nothing here
 builds it; `skyrl_tool_agent.data.builtin.location.builtin_data_dir` builds it on first use).
 
-1. A source checkout's `data/processed` (the package sits next to it: `pip install -e .` or a
-   clone on sys.path), when it holds train.json, dev.json and databases/.
-2. Else the cache, `$SKYRL_TOOL_AGENT_CACHE/builtin/<key>` (default ~/.cache/skyrl_tool_agent),
-   built there on first use (`data.builtin.location`; seed 0; deterministic, a few seconds of CPU). The
-   key is a digest of the generator's source, so a changed generator never reads a stale build.
+1. A source checkout's `data/processed`, when it holds train.json, dev.json and databases/.
+2. Else the cache, `$SKYRL_TOOL_AGENT_CACHE/builtin/<key>`, the key a digest of the generator's
+   source, so a changed generator never reads a stale build.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Config flags shared by every script: `--config FILE` or `--config-dir DIR`, `--set KEY=VALUE`,
-`--<file>-config PATH`.
-
-    parser = argparse.ArgumentParser(allow_abbrev=False)
-    add_config_args(parser)
-    args = parser.parse_args()
-    with cli_main_guard():
-        cfg = config_from_args(args)
+`--<file>-config PATH` (`add_config_args`, then `config_from_args`).
 """
 
 from __future__ import annotations
@@ -25,10 +19,7 @@ FILE_FLAGS = {name: f"--{name}-config" for name in SECTIONS}
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the config flags to `parser` (in their own argument group); returns the parser.
-
-    Build the parser with `allow_abbrev=False`, or argparse also takes prefixes such as
-    `--config-d` for `--config-dir` or `--model` for `--model-config`."""
+    """Add the config flags to `parser` (build it with `allow_abbrev=False`); returns the parser."""
     group = parser.add_argument_group("configuration")
     source = group.add_mutually_exclusive_group()
     source.add_argument(
@@ -79,10 +70,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace, *, model_path: str | None = None) -> Config:
-    """`load_config` with the flags added by `add_config_args`, `--profile auto` resolved here.
-
-    `model_path` is the model the command will actually load when a flag other than
-    `model.name_or_path` names it (`eval --model-path`); auto decides from that model."""
+    """`load_config` with the flags of `add_config_args`, `--profile auto` resolved from the model
+    the command will load (`model_path`, when another flag names it)."""
     def load(profile: str) -> Config:
         return load_config(
             getattr(args, "config_dir", None),

@@ -1,9 +1,5 @@
-"""A permissive schema for the file DeepSpeed owns (configs/deepspeed_config.json; the accelerate
-launcher's configs/accelerate_config.yaml names it and is read by accelerate alone).
-
-Only the keys this project relies on are typed; every other key is allowed and passed through,
-since DeepSpeed defines (and evolves) the format. It is loaded on demand (`Config.load_deepspeed()`),
-only by full-mode runs.
+"""A permissive schema for configs/deepspeed_config.json: only the keys this project relies on are
+typed, every other key passes through. Loaded on demand, by full-mode runs only.
 
 DeepSpeed ZeRO-3 offload (off by default; for models that do not fit in GPU memory):
 ``zero_optimization.offload_optimizer = {"device": "cpu", "pin_memory": true}`` moves optimizer

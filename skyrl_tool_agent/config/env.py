@@ -5,9 +5,8 @@ Server commands may use placeholders, filled when the servers are started (`reso
 
 * ``${db_root}`` in `command`, `args`, `env` values or `cwd` becomes the absolute database root
   (training.data.db_root, or the dataset's default).
-* ``${sql_timeout_s}`` becomes `env.sql_timeout_s`, so one knob bounds a query both in the tool
-  server (the default server passes it as ``--timeout-s``) and in the env's own scoring runs.
-  No other names exist; an unknown ``${...}`` is a config error. There is no escape syntax (no server needs a literal ``${``).
+* ``${sql_timeout_s}`` becomes `env.sql_timeout_s`, so one knob bounds a query in the tool server
+  and in the env's own scoring runs. An unknown ``${...}`` is a config error; there is no escape.
 * A `command` that is literally ``python`` becomes `sys.executable`, so servers run in the same
   interpreter/virtualenv as the trainer.
 """
@@ -194,9 +193,7 @@ class RewardTermConfig(Section):
 
 class RewardConfig(Section):
     """The episode reward: weighted terms, normalised so a perfect episode scores 1 and one without
-    an answer 0 (the formula and its rules: skyrl_tool_agent.rewards.rubric). The rules, which need
-    the terms' functions (a term of your own may count only when wrong), are checked when the run
-    is built (`env.pools.build_rubric`), so loading a config never runs reward code."""
+    an answer 0 (`rewards.rubric`, whose rules are checked when the run is built)."""
 
     terms: list[RewardTermConfig] = knob(
         default_factory=_default_terms,
@@ -379,9 +376,7 @@ SKYRL_SQL_DATA_DIRS: dict[str, str] = {
 
 class SkyRLEnvConfig(EnvConfig):
     """What `skyrl_gym.make("mcp_tool_env", env_config=...)` accepts: every `EnvConfig` knob plus
-    where the databases are. SkyRL-train passes its `environment.skyrl_gym.mcp_tool_env` section
-    (or the defaults given to `skyrl_tool_agent.register_envs`); docs/skyrl_train.md. Our own trainer
-    does not read these two: it takes training.data.db_root."""
+    where the databases are (docs/skyrl_train.md; our own trainer takes training.data.db_root)."""
 
     db_root: str | None = knob(
         None,

@@ -1,8 +1,7 @@
 """User-facing errors and the CLI guard that turns them into one `error: ...` line and exit status 2.
 
-Library code raises `UserInputError` (or its subclass `ConfigError`) for mistakes the user can fix
-(a bad config value, a missing file they named); scripts wrap their entry point in
-`cli_main_guard()` so such mistakes never print a traceback. Programming errors still do.
+Library code raises `UserInputError` (or `ConfigError`) for mistakes the user can fix; entry points
+wrap themselves in `cli_main_guard()` so those never print a traceback.
 """
 
 from __future__ import annotations

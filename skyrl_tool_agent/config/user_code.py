@@ -2,9 +2,8 @@
 (`rewards.terms.load_term_function`), task families (`env.families.resolve_family`) and the
 one-file example (`examples.one_file`).
 
-Here, at the bottom layer, because all three need the same once-per-process module for one file.
-Loading a config never calls it: a config is data, and the code it names is imported when the run
-(the env, the trainer) is built, before any MCP server starts.
+At the bottom layer, because all three need one module per file per process. Loading a config never
+calls it: the code a config names is imported when the run is built.
 """
 
 from __future__ import annotations
