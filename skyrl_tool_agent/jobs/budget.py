@@ -4,12 +4,9 @@ before GRPO, GRPO, the evaluation after it (the same tasks), saving and the repo
 GRPO's own budget (`training.time_budget_minutes`) counts only GRPO; the evaluations around it cost
 what the machine makes them cost. So the job is planned on one clock from its start:
 
-1. the evaluations are sized from the measured speed of the step-0 probe (episodes at the training
-   settings, which runs first anyway): a stratified subset of the eval tasks (`fixed_subset`; with
-   `training.test_eval`, of the test split's too, each its share), the same tasks before and after,
-   as many as fit two evaluations beside `MIN_GRPO_SHARE` of the job;
-2. GRPO gets what is left once the first evaluation's measured time is reserved again for the
-   second (x `AFTER_EVAL_MARGIN`) and `FINISH_RESERVE_S` for saving, never more than its own budget.
+1. the evaluations are sized from the step-0 probe's measured speed: as many eval tasks (a
+   stratified subset, the same before and after) as fit two evaluations beside `MIN_GRPO_SHARE`;
+2. GRPO gets what is left once the second evaluation and the finish are reserved.
 
 Pure arithmetic on an injectable clock, so a test decides the machine's speed.
 """
@@ -87,9 +84,8 @@ class JobBudget:
         return max(min(wanted, fits), min(wanted, MIN_EVAL_TASKS))
 
     def grpo_budget_s(self, before_eval_s: float, grpo_spent_s: float = 0.0) -> float:
-        """GRPO's seconds from now: what is left once the second evaluation (the first's
-        `before_eval_s` x `AFTER_EVAL_MARGIN`) and the finish are reserved, at most GRPO's own
-        budget less `grpo_spent_s` (a resumed run's). Never negative (at least one step runs)."""
+        """GRPO's seconds from now (module docstring), at most its own budget less `grpo_spent_s` (a
+        resumed run's); never negative."""
         left = self.left_s() - FINISH_RESERVE_S - AFTER_EVAL_MARGIN * before_eval_s
         if self.grpo_cap_s is not None:
             left = min(left, self.grpo_cap_s - grpo_spent_s)

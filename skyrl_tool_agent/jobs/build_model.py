@@ -21,8 +21,7 @@ logger = logging.getLogger(__name__)
 
 def redraw_held_out_sql(config: Config, heldout_tasks: list[Task]) -> set[str] | None:
     """With `training.data.redraw_constants`, the gold queries a redrawn training task must never
-    become (the held-out tasks' and dev's: a pool query with its constants redrawn can land on
-    one); None when the knob is off (the supervised build's examples stay as they are)."""
+    become (the held-out tasks' and dev's); None when the knob is off."""
     if not config.training.data.redraw_constants:
         return None
     return {t.gold_sql for t in heldout_tasks} | {t.gold_sql for t in TaskSplits.load(config).dev}
@@ -32,13 +31,9 @@ def build_embedded(config: Config, train_tasks: list[Task], heldout_tasks: list[
                    out: Path | None = None, force: bool = False, sft_steps: int | None = None,
                    eval_every: int | None = None, progress: Any = None,
                    provenance: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Build the embedded default model into `out` (default: `model.embedded_dir`, else the
-    project cache; never the shipped copy); returns the build report. A build already there is
-    kept unless `force`, if its files match its manifest; a partial or damaged one is replaced.
-
-    The warm start trains on oracle episodes of `train_tasks` (the training file: `TaskSplits.train`);
-    its held-out figures are on `heldout_tasks` (`TaskSplits.validation()`, never dev), so where the
-    warm start is stopped is not chosen on the reported yardstick.
+    """Build the embedded default model into `out` (default: `model.embedded_dir`, else the project
+    cache; never the shipped copy); returns the build report. An intact build there is kept unless
+    `force`. Its held-out figures are on validation, never dev.
     """
     from skyrl_tool_agent.policy.loading import resolve_device
     from skyrl_tool_agent.policy.manifest import verify_manifest
@@ -71,10 +66,9 @@ def build_embedded(config: Config, train_tasks: list[Task], heldout_tasks: list[
 def build_plateau_start(config: Config, out: Path, *, start: Path | None = None, max_steps: int | None = None,
                         eval_every: int | None = None, progress: Any = None,
                         provenance: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Continue the embedded model (`start`, default the shipped one) with supervised training on
-    oracle episodes of the generated pool GRPO samples until its greedy execution accuracy on the
-    validation split is flat (`warmstart.plateau`); resumes from `out`'s checkpoint. Dev is never
-    looked at. The model lands in `out/model` (ship it with `build-model --ship`)."""
+    """Continue the embedded model (`start`, default the shipped one) on the generated pool until flat
+    on validation (`warmstart.plateau`), resuming from `out`'s checkpoint; the model lands in
+    `out/model`."""
     from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
     from skyrl_tool_agent.policy.loading import resolve_device
     from skyrl_tool_agent.rollout.collector import CollectorSettings
@@ -97,10 +91,8 @@ def build_plateau_start(config: Config, out: Path, *, start: Path | None = None,
 
 def build_frontier(config: Config, *, model_dir: Path | None = None, num_tasks: int | None = None,
                    samples: int = 8, command: str = "", progress: Any = None) -> dict[str, Any]:
-    """Measure the frontier of the embedded model in `model_dir` (default: the config's, i.e. the
-    shipped one) on the generated pool (`data.frontier`): `samples` episodes per task at the
-    training temperature, on all pool tasks or a stratified subset of `num_tasks`; writes
-    `frontier.json` into `model_dir` and returns its summary."""
+    """Measure the frontier of the model in `model_dir` (default: the config's) on the generated pool
+    (`warmstart.frontier`); writes `frontier.json` there and returns its summary."""
     from skyrl_tool_agent.data.batching import fixed_subset
     from skyrl_tool_agent.data.frontier import FRONTIER_FILE
     from skyrl_tool_agent.policy.sampling_params import SamplingParams

@@ -1,8 +1,6 @@
-"""The doctor job (`skyrl-tool-agent doctor`): is this machine ready to train? A smoke test a user
-runs from a clone (or an installed wheel), needing no file outside the package. Every check of
-`doctor_checks.CHECKS` in turn, then the memory plan a `train` with the same flags would make, one
-line each (PASS / WARN / FAIL / SKIP, what it measured, its seconds), then the count. About a
-minute on a GPU, seconds on a CPU."""
+"""The doctor job (`skyrl-tool-agent doctor`): is this machine ready to train? Every check of
+`doctor_checks.CHECKS`, then the memory plan a `train` with the same flags would make, one line
+each, then the count. Needs no file outside the package."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Peak memory of one GRPO update per training mode, measured on this device (the `memory-profile`
 command parses its flags and calls `profile`).
 
-Each config runs in a fresh subprocess (clean peaks): load the policy as training would, build the
-GRPOTrainer, run `updates` real `_update` calls on a synthetic rollout batch (`rows` sequences of
-`length` tokens sharing a `prefix`-token system prompt, micro-batched as configured). Peak =
-the process's peak RSS on CPU (the kernel's high-water mark), `max_memory_allocated` on CUDA.
+Each config runs in a fresh subprocess (clean peaks): the policy and trainer as training builds
+them, `updates` real `_update` calls on a synthetic batch. Peak: RSS on CPU, `max_memory_allocated`
+on CUDA.
 """
 
 from __future__ import annotations

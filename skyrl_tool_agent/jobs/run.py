@@ -44,10 +44,8 @@ class Run:
 def open_run(config: Config, db_root: Path, *, policy_mode: str | None = None,
              grpo: GRPOParts | None = None) -> Iterator[Run]:
     """Start `config.env`'s MCP servers on `db_root`; then load a policy in `policy_mode`, or with
-    `grpo` seed every RNG with `training.seed` (the same on every rank: LoRA replicas start alike,
-    ZeRO-3 partitions one initialisation; a resumed run then restores its checkpoint's RNG states),
-    build the trainer, resume it and open its logger. On exit the logger finishes (W&B closes the
-    run) and the servers stop, however the body ended."""
+    `grpo` seed every RNG with `training.seed` (the same on every rank), build the trainer, resume
+    it and open its logger. On exit the logger finishes and the servers stop, however it ended."""
     from skyrl_tool_agent.env.pools import EnvRuntime
 
     with EnvRuntime(config.env, db_root) as runtime:

@@ -97,10 +97,9 @@ def arm_seconds(remaining_s: float, eval_s: float, points: int, margin_s: float,
 
 
 def hold_out_rl_pool(pool: Sequence[Task], n: int, *, seed: int) -> tuple[list[Task], list[Task]]:
-    """(build pool, RL pool): `n` tasks of `pool` (a stratified fixed subset) for reinforcement
-    learning, and the rest of the pool less every task whose gold query is one of theirs (the
-    generated pool repeats a query under other wordings), so the build never sees an RL task's
-    answer. `UserInputError` when nothing is left for the build."""
+    """(build pool, RL pool): `n` tasks of `pool` (a stratified fixed subset) for RL, and the rest less
+    every task sharing a gold query with them (the pool rewords queries), so the build never sees
+    an RL task's answer. `UserInputError` when nothing is left for the build."""
     from skyrl_tool_agent.data.batching import fixed_subset
 
     rl = fixed_subset(list(pool), n, seed=seed)

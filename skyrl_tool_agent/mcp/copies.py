@@ -34,12 +34,9 @@ def _is_sqlite(path: Path) -> bool:
 
 
 def copy_state(source: Path, target: Path) -> None:
-    """Make `target` hold what `source` holds, in place (a server may have `target` open).
-
-    A SQLite database goes through SQLite's backup API (a consistent copy, its journal or WAL
-    included, that readers of `target` see at their next transaction); the source is opened
-    read-only, so an original is never written. Another file is copied over `target`'s bytes; a
-    directory is emptied and filled again (the directory itself stays)."""
+    """Make `target` hold what `source` holds, in place (a server may have `target` open): a SQLite
+    database through the backup API (source read-only), another file over `target`'s bytes, a
+    directory emptied and filled again."""
     if source.is_dir():
         target.mkdir(parents=True, exist_ok=True)
         for child in list(target.iterdir()):

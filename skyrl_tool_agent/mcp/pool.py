@@ -1,20 +1,15 @@
 """Pooled MCP clients: `MCPClientPool` (asyncio) and `BackgroundMCPPool` (thread-backed, for sync callers).
 
-`MCPClientPool(servers)` starts `sessions_per_server` stdio processes per `MCPServerConfig` (each told the
-pool's call timeout in its environment, `mcp_tools.call_lanes.CLIENT_DEADLINE_ENV_VAR`), lists their
-tools once, and routes `call_tool(name, ...)` to a server that lists `name` (round-robin over its
-live sessions, which concurrent callers share). Tool names must be unique across servers: a
-duplicate is an `MCPConfigError` at start; give one spec a `tool_prefix` to run both.
+`MCPClientPool(servers)` starts `sessions_per_server` stdio processes per server, lists their tools
+once, and routes `call_tool(name, ...)` round-robin over the live sessions of the server listing it
+(a tool name two servers list is an `MCPConfigError`).
 
 Failure model:
 - tool-level errors (the server answered `is_error`, or a text matching its spec's `error_pattern`,
   for servers that report errors as plain text) are results, `ToolResult(is_error=True)`;
-- a server that dies fails its in-flight calls at once, one that hangs fails them at their
-  timeout; both raise `MCPServerUnavailable` (retryable). The pool restarts the server in the
-  background; calls made meanwhile wait for it within their own timeout;
-- a session whose call timed out leaves the rotation at once and is pinged: it comes back when the
-  ping answers, and is killed and replaced when it does not. Retries therefore go to healthy
-  servers (or wait for one), never to a hung one still marked ready;
+- a server that dies or hangs fails its in-flight calls with `MCPServerUnavailable` (retryable) and
+  is restarted in the background; a session whose call timed out leaves the rotation at once
+  (`slots.ServerSlot.suspect`), so retries never go to a hung server;
 - an unknown tool name raises `MCPToolNotFound`.
 
 `BackgroundMCPPool` owns one `MCPClientPool` on its own event-loop thread, so sync callers and
