@@ -35,9 +35,8 @@ MODEL_FILES = "model files"
 
 
 def model_files_identity(model: ModelConfig) -> str | None:
-    """What this node's model files are: the sha256 of each small file (config, tokenizer, manifest)
-    and the size of each large one, digested; None for a hub model not in this node's cache (it is
-    downloaded at load, the same revision on every node) and an embedded model rank 0 will build."""
+    """A digest of this node's model files (small files' sha256, large files' sizes); None for a hub
+    model not in this node's cache (every node downloads one revision) or one rank 0 will build."""
     from skyrl_tool_agent.policy.loading import ModelLoadError, resolve_model_path
 
     try:
@@ -74,8 +73,7 @@ def resolved_settings(config: Config, deepspeed: dict[str, Any] | None = None) -
 
 def first_difference(settings: Sequence[dict[str, str]]) -> tuple[str, int, int] | None:
     """(knob, how many knobs differ, rank) of the first knob some rank resolves otherwise than rank 0,
-    or None when all agree. A hub model not cached yet on a node (`model files` null) differs from
-    nothing: every node downloads the same revision."""
+    or None when all agree (`model files` null differs from nothing)."""
     def differ(key: str, a: str | None, b: str | None) -> bool:
         return a != b and not (key == MODEL_FILES and "null" in (a, b))
 
@@ -105,9 +103,8 @@ def agree_on_settings(ctx: Any, config: Config, deepspeed: dict[str, Any] | None
 
 
 def agree_on_output_dir(ctx: Any, out: Path) -> None:
-    """Stop every rank with one line unless every rank sees the file rank 0 writes into `out` (the
-    output directory is one directory on a shared filesystem). Rank 0 makes `out`; the token file
-    is removed again. Collective."""
+    """Stop every rank with one line unless every rank sees the token file rank 0 writes into `out`.
+    Collective."""
     token, problem = None, None
     if ctx.is_main:
         token = f".launch-check-{secrets.token_hex(8)}"

@@ -2,10 +2,9 @@
 DeepSpeed): rank context, object and gradient collectives. Sampling needs none: each rank's rollout
 engine samples from its own copy of the weights (ZeRO-3 ranks gather it once per step).
 
-A collective waits at most `training.collective_timeout_minutes` for the slowest rank. A rank whose
-process died is named within seconds: every rank counts its beats in the launch's rendezvous store
-(`Heartbeat`), so a rank whose collective fails (gloo: the dead peer's connection closed) or hangs
-(NCCL: it waits for a peer that will never come) can tell which rank stopped answering.
+A collective waits at most `training.collective_timeout_minutes`; a dead rank is named within
+seconds by the ranks' beats in the launch's rendezvous store (`Heartbeat`), whether a collective
+fails (gloo) or hangs (NCCL).
 """
 
 from __future__ import annotations
@@ -41,12 +40,9 @@ BEAT_S = 2.0
 
 class Heartbeat:
     """This rank's beats, counted in the launch's rendezvous store (a daemon thread), and every
-    rank's: which ranks stopped answering. The counters only need to advance, so they survive a
-    launcher restart. `on_lost(line)` is called once, from the thread, when a rank's beats have
-    stopped for `lost_after_s` (or the store itself stopped answering): a launch passes the
-    collective timeout, so a beating thread starved by a long write of a live rank is never taken
-    for a dead rank, while a collective that waits for a dead peer without failing (NCCL) still
-    ends with the line naming it."""
+    rank's: which ranks stopped answering. `on_lost(line)` is called once, from the thread, when a
+    rank's beats have stopped for `lost_after_s` (a launch passes the collective timeout, so a live
+    rank starved by a long write is never taken for dead)."""
 
     def __init__(self, store: Any, rank: int, world_size: int, *, where: str, lost_after_s: float,
                  beat_s: float = BEAT_S, on_lost: Callable[[str], None] | None = None) -> None:
@@ -208,10 +204,8 @@ class DistContext:
 
     @classmethod
     def init(cls, device: torch.device, timeout: timedelta | None = None) -> DistContext:
-        """Join the process group a launcher (torchrun, accelerate, deepspeed) describes through
-        RANK/WORLD_SIZE/MASTER_ADDR with plain `torch.distributed`, this rank working on `device`:
-        NCCL for CUDA devices, gloo otherwise. No DeepSpeed import (LoRA data parallel).
-        `timeout`: `collective_timeout()` by default."""
+        """Join the process group a launcher describes (RANK/WORLD_SIZE/MASTER_ADDR) with plain
+        `torch.distributed` on `device`: NCCL for CUDA, gloo otherwise."""
         narrate_on_rank_0(int(os.environ.get("RANK", 0)))
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if device.type == "cuda":

@@ -1,9 +1,7 @@
 """`DistributedGRPOTrainer`: the GRPO trainer over data-parallel ZeRO-3 ranks (full mode).
 
-The split of rollouts, evaluations and update rows over ranks is `DataParallelTrainer`'s (the same
-as LoRA data parallel). What ZeRO-3 adds: each rank runs as many micro-batches as the largest
-shard needs, padded with inert micro-batches (no loss tokens), because every forward all-gathers
-parameter shards; the loss keeps the whole batch's normaliser and is multiplied by W (DeepSpeed
+What ZeRO-3 adds to `DataParallelTrainer`: every rank runs as many micro-batches as the largest
+shard needs (inert ones pad: every forward all-gathers), and the loss is multiplied by W (DeepSpeed
 averages gradients over ranks), so the update equals a single-process update on the whole batch.
 """
 

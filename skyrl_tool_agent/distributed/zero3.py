@@ -1,11 +1,8 @@
 """ZeRO-3 model side of full mode: the resolved DeepSpeed config, the sharded model (and frozen
 reference), and `DeepSpeedPolicy`, a `QwenPolicy` whose forwards run through a DeepSpeed engine.
 
-Order matters: `HfDeepSpeedConfig` is created before `from_pretrained`, so transformers builds the
-model inside `deepspeed.zero.Init` (each rank materialises only its shard) and loads the
-checkpoint into the shards; created later, the weights would be initialised and loaded wrongly.
-The object must stay alive for the whole run (transformers keeps only a weak reference), so the
-policy holds it.
+`HfDeepSpeedConfig` is created before `from_pretrained` (so each rank materialises only its shard)
+and the policy holds it for the whole run (transformers keeps only a weak reference).
 
 Sampling does not go through the sharded model: each rank gathers a snapshot once per optimizer
 step (`prepare_sampling`) and samples alone.
@@ -131,10 +128,7 @@ class DeepSpeedPolicy(QwenPolicy):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
         score_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs of `input_ids[:, 1:]` from one engine forward ([B, L-1]; entropy if asked; 0
-        outside `score_mask` and past a row's end), the head run chunk by chunk inside lm_head's
-        forward, where ZeRO-3 gathers its weight (`prefix.plain_forward_logprobs`): the
-        [rows, tokens, vocabulary] logits and their gradient never exist whole."""
+        """`QwenPolicy.token_logprobs` from one engine forward (`prefix.plain_forward_logprobs`)."""
         with recompute_activations(self.model, self.gradient_checkpointing and torch.is_grad_enabled()):
             return plain_forward_logprobs(self.model, input_ids, attention_mask, temperature=temperature,
                                           with_entropy=with_entropy, score_mask=score_mask)

@@ -1,11 +1,9 @@
 """Attention over a slot KV cache with a shared root: each row reads the root once and its own positions.
 
 The cache is `[slots, kv_heads, capacity, head_dim]` per layer. One slot, the *root*, holds the
-prompt prefix every episode of a collection shares (the system prompt: ~570 of ~830 tokens on the
-embedded model); a row that reads it (`root_lens[b]` > 0) attends to root positions
-0..root_lens[b]-1 of that slot and to its own slot's positions root_lens[b]..lengths[b]-1, one
-softmax over both (cascade attention, as FlashInfer and vLLM's prefix caching do). The root is
-stored and computed once instead of once per row, and a decode step reads a row's own keys only.
+prompt prefix every episode shares; a row that reads it (`root_lens[b]` > 0) attends to root
+positions < root_lens[b] and its own slot's positions root_lens[b]..lengths[b]-1, one softmax over
+both (cascade attention, as FlashInfer's).
 
 `cascade_attention` is the plain-torch arithmetic (CPU decode), `prefill_attention` a prefill's
 through torch's fused kernels, `decode_attention` the GPU decode step (Triton: one program per
@@ -33,10 +31,8 @@ def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tens
     [R, 1, Q, T] (bool), and over the root's [KVH, P, D] where `root_visible` [R, 1, Q, P]. One
     softmax in float32 over both. Returns [R, KVH, Q, D] in q's dtype. A mask of None: all visible.
 
-    The cache is allocated uninitialised (pages are only touched as episodes grow), so positions a
-    row never wrote may hold NaN, which a zero weight does not cancel (0 x NaN = NaN): own values
-    outside `own_written` [R, T] are zeroed (`own_v` is the caller's copy, or positions no row has
-    written yet); own keys there only reach masked scores."""
+    The cache is uninitialised, so positions a row never wrote may hold NaN (0 x NaN = NaN): own
+    values outside `own_written` [R, T] are zeroed (`own_v` is the caller's copy)."""
     rows, kv_heads, queries, dim = q.shape
     own = torch.matmul(q, own_k.transpose(-1, -2)).float()
     if own_written is not None:
@@ -59,12 +55,10 @@ def cascade_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tens
 
 def prefill_attention(q: Tensor, own_k: Tensor, own_v: Tensor, own_visible: Tensor, own_written: Tensor | None,
                       root_k: Tensor, root_v: Tensor, root_visible: Tensor) -> Tensor:
-    """`cascade_attention`'s result for a prefill, through torch's fused attention (flash on a CPU;
-    memory-efficient or cuDNN on CUDA): the root's keys and values are put before each row's own
-    (a copy of [R, P] positions of one layer, what `own_k` already is for the own ones), so no
-    [R, KVH, Q, P + T] float32 scores are ever held: only the [R, 1, Q, P + T] visibility mask.
-    `own_k` and `own_v` are the caller's copies; positions outside `own_written` are zeroed in both
-    (a NaN key would survive the mask's -inf as NaN)."""
+    """`cascade_attention`'s result for a prefill, through torch's fused attention: the root's keys
+    and values are put before each row's own, so no float32 scores are held, only the visibility
+    mask. `own_k`/`own_v` are the caller's copies, zeroed outside `own_written` (a NaN key would
+    survive the mask)."""
     rows = q.shape[0]
     if own_written is not None:
         unwritten = ~own_written[:, None, :, None]

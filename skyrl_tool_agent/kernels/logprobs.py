@@ -161,13 +161,9 @@ def _scaled_logits(hidden: Tensor, weight: Tensor, dt: torch.dtype, temperature:
 
 
 class _HeadTokenStats(torch.autograd.Function):
-    """log softmax(hidden @ weight.T / T)[label] and, if asked, the entropy, for `[N, H]` hidden states.
-
-    The `[N, V]` logits never exist: the forward walks `chunk` tokens at a time (projection in the
-    weights' dtype, as `lm_head` computes it, then float32) and keeps the `[N]` logsumexp and entropy;
-    the backward recomputes each chunk's logits and turns the gradient of both outputs into the
-    gradients of `hidden` and (when it trains) `weight`, one chunk at a time. This is Liger's and
-    verl's fused linear log-prob, in torch."""
+    """log softmax(hidden @ weight.T / T)[label] and, if asked, the entropy, for `[N, H]` hidden states,
+    `chunk` tokens at a time in both directions, so the `[N, V]` logits never exist (Liger's fused
+    linear log-prob, in torch)."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, labels: Tensor, temperature: float, chunk: int,  # type: ignore[override]
