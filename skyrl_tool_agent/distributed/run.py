@@ -1,10 +1,6 @@
-"""`DeepSpeedBackend`: what `jobs.train.run_training` needs to run on every rank of a DeepSpeed launch.
-
-The training job itself (before/after evaluation, checkpoints, metrics.jsonl, final/ export,
-curves) is `jobs.train.run_training`, one loop for one process and for many: this backend joins the
-process group, validates the DeepSpeed config before any work, and builds the ZeRO-3 policy and
-`DistributedGRPOTrainer`. Rank 0 writes the files and logs; every rank takes part in rollouts,
-evaluation, updates and saves.
+"""`DeepSpeedBackend`: what `jobs.train.run_training` needs on every rank of a DeepSpeed launch: the
+process group, the DeepSpeed config validated before any work, the ZeRO-3 policy and
+`DistributedGRPOTrainer`.
 """
 
 from __future__ import annotations
