@@ -231,13 +231,10 @@ def baseline_categories(baseline: Mapping[str, Any]) -> dict[str, tuple[str | No
     ids, cats, solved = baseline.get("task_ids"), baseline.get("error_categories"), baseline.get("solved")
     if isinstance(ids, list) and isinstance(cats, list) and isinstance(solved, list) and len(ids) == len(cats) == len(solved):
         return {str(t): (c, s is not None) for t, c, s in zip(ids, cats, solved)}
-    path = (baseline.get("files") or {}).get("trajectories")
-    if not isinstance(path, str) or not Path(path).is_file():
-        return None
+    records = _baseline_records(baseline)
     try:
-        records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-        return _first_sample_categories(records)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None if records is None else _first_sample_categories(records)
+    except (KeyError, TypeError, AttributeError):  # samples that are not a list of objects
         return None
 
 
