@@ -1,9 +1,7 @@
 """Whether an evaluation talks to Weave, decided before `weave` is imported.
 
-Importing `weave` sets up its Sentry error reporting, which sends a session to sentry.io at process
-exit unless `WANDB_ERROR_REPORTING=false`. A run without credentials must never touch the network,
-so `prepare_weave("disabled")` turns that off (before the import, or on the already-imported
-client) along with tracing itself. This module does not import weave.
+Importing `weave` sets up Sentry reporting that sends a session at exit; a run without credentials
+must never touch the network, so `prepare_weave("disabled")` turns that off with tracing.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The run's watchdog process: it outlives its trainer by at most a second.
 
-Run by path (`python -I watchdog.py RUN_DIR`, no package import: it starts in tens of ms), in a
-session of its own and detached (it forks once, so it is not the trainer's child), so neither Ctrl-C nor a kill of the trainer's process group reaches it. It reads
-`+PID` / `-PID` lines on stdin: the process groups of the server processes the trainer started (each
-server leads its own group). Its stdin is the only pipe from the trainer, so it reaches EOF when the
-trainer exits by any means, `kill -9` included (the kernel closes the dead process's descriptors); then
-it sends SIGTERM to every group still registered, SIGKILL to those alive a second later, and removes
-RUN_DIR (the run's copies of writable files).
+Run by path (`python -I watchdog.py RUN_DIR`: no package import), detached in a session of its own,
+so neither Ctrl-C nor a kill of the trainer's group reaches it. It reads `+PID` / `-PID` lines (the
+servers' process groups) on stdin, the only pipe from the trainer; at EOF (the trainer exited by
+any means, `kill -9` included) it SIGTERMs every group still registered, SIGKILLs those alive a
+second later, and removes RUN_DIR.
 """
 
 import os

@@ -15,11 +15,7 @@ from skyrl_tool_agent.rewards.limits import database_identity
 
 
 class GoldResultCache:
-    """Bounded, thread-safe LRU of gold query results keyed by (database path, gold SQL).
-
-    Gold queries are re-run for every episode of a task (many per GRPO group); their results never
-    change because the databases are opened read-only.
-    """
+    """Bounded, thread-safe LRU of gold query results keyed by (database path, gold SQL)."""
 
     def __init__(self, maxsize: int = default_of(RewardConfig, "gold_cache_size")) -> None:
         if maxsize < 1:

@@ -1,11 +1,8 @@
 """The run's original data, guarded by hash: rewards read only what the run started with.
 
-`OriginalData` takes the sha256 of the files scoring reads (the SQL family's databases under the
-database root) and of every path an MCP server may write (`mcp.copies`: the servers only ever get
-copies) when the run starts, checks them before each episode is scored (by stat; a file whose stat
-changed is hashed again) and hashes them all again when the run ends. A changed original is an
-infrastructure fault: the episode raises `OriginalDataChanged` (unscored, counted as an infra
-error, the file named), never a score.
+`OriginalData` hashes the files scoring reads and every path a server may write when the run
+starts, checks them (by stat, rehashing on change) before each scoring and hashes them again at
+the end. A changed original raises `OriginalDataChanged`: an infrastructure fault, never a score.
 """
 
 from __future__ import annotations

@@ -39,20 +39,12 @@ _FLIP = {exp.GT: exp.LT, exp.LT: exp.GT, exp.GTE: exp.LTE, exp.LTE: exp.GTE}
 
 
 def sql_is_valid(sql: str) -> bool:
-    """True when ``sql`` parses (sqlglot, SQLite dialect) as exactly one query.
-
-    A query is a SELECT, a set operation (UNION/INTERSECT/EXCEPT) or WITH ... SELECT; a write
-    statement, several statements or a bare expression (``hello world``) are not valid answers.
-    """
+    """True when ``sql`` parses as exactly one query (``sqlnorm.parse_query``)."""
     return parse_query(sql) is not None
 
 
 def exact_match(pred_sql: str, gold_sql: str) -> bool:
-    """True when both queries render identically after ``sqlnorm.normalise``.
-
-    Catches differences of whitespace, letter case, quoting, aliases and ``<>``/``!=``; it does
-    not try to prove semantic equivalence (execution match does that job).
-    """
+    """True when both queries render identically after ``sqlnorm.normalise`` (no semantic proof)."""
     pred = normalised_sql(pred_sql)
     return pred is not None and pred == normalised_sql(gold_sql)
 
@@ -168,11 +160,8 @@ def _f1(pred: set[str], gold: set[str]) -> float:
 
 
 def partial_credit(pred_sql: str, gold_sql: str) -> float:
-    """Structural similarity in [0, 1]: the mean F1 over components present in either query.
-
-    0.0 when the prediction is not a valid query (or the gold is not, which is logged), 1.0 for
-    structurally equivalent queries.
-    """
+    """Structural similarity in [0, 1]: the mean F1 over components present in either query; 0.0
+    when either is not a valid query (an invalid gold is logged)."""
     pred = sql_components(pred_sql)
     if not pred:
         return 0.0

@@ -33,10 +33,7 @@ _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp
 
 
 def parse_query(sql: str) -> exp.Expression | None:
-    """Parse ``sql`` as exactly one SQLite query (SELECT / set operation / WITH ... SELECT).
-
-    Returns None when it does not parse, holds zero or several statements, or is not a query.
-    """
+    """Parse ``sql`` as exactly one SQLite query (SELECT / set operation / WITH ... SELECT), else None."""
     if not isinstance(sql, str) or len(sql) > MAX_SQL_CHARS:
         return None
     try:
@@ -152,11 +149,8 @@ def normalised_sql(sql: str) -> str | None:
 
 
 def has_top_level_order_by(sql: str) -> bool | None:
-    """Whether the query's result order is specified (ORDER BY on the outermost query).
-
-    Returns None when ``sql`` does not parse. An ORDER BY inside a subquery (e.g. with LIMIT 1
-    to pick a maximum) does not fix the order of the final result, so it does not count.
-    """
+    """Whether the outermost query has an ORDER BY (a subquery's does not order the result); None
+    when ``sql`` does not parse."""
     tree = parse_query(sql)
     if tree is None:
         return None

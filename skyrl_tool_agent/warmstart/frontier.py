@@ -4,9 +4,7 @@ beside the model (format and reading: `data.frontier`).
 
     skyrl-tool-agent build-model --frontier [--frontier-tasks N] [--frontier-samples K]
 
-The tasks are the pool GRPO samples (validation and dev excluded, `TaskSplits.rl_train` of the
-`generated` pool), or a stratified subset of N of them (`data.batching.fixed_subset`, seeded):
-which tasks were measured is the record's `counts` keys.
+The tasks are the pool GRPO samples (`TaskSplits.rl_train`), or a seeded stratified subset of N.
 """
 
 from __future__ import annotations

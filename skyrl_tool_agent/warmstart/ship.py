@@ -1,10 +1,8 @@
 """Ship a built embedded model as the package's default: bf16 weights, file hashes, a greedy check.
 
-`build_default_model.py --ship DIR` calls `ship_embedded_model` on a directory the build wrote.
-The shipped `warmstart.json` keeps the build's own record (its exact command, seed, steps, loss and
-held-out curves) and adds the sha256 of every file and a greedy check: the per-task outcome of
-greedy decoding on a small fixed set of validation tasks, loaded exactly as the main job loads
-the model. A test reloads the shipped files and must reproduce that check exactly.
+The shipped `warmstart.json` keeps the build's own record and adds every file's sha256 and a greedy
+check (per-task outcomes on a fixed set of validation tasks, loaded as the main job loads the
+model), which a test reproduces exactly from the shipped files.
 """
 
 from __future__ import annotations
