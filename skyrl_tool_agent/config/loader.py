@@ -189,9 +189,8 @@ def section_yaml(name: str, value: BaseModel, profile: str = "cpu") -> str:
     return render_section(value, header, "h100" if gpu else "cpu")
 
 
-#: `--profile`: which column of defaults a section read from the package takes. `gpu` is the H100
-#: value of each knob (`knob(..., h100=...)`); no data knob has one: which tasks to train on is the
-#: user's choice, not the machine's. `h100` is the earlier spelling of `gpu` (accepted, with a warning).
+#: `--profile`: which column of defaults a packaged section takes (`gpu`: each knob's H100 value; no
+#: data knob has one). `h100` is the earlier spelling of `gpu` (accepted, with a warning).
 PROFILES = ("cpu", "gpu")
 DEPRECATED_PROFILES = {"h100": "gpu"}
 

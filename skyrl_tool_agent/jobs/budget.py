@@ -28,10 +28,8 @@ FINISH_RESERVE_S = 30.0
 AFTER_EVAL_MARGIN = 1.15
 #: The evaluations are sized so that GRPO keeps at least this share of the whole job.
 MIN_GRPO_SHARE = 0.35
-#: An evaluation episode costs about this many probe episodes: on the 2-core AMD EPYC of the README
-#: (2026-11-27) a probe of 64 episodes took ~5.3 s (0.083 s each, as a training step's rollout) and
-#: an evaluation of 320 dev tasks x 3 episodes ~144 s (0.15 s each: greedy and sampled episodes on
-#: dev tasks run longer than the frontier's).
+#: An evaluation episode costs about this many probe episodes (measured on the README's 2-core EPYC:
+#: 0.15 s against 0.083 s; dev episodes run longer than the frontier's).
 EVAL_VS_PROBE_EPISODE = 1.8
 #: Fewer eval tasks than this make a before/after difference noise: the evaluation keeps this
 #: many however slow the machine (the GRPO share then shrinks instead).

@@ -11,14 +11,10 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.warmstart.scratch import ModelShape
 
-#: The speedrun's episode and step shape, applied before the user's --set (which wins). The gpu
-#: profile's GRPO shape (16 tasks x 16 episodes, several turns, 256 episodes in flight, 4 MCP
-#: server sessions and more for the 16 cores there) on the CPU profile's environment (schema in
-#: the prompt, execute_sql, the built-in data): the gpu profile's own environment is Spider with
-#: every tool offered and no schema, for a hub model, which a model built in minutes cannot explore.
-#: Weights in fp32 everywhere (the supervised phases keep fp32 master weights; evaluating every arm
-#: and the start in one dtype keeps their differences the policies'). Micro-batches of 32 episodes:
-#: a model of a few million parameters leaves a GPU idle at 8.
+#: The speedrun's episode and step shape, applied before the user's --set (which wins): the gpu
+#: profile's GRPO shape on the CPU profile's environment (a model built in minutes cannot explore
+#: Spider without a schema), fp32 everywhere (every arm in one dtype), micro-batches of 32 (a tiny
+#: model leaves a GPU idle at 8).
 SPEEDRUN_OVERRIDES = (
     "grpo.group_size=16", "training.tasks_per_step=16", "grpo.max_turns=4",
     "env.collector.concurrency=256", "env.sessions_per_server=8",
@@ -28,9 +24,8 @@ SPEEDRUN_OVERRIDES = (
     "training.data.train_pool=generated", "model.dtype=float32", "training.micro_batch_size=32",
 )
 
-#: Supervised steps of the build on CUDA when `--build-steps` is not given: the schedule's length,
-#: fixed (batches of 64: about the 115,000 examples the shipped start saw). Not yet measured on a
-#: GPU at this pace; the build's time cap guards it.
+#: Supervised steps of the build on CUDA without `--build-steps` (batches of 64: about the examples
+#: the shipped start saw); the build's time cap guards it.
 GPU_BUILD_STEPS = 2000
 
 #: Later evaluations are sized as the start's times this (a trained policy may answer differently).

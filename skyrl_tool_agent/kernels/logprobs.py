@@ -141,9 +141,7 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
 
 # ------------------------------------------------------------------ fused with the output projection
 #: Bytes of float32 logits one chunk of the fused projection may hold (~440 tokens of a 152k
-#: vocabulary: a [440, hidden] x [hidden, 152k] matmul still fills a GPU, and the chunk's backward
-#: holds ~2.5x this, memory the rollout engine's cache keeps instead; the embedded model's 2k
-#: vocabulary is never chunked at the CPU job's sizes).
+#: vocabulary still fill a GPU; the backward holds ~2.5x this).
 FUSED_CHUNK_BYTES = 1 << 28
 
 

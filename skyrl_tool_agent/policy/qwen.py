@@ -62,10 +62,8 @@ class QwenPolicy:
         self._weights: SamplingWeights | None = None
         self._engine: RolloutEngine | None = None
         self.engine_memory_fraction = engine_memory_fraction  # `model.engine_memory_fraction` (None: its default)
-        # What the run's memory plan chose (`use_plan`; `memory.plan`): the memory the engine leaves
-        # free for the update, whether it samples through the model's own projection modules (the
-        # adapters beside the base weights, no copy) rather than a folded or dequantized copy (None:
-        # a 4-bit model does, any other folds), and its prefill chunk (None: the device's default).
+        # What the run's memory plan chose (`use_plan`): the memory left free for the update, whether
+        # to sample through the model's modules (None: a 4-bit model does), the prefill chunk.
         self.update_reserve_bytes = 0
         self.sample_through_modules: bool | None = None
         self.prefill_tokens: int | None = None

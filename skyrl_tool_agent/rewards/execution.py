@@ -285,9 +285,8 @@ def compare_execution(
     pred: QueryResult | None = None
     failure: SandboxError | None = None
     try:
-        # One row more than gold is enough to know they differ; no need to fetch a huge result. Nor
-        # are rows of another width (refused before any is fetched: 63 wide columns took the
-        # trainer to 1.25 GB), nor more characters than gold's: a match renders the same size.
+        # Fetch no more than can match: one row more than gold, gold's width, twice gold's characters
+        # (63 wide columns once took the trainer to 1.25 GB).
         pred = run_bounded(db_path, pred_sql, timeout_s=timeout_s, max_rows=gold.row_count + 1,
                            max_chars=2 * result_chars(gold) + PRED_CHARS_SLACK,
                            expect_columns=len(gold.columns) if gold.row_count else None)

@@ -98,11 +98,9 @@ class _GenerationBatcher:
         return await future
 
     async def run(self) -> None:
-        # A continuous agent (the rollout engine) batches on its own, turn by turn, and draws each
-        # episode's tokens from the episode's own seed: every request goes to it at once, and its
-        # turns resolve one by one, so no batch waits for its slowest row or for other episodes.
-        # Lockstep (deterministic) collections still hand it whole batches: which rows share a
-        # decode step then never depends on tool latency, so neither does any float rounding.
+        # A continuous agent (the rollout engine) batches on its own: every request goes to it at once
+        # and resolves alone. Lockstep collections still hand it whole batches, so which rows share
+        # a decode step (and so any float rounding) never depends on tool latency.
         continuous = self.agent.continuous and not self.deterministic
         in_flight: set[asyncio.Task] = set()
         try:

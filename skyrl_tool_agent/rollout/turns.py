@@ -34,9 +34,8 @@ class AgentTurn:
     logprobs: list[float] | None = None
     finish_reason: str = "stop"
     meta: dict[str, Any] = field(default_factory=dict)
-    # Set when no turn could be had for a reason that says nothing about the policy (a served
-    # model's 5xx after retries, or an answer over its caps or not a chat completion): the collector
-    # ends the episode there, unscored (done_reason "error", this as its error), never scored wrong.
+    # Set when no turn could be had for a reason that says nothing about the policy (a served model's
+    # 5xx after retries, an answer over its caps): the collector ends the episode unscored.
     infra_error: str | None = None
 
 
