@@ -62,9 +62,8 @@ class DataParallelTrainer(GRPOTrainer):
     """`GRPOTrainer` whose rollouts, evaluations and update rows are split over `ctx`'s ranks
     (module doc). Subclasses say how gradients meet (`_backward` / `_optimizer_step`)."""
 
-    #: True: every rank runs as many micro-batches as the largest shard needs (ZeRO-3 gathers
-    #: parameters in every forward, so the ranks' passes must match). False: at least one each,
-    #: so every rank takes part in each optimizer step's collective.
+    #: True: every rank runs as many micro-batches as the largest shard (ZeRO-3 gathers in every
+    #: forward); False: at least one each, so every rank joins each step's collective.
     lockstep_micro_batches = False
 
     def __init__(self, config: Config, policy: QwenPolicy, runtime: EnvRuntime | None, loader: TaskDataLoader | None,

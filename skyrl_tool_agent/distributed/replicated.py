@@ -58,9 +58,7 @@ class ReplicatedGRPOTrainer(DataParallelTrainer):
         self.ctx.broadcast_parameters(policy.trainable_parameters())
 
     def _optimizer_step(self) -> float | None:
-        # Each rank's loss is its shard's share of the whole batch's loss, so the sum of the
-        # ranks' gradients is the whole batch's gradient; clipping and AdamW then see the same
-        # numbers on every rank.
+        # The ranks' losses are shares of the whole batch's, so their gradients sum to its gradient.
         self.ctx.sum_gradients(self.policy.trainable_parameters())
         return super()._optimizer_step()
 

@@ -99,10 +99,8 @@ class GRPOTrainer:
         self.prior_elapsed_s = 0.0
         #: Called with (episodes done, total) as an evaluation's episodes finish (progress lines).
         self.eval_progress: Callable[[int, int], None] | None = None
-        #: Called when `train` starts from step 0 (for the evaluation and probe before GRPO) and after
-        #: each evaluation or probe it makes before the last step, once its metrics are logged (the
-        #: main job rewrites the run's curves, table and report; rank 0 only). Signals are caught by
-        #: then: a Ctrl-C during it stops at the safe point, with a checkpoint.
+        #: Called at step 0 and after each evaluation or probe before the last step, once its metrics
+        #: are logged (the main job rewrites its curves, table and report; signals are caught by then).
         self.after_measurement: Callable[[], None] | None = None
         self._clock_started: float | None = None  # monotonic time at which the clock read 0, while training
         g = config.grpo

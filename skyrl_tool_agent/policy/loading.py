@@ -130,10 +130,8 @@ def _add_lora(model: PreTrainedModel, config: ModelConfig, *, quantized: bool) -
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if quantized:
-        # peft's k-bit preparation upcasts every parameter that is not 4-bit to float32, which an
-        # fp16 model needs for its range. A bf16 model has that range, and the upcast would double
-        # its embedding and head (4.4 GiB on a 7B) and make the residual stream, so every activation
-        # the update keeps, float32: its bf16 parameters are put back (norms still compute in fp32).
+        # peft's k-bit preparation upcasts what is not 4-bit to float32, which only fp16 needs for its
+        # range; for bf16 it would double the embedding and head and make every kept activation fp32.
         bf16 = [p for p in model.parameters() if p.dtype == torch.bfloat16 and type(p).__name__ != "Params4bit"]
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=config.gradient_checkpointing

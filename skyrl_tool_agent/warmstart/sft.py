@@ -72,9 +72,8 @@ class SFTSettings:
     # per step); without them (fp32, e.g. AMD EPYC: ~1.8 s per step) the cap stops it instead.
     time_budget_minutes: float | None = 6.5
     seed: int = 0
-    # bf16 autocast for the forward pass; None = on where the CPU has bf16 matrix instructions (see
-    # `fast_cpu_bf16`; 1.4x faster steps measured on this project's 2-core Xeon) or on CUDA. The
-    # saved weights stay fp32; RL samples and trains in the model's own dtype.
+    # bf16 autocast for the forward pass; None = on CUDA or where the CPU has bf16 matrix units
+    # (`fast_cpu_bf16`). The saved weights stay fp32.
     bf16_autocast: bool | None = None
 
 
@@ -224,9 +223,8 @@ def supervised_finetune(
     read_every = LOSS_READ_EVERY if device.type == "cuda" else 1
     pending: list[tuple[int, torch.Tensor]] = []  # (step, loss on the device) not yet read back
 
-    # The cosine schedule ends at `planned` steps. Under a time budget, the speed of the first steps
-    # says how many steps fit, and the schedule is fitted to that (else a capped run would stop with
-    # the learning rate still high, mid-schedule).
+    # Under a time budget the first steps' speed fits the cosine schedule (`planned` steps) to it, so
+    # a capped run does not stop mid-schedule.
     planned = settings.steps
     probe = max(10, settings.warmup_steps)
 
