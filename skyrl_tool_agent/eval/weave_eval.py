@@ -38,11 +38,8 @@ class EpisodeSource(Protocol):
 
 @contextlib.contextmanager
 def weave_session(project: str, mode: WeaveMode) -> Iterator[WeaveMode]:
-    """Run the body with Weave `mode`; yields the mode actually in effect.
-
-    disabled: WEAVE_DISABLED=true for the duration (restored after). online: `weave.init(project)`
-    once per process; if that fails the body runs disabled, with one warning.
-    """
+    """Run the body with Weave `mode` (disabled: WEAVE_DISABLED=true meanwhile; online:
+    `weave.init` once per process, else disabled with one warning); yields the mode in effect."""
     prepare_weave(mode)
     if mode == "online":
         try:

@@ -1,12 +1,9 @@
 """`GRPOTrainer`: rollouts through the MCP environment, group-relative advantages, clipped updates.
 
-One step: take a batch of tasks from the curriculum loader, collect `group_size` episodes per task
-(the collector batches generation across all of them), turn final rewards into group-relative
-advantages, drop groups with no spread (DAPO dynamic sampling) and groups with an infrastructure
-failure (`decide_episodes`), then update on the policy tokens only (micro-batched: one optimizer
-step per pass with the whole batch's normaliser, or one every `training.gradient_accumulation`
-micro-batches; `model.gradient_checkpointing` recomputes activations there). Per-task pass
-rates go back to the curriculum. Evaluation (greedy, fixed dev subset) and checkpoints on cadence.
+One step: a batch of tasks from the curriculum loader, `group_size` episodes per task, group-relative
+advantages, the uninformative and infrastructure-failed groups dropped (`decide_episodes`), then a
+micro-batched update on the policy tokens only (`_update`); pass rates go back to the curriculum.
+Evaluations and checkpoints on cadence.
 """
 
 from __future__ import annotations

@@ -131,9 +131,8 @@ class RunReaper:
         return Path(tempfile.mkdtemp(prefix=prefix, dir=self.run_dir))
 
     def close(self) -> None:
-        """Stop the watchdog now (at its stdin's end it kills what is still registered and removes the run directory).
-        Not needed at exit: the watchdog sees this process's end by itself, after every atexit
-        handler has closed its pools."""
+        """Stop the watchdog now (it kills what is still registered and removes the run directory);
+        not needed at exit, which the watchdog sees by itself."""
         if os.getpid() != self.pid:
             return
         with self._lock:

@@ -1,10 +1,8 @@
 """One supervised MCP server process + client session (`ServerSlot`), and the slots of one spec.
 
-A slot's supervisor task owns the server's whole life: it enters `stdio_client` and
-`ClientSession` and leaves them in the same task (anyio cancel scopes require that), marks the
-slot ready, and waits until the session breaks (the server's stdout hits EOF), a health check
-fails, or the pool closes; then it tears the process down and starts a new one with backoff.
-Callers on the same event loop use the live session concurrently; they never own it.
+A slot's supervisor task owns the server's whole life (anyio cancel scopes need one task): it opens
+the session, marks the slot ready and waits until the session breaks, a health check fails or the
+pool closes, then starts a new process with backoff. Callers share the live session.
 
 The process runs through `mcp.transport`. A server that does not start is one line
 (`ServerSlot.last_error`): why, its exit code, its stderr's last lines and its non-protocol stdout.

@@ -1,11 +1,9 @@
 """`SlotModel`: a Qwen2's forward over a slot KV cache, the model half of `engine.RolloutEngine`.
 
-One slot per episode: per layer `[slots + 2, kv_heads, capacity, head_dim]` keys and values. Of
-the two extra slots one is scratch for the rows that pad a batch to its bucket, and one is the
-*root*: the prompt prefix the episodes share (the system prompt), computed and stored once; a slot
-that reads it (`slot_root[slot]` > 0) holds only its own positions after it and attends to both
-(`decode_attention`'s cascade). Per slot there is also the token history (the id at each position,
-the sampling log-prob of each sampled one) and the sampling state (seed, temperature, top-p).
+One slot per episode: per layer `[slots + 2, kv_heads, capacity, head_dim]` keys and values, the
+two extra slots the scratch (padding rows) and the *root* (the shared prompt prefix, which a slot
+with `slot_root[slot]` > 0 reads: `decode_attention`'s cascade); per slot also the token history and
+the sampling state.
 
 The Qwen2 layer is written once (`_layers`); attention alone differs between `prefill` (any rows'
 new tokens, maybe drawing each row's next) and `decode` (`steps` static-shape steps for a batch
@@ -52,14 +50,9 @@ class _StepInputs:
 
 
 class SlotModel:
-    """`weights`' forward over `slots` slots of `capacity` positions (module docstring).
-
-    Args:
-        cuda_graphs: capture the decode step per bucket (default: on CUDA).
-        attention: the decode attention, "triton" (`decode_attention`) or "torch"
-            (`reference_decode_attention`); default: triton on CUDA where it is installed.
-        prefill_tokens: most (padded) tokens one prefill forward runs.
-    """
+    """`weights`' forward over `slots` slots of `capacity` positions (module docstring). `attention`:
+    "triton" (default on CUDA where installed) or "torch"; `prefill_tokens`: most (padded) tokens
+    one prefill forward runs."""
 
     def __init__(self, weights: SamplingWeights, *, slots: int, capacity: int, pad_id: int,
                  cuda_graphs: bool | None = None, attention: str | None = None,

@@ -1,10 +1,8 @@
 """`TrajectoryCollector`: many multi-turn episodes at once, generation batched across them.
 
-Each episode is an asyncio task looping `agent turn -> env.astep -> observation`. Episodes that
-wait for the policy submit a `TurnRequest` to one `_GenerationBatcher`, which hands the agent
-every request pending at that moment (up to `max_batch`); while the model samples in a worker
-thread, other episodes' tool calls run on the MCP pool's event loop. Token ids are appended
-segment by segment (prompt, sampled ids, observation ids), never re-tokenised.
+Each episode is an asyncio task looping `agent turn -> env.astep -> observation`; a `_GenerationBatcher`
+hands the agent every request pending at once (up to `max_batch`) while other episodes' tool calls
+run. Token ids are appended segment by segment, never re-tokenised.
 """
 
 from __future__ import annotations
