@@ -29,15 +29,8 @@ class UserInputError(Exception):
 
 
 class ConfigError(UserInputError):
-    """An invalid config: str names the file (or the `--set` override) and the field, on one line.
-
-    Examples::
-
-        configs/grpo_config.yaml: group_size: Input should be a valid integer, ... (got 'four')
-        configs/training_config.yaml: unknown key 'learning_rat' (did you mean 'learning_rate'?)
-        config file not found: configs/model_config.yaml
-        --set grpo.group_size=x: group_size: Input should be a valid integer, ... (got 'x')
-    """
+    """An invalid config: str names the file (or the `--set` override) and the field, on one line,
+    e.g. ``configs/training_config.yaml: unknown key 'learning_rat' (did you mean 'learning_rate'?)``."""
 
 
 class cli_main_guard(ContextDecorator):  # noqa: N801 - reads as a function at call sites

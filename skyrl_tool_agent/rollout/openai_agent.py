@@ -1,31 +1,24 @@
 """`OpenAIChatAgent`: the same multi-turn MCP episodes, answered by a model behind any OpenAI-compatible
 chat-completions endpoint (vLLM, SGLang, `transformers serve`, a hosted API).
 
-Each turn posts the episode's messages as they stand (the env's system prompt already lists the
-tools in Qwen/Hermes format, so no `tools` field is sent) and hands the reply's text to the env,
-which parses `<tool_call>{json}</tool_call>` / `<answer>SQL</answer>` exactly as for a local model.
-Servers that parse tool calls themselves return structured `tool_calls`; they are written back as
-the `<tool_call>` blocks the model produced, so episodes have the same form as local ones.
+Each turn posts the episode's messages (the system prompt already lists the tools, so no `tools`
+field is sent) and hands the reply's text to the env as a local model's; structured `tool_calls`
+are written back as the `<tool_call>` blocks the model produced.
 
 The server is not trusted: every request is one bounded exchange (`bounded_http`: one deadline,
 `Endpoint.timeout_s`, and a capped body), read through pydantic models (`openai_schema`).
 
 Failures, by who can fix them:
 - 429, 408, 5xx and connection errors/timeouts are retried with exponential backoff (tenacity);
-- a conversation the server rejects (400/413/422: e.g. too long a context) becomes an empty turn:
-  the env answers it with a format-error observation, the episode goes on, and the HTTP error is
-  kept in the turn's `meta` (and in the trajectory's `agent_meta`);
-- an answer no turn can be made of -- a 5xx still there after the retries (`server_error`; e.g.
-  `transformers serve` answers HTTP 500 when the model's output holds a malformed `<tool_call>`),
-  a body or a text over its cap (`too_large`), a body that is not a chat completion (`malformed`) --
-  ends the episode unscored (`AgentTurn.infra_error`: done_reason "error", an infra error, never a
-  wrong answer); `OpenAIChatAgent.protocol_errors` counts them by reason;
-- what no turn can recover from (server gone, no complete answer within the deadline after the
-  retries, still rate-limited, bad key, unknown model) raises `EndpointError`: one `error:` line in
-  the commands. `probe_endpoint` finds those before any episode runs.
+- a conversation the server rejects (400/413/422) becomes an empty turn, a format error, the HTTP
+  error kept in the turn's `meta`;
+- an answer no turn can be made of (a 5xx after the retries: `server_error`; over its cap:
+  `too_large`; not a chat completion: `malformed`) ends the episode unscored, counted in
+  `OpenAIChatAgent.protocol_errors`;
+- what no turn can recover from (server gone, still rate-limited, bad key, unknown model) raises
+  `EndpointError`, one `error:` line; `probe_endpoint` finds those before any episode runs.
 
-Text only: the agent has no tokenizer, so its episodes carry no token ids (evaluation, not GRPO;
-docs/serving.md says what a training backend would add).
+Text only: no token ids (evaluation, not GRPO; docs/serving.md).
 """
 
 from __future__ import annotations

@@ -198,13 +198,10 @@ def supervised_finetune(
     epoch_examples: Callable[[int], Sequence[tuple[list[int], list[int]]]] | None = None,
 ) -> SFTHistory:
     """AdamW with linear warmup and cosine decay; batches of similar length to limit padding.
-    `examples`: (ids, loss mask) pairs, or already `PackedExamples` on the model's device (packed
-    before the caller's clock; module docstring). With `settings.time_budget_minutes` None the
-    schedule is `settings.steps` long whatever the clock says (`deadline` only guards).
-    Stops after `settings.steps`, at the monotonic-clock `deadline`, after
-    `settings.time_budget_minutes` or after `train_seconds` of training, whichever comes first; the
-    last step is always evaluated. `eval_at_seconds`: also evaluate when the training clock (wall
-    time minus time spent evaluating) passes each of these marks, for curves against wall time.
+    `examples`: (ids, loss mask) pairs, or `PackedExamples`. Stops after `settings.steps`, at
+    `deadline`, after `settings.time_budget_minutes` or `train_seconds` of training, whichever comes
+    first (with `time_budget_minutes` None the schedule is `settings.steps` long); the last step is
+    always evaluated, and so is each `eval_at_seconds` mark of the training clock.
 
     Long runs (`warmstart.plateau`): `after_eval(history, state)` is called after each evaluation;
     `state()` is everything needed to continue exactly (optimizer moments, step, data order, RNG,
