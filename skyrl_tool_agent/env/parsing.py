@@ -1,30 +1,14 @@
 """Parse one assistant turn into tool calls or a final answer, and format tool responses.
 
-Two turn styles are understood:
+Two turn styles (README, Turns): ``"hermes"`` (``<tool_call>{json}</tool_call>`` blocks, or
+``<answer>...</answer>``) and ``"skyrl_sql"`` (``<sql>...</sql>`` becomes an ``execute_sql`` call,
+``<solution>...</solution>`` the answer). A turn holds calls or an answer, not both; ``<think>``
+blocks are ignored, free text around calls is allowed, only whitespace may follow the answer, a
+trailing ``<|im_end|>`` is ignored, and markdown fences are tolerated (small models add them).
 
-* ``"hermes"`` (Qwen2.5 / Hermes function calling, the default)::
-
-      <tool_call>
-      {"name": "execute_sql", "arguments": {"db_id": "library", "sql": "SELECT ..."}}
-      </tool_call>
-
-  one or more of these, OR a final answer ``<answer>SELECT ...</answer>``.
-* ``"skyrl_sql"`` (SkyRL-SQL): ``<sql>...</sql>`` executes that SQL (it becomes
-  ``ToolCall("execute_sql", {"sql": ..., "db_id": db_id})``) and ``<solution>...</solution>``
-  is the final answer.
-
-A turn holds exactly one of the two kinds. ``<think>...</think>`` blocks are ignored in both
-styles (tags inside them do not count), free text around tool calls is allowed, and only
-whitespace may follow the final answer. A trailing ``<|im_end|>`` / ``<|endoftext|>`` (left
-when special tokens are decoded) is ignored. Markdown code fences around a call's JSON or the
-answer's SQL are tolerated, since small models add them habitually.
-
-:func:`parse_turn` never raises on a ``str``: every problem becomes an entry of
-``ParsedTurn.errors`` written for the model (what is wrong and how to write it instead), with
-quoted snippets truncated and made UTF-8-safe. Valid calls are kept even when a sibling call is
-invalid; the environment decides whether to run them.
-
-This module imports neither torch nor MCP.
+:func:`parse_turn` never raises on a ``str``: every problem is an entry of ``ParsedTurn.errors``
+written for the model (what is wrong and how to write it instead). Valid calls are kept even when
+a sibling call is invalid; the environment decides whether to run them.
 """
 
 from __future__ import annotations
