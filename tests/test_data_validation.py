@@ -100,3 +100,22 @@ def test_bad_records_are_refused_before_anything_runs(tmp_path, capsys):
     assert results["n"] == 1 and results["execution_accuracy"] == 1.0
     assert results["skipped"] == len(BAD) and results["skipped_reasons"] == {"bad_record": len(BAD)}
     print(f"\n3 commands (2 launched) in {time.monotonic() - start:.1f} s")
+
+
+def test_a_gold_query_is_checked_again_once_its_database_changed(tmp_path):
+    """The splits' gold check runs a query that passed once only again when the database changed
+    (`eval.splits.gold_check` keeps what passed in this process, by the file as it was)."""
+    from skyrl_tool_agent.eval.splits import gold_check
+
+    db = tmp_path / "shop.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE items (name TEXT)")
+    conn.close()
+    check = gold_check()
+    assert check(db, "SELECT name FROM items") is None
+    assert check(db, "SELECT name FROM items") is None  # kept: not run again
+    time.sleep(0.01)  # a change time of its own even where the clock is coarse
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE items RENAME TO goods")
+    conn.close()
+    assert "no such table: items" in (check(db, "SELECT name FROM items") or "")

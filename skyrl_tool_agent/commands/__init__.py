@@ -14,3 +14,18 @@
 Every parser is built with `allow_abbrev=False` (`--config-d` is an error, not `--config-dir`), and
 where a command writes a directory the flag is `--output-dir` (HF's `--output_dir` also works).
 """
+
+import atexit
+import gc
+
+
+def _collect_then_freeze() -> None:
+    """At a command's exit: collect the garbage there is (its finalizers run), then freeze the rest,
+    so that the interpreter's teardown does not walk torch's and transformers' objects again with
+    the cyclic collector: 1.1 CPU-s at every exit after those imports, 0.4 s this way (2-core AMD
+    EPYC, issue 59; each rank of a launch, each test that runs a command, pays it)."""
+    gc.collect()
+    gc.freeze()
+
+
+atexit.register(_collect_then_freeze)
