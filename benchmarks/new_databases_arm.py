@@ -43,7 +43,7 @@ def databases(out: Path, seed: int) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, required=True)
     out = parser.parse_args().out
     splits = TaskSplits.load(load_config())
