@@ -13,9 +13,11 @@ Then prints the commands the lab notebook ran (a fixed number of steps, so load 
 time): the arm trains on `fresh_train.json` (`train_pool=file`, `db_root` = seed 58_101's); the
 control is the main job's `final/`; both are evaluated at avg@4 on `fresh_validation.json` and on
 the generated pool's validation split, and compared per task with `paired_bootstrap`.
-Not a unit test. Result: benchmarks/results/issue58_new_databases.json.
+Not a unit test. Result: benchmarks/results/issue58_new_databases.json, drawn by `--plot` into the
+PNG beside it.
 
     python benchmarks/new_databases_arm.py --out /tmp/exp58
+    python benchmarks/new_databases_arm.py --plot benchmarks/results/issue58_new_databases.json
 """
 
 from __future__ import annotations
@@ -42,10 +44,40 @@ def databases(out: Path, seed: int) -> Path:
     return root
 
 
+def plot(results_json: Path) -> Path:
+    """Each model's avg@4 change from the start on both splits, with its paired interval, beside the JSON."""
+    import json
+
+    from skyrl_tool_agent.reports.plots import plt, save_figure  # pyplot on the headless backend
+
+    changes = json.loads(results_json.read_text())["change_vs_start"]
+    names = list(changes)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(names) + 1.8), sharey=True)
+    for ax, split in zip(axes, ("fresh_validation", "validation")):
+        for y, name in enumerate(names):
+            d = changes[name][split]
+            ax.errorbar(100 * d["delta"], y, xerr=[[100 * (d["delta"] - d["low"])], [100 * (d["high"] - d["delta"])]],
+                        fmt="o", capsize=3, color="#c44e52" if name.startswith("new_databases") else "#4c72b0")
+        ax.axvline(0, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(f"{split.replace('_', ' ')} (avg@4)", fontsize=9)
+        ax.set_xlabel("change from the start, points (95% paired bootstrap)", fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+    axes[0].set_yticks(range(len(names)), [n.replace("_", " ") for n in names], fontsize=8)
+    axes[0].invert_yaxis()
+    return save_figure(fig, results_json.with_suffix(".png"), dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--out", type=Path, required=True)
-    out = parser.parse_args().out
+    parser.add_argument("--out", type=Path, help="where the databases and task files go")
+    parser.add_argument("--plot", type=Path, help="draw this results JSON into a PNG beside it, and stop")
+    args = parser.parse_args()
+    if args.plot is not None:
+        print(plot(args.plot))
+        return
+    if args.out is None:
+        parser.error("--out or --plot is needed")
+    out = args.out
     splits = TaskSplits.load(load_config())
     pool, validation = splits.pool_and_validation()
     known = [*splits.train, *pool, *validation, *splits.dev, *splits.test()]
