@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         from skyrl_tool_agent.jobs.doctor import doctor
         from skyrl_tool_agent.jobs.doctor_checks import FAIL
-        from skyrl_tool_agent.policy.loading import resolve_device
+        from skyrl_tool_agent.policy.device import resolve_device
 
         if args.device == "cuda" and not torch.cuda.is_available():
             raise UserInputError("--device cuda: no CUDA device is visible to torch "

@@ -149,9 +149,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
                 backend = deepspeed_backend(config)  # ZeRO-3, also on 1 GPU
             else:
+                from skyrl_tool_agent.distributed.agreement import joined_launch
+
+                ctx = joined_launch(config)  # before the policy's imports: a refused launch stops in seconds
                 from skyrl_tool_agent.distributed.replicated import ReplicatedBackend
 
-                backend = ReplicatedBackend(config)  # LoRA/QLoRA: a replica per rank, gradients summed
+                backend = ReplicatedBackend(ctx)  # LoRA/QLoRA: a replica per rank, gradients summed
         main_rank = backend is None or backend.ctx.is_main
         t = config.training
         from skyrl_tool_agent.env.families import resolve_family

@@ -137,6 +137,18 @@ def agree_on_launch(ctx: Any, config: Config, deepspeed: dict[str, Any] | None =
     agree_on_output_dir(ctx, config.training.resolved_output_dir())
 
 
+def joined_launch(config: Config) -> Any:
+    """This rank's process group on the model's device (`comm.DistContext`), its ranks agreed on the
+    launch (`agree_on_launch`), with torch the only heavy import: a refused launch stops before
+    transformers, the policy and the MCP client load (~2.5 CPU-s a rank)."""
+    from skyrl_tool_agent.distributed.comm import DistContext, collective_timeout
+    from skyrl_tool_agent.policy.device import resolve_device
+
+    ctx = DistContext.init(resolve_device(config.model.device), collective_timeout(config.training.collective_timeout_minutes))
+    agree_on_launch(ctx, config)
+    return ctx
+
+
 def task_ids_digest(tasks: Sequence[Task]) -> str:
     """A short digest of the tasks' ids, in order (what every rank must draw alike)."""
     return hashlib.sha256("\n".join(t.task_id for t in tasks).encode()).hexdigest()[:16]

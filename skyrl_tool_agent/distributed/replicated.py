@@ -17,11 +17,9 @@ from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.loader import TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.distributed.checkpoint import agreed_checkpoint
-from skyrl_tool_agent.distributed.agreement import agree_on_launch
-from skyrl_tool_agent.distributed.comm import DistContext, collective_timeout
+from skyrl_tool_agent.distributed.comm import DistContext
 from skyrl_tool_agent.distributed.data_parallel import DataParallelTrainer
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.policy.loading import resolve_device
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 
 
@@ -76,13 +74,11 @@ class ReplicatedGRPOTrainer(DataParallelTrainer):
 
 class ReplicatedBackend:
     """What `jobs.train.run_training` needs on every rank of a LoRA/QLoRA launch (torchrun,
-    accelerate launch, deepspeed): the process group (its ranks agreeing on settings and output
-    directory: `agreement.agree_on_launch`), and a `ReplicatedGRPOTrainer`."""
+    accelerate launch, deepspeed): the process group its ranks joined and agreed on
+    (`agreement.joined_launch`), and a `ReplicatedGRPOTrainer`."""
 
-    def __init__(self, config: Config) -> None:
-        self.ctx = DistContext.init(resolve_device(config.model.device),
-                                    collective_timeout(config.training.collective_timeout_minutes))
-        agree_on_launch(self.ctx, config)
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
 
     def build_trainer(self, config: Config, runtime: EnvRuntime, loader: TaskDataLoader, eval_tasks: list[Task],
                       out: Path) -> ReplicatedGRPOTrainer:

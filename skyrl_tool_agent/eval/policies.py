@@ -13,7 +13,8 @@ from pathlib import Path
 
 from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.policy.export import adapter_base, has_tokenizer, load_with_adapter, resolve_weights_dir
-from skyrl_tool_agent.policy.loading import ModelLoadError, load_model, load_tokenizer, resolve_device, resolve_model_path
+from skyrl_tool_agent.policy.device import resolve_device
+from skyrl_tool_agent.policy.loading import ModelLoadError, load_model, load_tokenizer, resolve_model_path
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 
 logger = logging.getLogger(__name__)

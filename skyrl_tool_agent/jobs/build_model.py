@@ -35,7 +35,7 @@ def build_embedded(config: Config, train_tasks: list[Task], heldout_tasks: list[
     cache; never the shipped copy); returns the build report. An intact build there is kept unless
     `force`. Its held-out figures are on validation, never dev.
     """
-    from skyrl_tool_agent.policy.loading import resolve_device
+    from skyrl_tool_agent.policy.device import resolve_device
     from skyrl_tool_agent.policy.manifest import verify_manifest
     from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.build import build_embedded_model
@@ -70,7 +70,7 @@ def build_plateau_start(config: Config, out: Path, *, start: Path | None = None,
     on validation (`warmstart.plateau`), resuming from `out`'s checkpoint; the model lands in
     `out/model`."""
     from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
-    from skyrl_tool_agent.policy.loading import resolve_device
+    from skyrl_tool_agent.policy.device import resolve_device
     from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.warmstart.plateau import PlateauRule, continuation_settings, train_to_plateau
 

@@ -155,7 +155,8 @@ class Speedrun:
 
         from skyrl_tool_agent.data.batching import fixed_subset
         from skyrl_tool_agent.eval.splits import TaskSplits
-        from skyrl_tool_agent.policy.loading import load_tokenizer, resolve_device
+        from skyrl_tool_agent.policy.device import resolve_device
+        from skyrl_tool_agent.policy.loading import load_tokenizer
 
         if self.config.training.data.dataset != "builtin":
             raise UserInputError("the speedrun needs the builtin dataset (its generated pool)")

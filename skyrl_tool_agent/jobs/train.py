@@ -178,7 +178,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
                  job_started: float | None = None) -> RunSummary | None:
     """Train with GRPO as configured; evaluates the fixed eval tasks before and after. `rebuild`:
     build the embedded model anew first (see `ensure_embedded_model`). `backend`: `LocalBackend()`
-    (default) or, on every rank of a launch, `ReplicatedBackend(config)` / `DeepSpeedBackend(config)`;
+    (default) or, on every rank of a launch, `ReplicatedBackend(joined_launch(config))` / `DeepSpeedBackend(config)`;
     rank 0 writes the files and returns the summary, the other ranks return None.
     `skip_bad_records`: leave out task records that fail the load-time checks (`eval.splits`).
     `job_started`: where `training.job_budget_minutes` counts from (a `time.monotonic()` reading;

@@ -13,7 +13,8 @@ import torch
 from transformers import PreTrainedModel
 
 from skyrl_tool_agent.config import ModelConfig
-from skyrl_tool_agent.policy.loading import ModelLoadError, load_model, load_tokenizer, resolve_device, resolve_model_path
+from skyrl_tool_agent.policy.device import resolve_device
+from skyrl_tool_agent.policy.loading import ModelLoadError, load_model, load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import EMBEDDED, ModelConfig, UserInputError, require_extra
+from skyrl_tool_agent.policy.device import resolve_dtype
 from skyrl_tool_agent.policy.manifest import verify_manifest
 
 logger = logging.getLogger(__name__)
@@ -22,27 +22,6 @@ logger = logging.getLogger(__name__)
 
 class ModelLoadError(UserInputError):
     """A model or tokenizer could not be loaded; the message says which path and why (one line)."""
-
-
-def resolve_device(device: str) -> torch.device:
-    """`auto` = cuda > mps > cpu. Under a distributed launcher, cuda uses LOCAL_RANK."""
-    if device == "auto":
-        if torch.cuda.is_available():
-            device = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            device = "mps"
-        else:
-            device = "cpu"
-    if device == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` = bf16 on CUDA, fp32 elsewhere (CPU bf16 matmuls are slow and MPS bf16 is partial)."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
 def resolve_model_path(config: ModelConfig) -> str:

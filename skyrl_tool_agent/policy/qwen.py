@@ -29,8 +29,8 @@ from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.kernels.logprobs import token_logprobs
 from skyrl_tool_agent.memory.plan import RunPlan
 from skyrl_tool_agent.policy.engine import RolloutEngine
-from skyrl_tool_agent.policy.loading import (check_4bit_training_layout, load_model, load_tokenizer, resolve_device,
-                                             resolve_model_path)
+from skyrl_tool_agent.policy.device import resolve_device
+from skyrl_tool_agent.policy.loading import check_4bit_training_layout, load_model, load_tokenizer, resolve_model_path
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 from skyrl_tool_agent.policy.sampling_params import SamplingParams, logprob_temperature
 from skyrl_tool_agent.policy.weights import SamplingWeights, unsupported_reason
