@@ -21,11 +21,14 @@ import secrets
 import socket
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyrl_tool_agent.config import EMBEDDED, Config, ModelConfig, UserInputError
 from skyrl_tool_agent.config.resume import flat_settings
 from skyrl_tool_agent.data.tasks import Task
+
+if TYPE_CHECKING:  # the annotation only: comm imports torch, which this module does not need
+    from skyrl_tool_agent.distributed.comm import DistContext
 
 #: Model files up to this size are hashed for `model_files_identity`; larger ones (the weights)
 #: are compared by size, so the check costs milliseconds, not a read of 15 GB per rank.
@@ -137,7 +140,7 @@ def agree_on_launch(ctx: Any, config: Config, deepspeed: dict[str, Any] | None =
     agree_on_output_dir(ctx, config.training.resolved_output_dir())
 
 
-def joined_launch(config: Config) -> Any:
+def joined_launch(config: Config) -> DistContext:
     """This rank's process group on the model's device (`comm.DistContext`), its ranks agreed on the
     launch (`agree_on_launch`), with torch the only heavy import: a refused launch stops before
     transformers, the policy and the MCP client load (~2.5 CPU-s a rank)."""
