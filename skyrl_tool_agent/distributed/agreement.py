@@ -143,7 +143,7 @@ def agree_on_launch(ctx: Any, config: Config, deepspeed: dict[str, Any] | None =
 def joined_launch(config: Config) -> DistContext:
     """This rank's process group on the model's device (`comm.DistContext`), its ranks agreed on the
     launch (`agree_on_launch`), with torch the only heavy import: a refused launch stops before
-    transformers, the policy and the MCP client load (~2.5 CPU-s a rank)."""
+    the policy and the MCP client load (the two refusal tests of tests/test_multinode.py: ~2 CPU-s less each)."""
     from skyrl_tool_agent.distributed.comm import DistContext, collective_timeout
     from skyrl_tool_agent.policy.device import resolve_device
 
