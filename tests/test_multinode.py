@@ -502,6 +502,25 @@ def test_another_task_file_on_one_node_stops_every_rank_at_its_first_step(tiny, 
 
 
 # ------------------------------------------------------------------ no launch
+def test_the_launch_agreement_imports_torch_but_not_transformers(tiny):
+    """What every rank of a LoRA launch resolves before it agrees (`agreement.joined_launch`): the
+    settings and the model files' identity. A refused launch stops there, so transformers (and the
+    policy) must not be imported by then: each of a launch's ranks would pay ~1.5 CPU-s for it."""
+    code = (
+        "import sys\n"
+        "from skyrl_tool_agent.config import Config\n"
+        "from skyrl_tool_agent.distributed.agreement import resolved_settings\n"
+        f"config = Config.model_validate({{'model': {{'name_or_path': {str(tiny / 'model')!r}}}}})\n"
+        "settings = resolved_settings(config)\n"
+        "assert settings['model files'] != 'null', settings['model files']\n"
+        "print(sorted(m for m in ('transformers', 'peft', 'mcp') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def test_the_sweeper_leaves_a_run_directory_of_another_host_alone(tmp_path):
     """A temporary directory shared by the nodes: a live run of another node has a pid that means
     nothing here (dead here, or another process) and must not be taken for dead."""

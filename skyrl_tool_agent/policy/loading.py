@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import EMBEDDED, ModelConfig, UserInputError, require_extra
 from skyrl_tool_agent.policy.device import resolve_dtype
 from skyrl_tool_agent.policy.manifest import verify_manifest
+
+if TYPE_CHECKING:  # transformers is imported where a model is loaded: a launch's ranks resolve the
+    # model's path while agreeing on the launch (distributed.agreement), before the policy's imports
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,8 @@ def resolve_model_path(config: ModelConfig) -> str:
 
 
 def load_tokenizer(path: str, config: ModelConfig) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             path, revision=config.revision, trust_remote_code=config.trust_remote_code
@@ -78,6 +83,8 @@ def _quantization_kwargs(config: ModelConfig, device: torch.device) -> dict[str,
 
 def load_model(path: str, config: ModelConfig, device: torch.device, *, mode: str) -> PreTrainedModel:
     """Load the base model, then wrap it for `mode` ('lora' adds peft adapters; 'full' trains all)."""
+    from transformers import AutoModelForCausalLM
+
     dtype = resolve_dtype(config.dtype, device)
     quant = _quantization_kwargs(config, device)
     try:
