@@ -11,8 +11,8 @@ resumed on both nodes carry the run's assertions; a LoRA launch trains to its st
 and has rank 3 killed, and that checkpoint is resumed on both nodes and compared with an
 uninterrupted two-node LoRA launch; each planted
 fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
-file on node 1) is a launch that must stop every rank with one line naming it. The faults
-run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
+file on node 1) is a launch of one rank per node that must stop every rank with one line naming
+it. The faults run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
 two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints (the
 killed launch's is resumed exactly: this is where LoRA's launched train, checkpoint and resume are
 checked; they were a one-host launch pair of tests/test_data_parallel.py).
@@ -44,8 +44,11 @@ from tests.fixtures.distributed import (
     tiny_run_args,
 )
 
-#: Ranks per "node" (2 nodes).
+#: Ranks per "node" (2 nodes) of the launches that train. A planted fault's launch has one rank per
+#: node (`FAULT_NODE_RANKS`): rank 1 is then another node's LOCAL_RANK 0, all a fault needs, at half
+#: the ranks' start-up.
 NODE_RANKS = 2
+FAULT_NODE_RANKS = 1
 #: A failing launch's every rank stops with this many seconds of slack after the cause; a
 #: launch that trains has `TRAIN_TIMEOUT_S`.
 STOP_TIMEOUT_S = 120
@@ -116,29 +119,29 @@ def make_nodes(root: Path) -> list[Node]:
     return nodes
 
 
-def launcher(kind: str, node: Node, port: int) -> list[str]:
+def launcher(kind: str, node: Node, port: int, ranks: int = NODE_RANKS) -> list[str]:
     """Node `node`'s launcher command: `torchrun --nnodes 2 --node_rank N`, or ("deepspeed") the
     DeepSpeed launcher's multi-node form without ssh, each node starting its own ranks from a
     hostfile that names both (`deepspeed --hostfile H --no_ssh --node_rank N`, DeepSpeed >= 0.15)."""
-    head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(NODE_RANKS)]
+    head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(ranks)]
     if kind == "deepspeed":
         hostfile = node.root / "hostfile"
-        hostfile.write_text("".join(f"node-{name} slots={NODE_RANKS}\n" for name in "ab"))
+        hostfile.write_text("".join(f"node-{name} slots={ranks}\n" for name in "ab"))
         head = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh", "--quiet"]
     return [*head, "--node_rank", str(node.rank), "--master_addr", "127.0.0.1", "--master_port", str(port)]
 
 
 def launch_nodes(nodes: list[Node], args: list[str], *, timeout: float, node1_args: tuple[str, ...] = (),
                  while_running: Callable[[list[subprocess.Popen]], None] | None = None,
-                 kind: str = "torchrun") -> list[Launched]:
-    """Both nodes' launchers (`launcher(kind)`) of `train_grpo.py args` (node 1 with `node1_args`
+                 kind: str = "torchrun", ranks: int = NODE_RANKS) -> list[Launched]:
+    """Both nodes' launchers (`launcher(kind)`, `ranks` each) of `train_grpo.py args` (node 1 with `node1_args`
     after them), each in its own working directory and process group; `while_running(launchers)`
     is called about every half second until both have exited. On a timeout (or any exception) both
     groups are killed."""
     port = free_port()
     procs, logs = [], []
     for node in nodes:
-        cmd = [*launcher(kind, node, port), str(SCRIPT), *args, *(node1_args if node.rank == 1 else ())]
+        cmd = [*launcher(kind, node, port, ranks), str(SCRIPT), *args, *(node1_args if node.rank == 1 else ())]
         out, err = (node.root / f"launch-{port}.out").open("w+"), (node.root / f"launch-{port}.err").open("w+")
         logs.append((out, err))
         procs.append(subprocess.Popen(cmd, env=node.env(), cwd=node.cwd, stdout=out, stderr=err, text=True,
@@ -457,12 +460,13 @@ def test_sigterm_to_both_launchers_mid_step_saves_within_their_grace_and_both_no
 def test_one_more_setting_on_one_node_stops_every_rank(tiny, tmp_path):
     nodes, out = make_nodes(tmp_path), tmp_path / "shared" / "run"
     launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--output-dir", str(out)],
-                            node1_args=("--set", "training.learning_rate=0.002"), timeout=STOP_TIMEOUT_S)
+                            node1_args=("--set", "training.learning_rate=0.002"), timeout=STOP_TIMEOUT_S,
+                            ranks=FAULT_NODE_RANKS)
     for node in launched:
         assert node.returncode != 0
         lines = error_lines(node)
-        assert len(lines) == NODE_RANKS and all(
-            "training.learning_rate is 0.001 on rank 0" in line and "but 0.002 on rank 2" in line for line in lines), \
+        assert len(lines) == FAULT_NODE_RANKS and all(
+            "training.learning_rate is 0.001 on rank 0" in line and "but 0.002 on rank 1" in line for line in lines), \
             node.log[-3000:]
     assert not (out / "metrics.jsonl").exists()  # stopped before any work
 
@@ -471,12 +475,13 @@ def test_one_more_setting_on_one_node_stops_every_rank(tiny, tmp_path):
 @pytest.mark.timeout(STOP_TIMEOUT_S + 60)
 def test_each_node_its_own_output_directory_stops_every_rank(tiny, tmp_path):
     nodes = make_nodes(tmp_path)
-    launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--output-dir", "out"], timeout=STOP_TIMEOUT_S)
+    launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--output-dir", "out"], timeout=STOP_TIMEOUT_S,
+                            ranks=FAULT_NODE_RANKS)
     for node in launched:
         assert node.returncode != 0
         lines = error_lines(node)
-        assert len(lines) == NODE_RANKS and all(
-            line.startswith("error: training.output_dir is not one directory shared by every rank: ranks 2, 3")
+        assert len(lines) == FAULT_NODE_RANKS and all(
+            line.startswith("error: training.output_dir is not one directory shared by every rank: rank 1 (")
             for line in lines), node.log[-3000:]
     assert not (nodes[0].cwd / "out" / "metrics.jsonl").exists() and not (nodes[1].cwd / "out").exists()
 
@@ -491,12 +496,12 @@ def test_another_task_file_on_one_node_stops_every_rank_at_its_first_step(tiny, 
     (nodes[0].cwd / "train.json").write_text(json.dumps(tasks))
     (nodes[1].cwd / "train.json").write_text(json.dumps(tasks[::-1]))
     launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=1), "--set", "training.data.train_file=train.json",
-                                    "--output-dir", str(out)], timeout=STOP_TIMEOUT_S)
+                                    "--output-dir", str(out)], timeout=STOP_TIMEOUT_S, ranks=FAULT_NODE_RANKS)
     for node in launched:
         assert node.returncode != 0
         lines = error_lines(node)
-        assert len(lines) == NODE_RANKS and all(
-            line.startswith("error: the ranks drew different tasks after step 0: rank 2's") for line in lines), \
+        assert len(lines) == FAULT_NODE_RANKS and all(
+            line.startswith("error: the ranks drew different tasks after step 0: rank 1's") for line in lines), \
             node.log[-3000:]
     assert [json.loads(r)["step"] for r in (out / "metrics.jsonl").read_text().splitlines()] == [0]
 
