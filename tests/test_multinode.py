@@ -1,16 +1,16 @@
-"""Two "nodes" on one machine: what a 2 x 8 GPU launch relies on, checked with 2 x 2 gloo ranks.
+"""Two "nodes" on one machine: what a 2 x 8 GPU launch relies on, checked with 2 + 1 gloo ranks.
 
-Each node is its own `torchrun --nnodes 2 --node_rank N --master_addr 127.0.0.1` launcher of 2 ranks
-(global ranks 0-1 and 2-3; rank 2 has LOCAL_RANK 0; the killed-rank launches 2 + 1, the faults 1 + 1)
-on the tiny model, with its own working
+Each node is its own `torchrun --nnodes 2 --node_rank N --master_addr 127.0.0.1` launcher: node 0
+of 2 ranks (0 and 1: rank 0 and a rank that is not, side by side), node 1 of 1 (rank 2, whose
+LOCAL_RANK is 0; the faults' launches 1 + 1) on the tiny model, with its own working
 directory, temporary directory, model cache and PYTHONHASHSEED: what differs between real nodes.
 Each launch runs in its own process group, killed whole on a timeout.
 
-One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 4 ranks, by the
+One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 3 ranks, by the
 DeepSpeed launcher's multi-node form without ssh), and one stopped by SIGTERM during step 1 and
-resumed on both nodes carry the run's assertions; a LoRA launch of 2 + 1 ranks (`KILLED_RANKS`)
-trains to its step-1 checkpoint and has node 1's rank killed, and that checkpoint is resumed on
-both nodes and compared with an uninterrupted launch of the same shape; each planted
+resumed on both nodes carry the run's assertions; a LoRA launch trains to its step-1 checkpoint
+and has node 1's rank killed, and that checkpoint is resumed on both nodes and compared with an
+uninterrupted two-node LoRA launch; each planted
 fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
 file on node 1) is a launch of one rank per node that must stop every rank with one line naming
 it. The faults run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
@@ -45,19 +45,19 @@ from tests.fixtures.distributed import (
     tiny_run_args,
 )
 
-#: Ranks per "node" (2 nodes) of the full-mode launches. A planted fault's launch has one rank per
-#: node (`FAULT_RANKS`): rank 1 is then another node's LOCAL_RANK 0, all a fault needs. The killed
-#: rank's launches have 2 + 1 (`KILLED_RANKS`): node 1's one rank is killed, and both of node 0's,
-#: rank 0 and one that is not, must stop. (Each rank costs its start-up, ~6 CPU-s: imports
-#: mostly; torchrun takes a different rank count per node.)
-NODE_RANKS = 2
+#: Ranks of node 0 and node 1 in the launches that train: two ranks side by side on one node, one
+#: rank on another (LOCAL_RANK 0, RANK 2), each with node-local directories; a killed rank's
+#: survivors are rank 0 and one that is not. A planted fault's launch has one rank per node
+#: (`FAULT_RANKS`): rank 1 is then another node's LOCAL_RANK 0, all a fault needs. (Each rank
+#: costs its start-up, ~6 CPU-s, imports mostly: 2 x 2 cost a third more for nothing 2 + 1 misses.
+#: torchrun and DeepSpeed's hostfile take a rank count per node.)
+RANKS = (2, 1)
 FAULT_RANKS = (1, 1)
-KILLED_RANKS = (2, 1)
 #: A failing launch's every rank stops with this many seconds of slack after the cause; a
 #: launch that trains has `TRAIN_TIMEOUT_S`.
 STOP_TIMEOUT_S = 120
 TRAIN_TIMEOUT_S = 400
-#: Tasks per step: not a multiple of the 4 ranks, so ranks roll out 2 or 1 task.
+#: Tasks per step: not a multiple of the 3 ranks, so ranks roll out 2 or 1 task.
 TASKS_PER_STEP = 5
 #: Steps of the LoRA launch whose node-1 rank is killed after its step-1 checkpoint: room for the steps a
 #: quiet machine finishes before the kill lands, so the run is always cut before its end.
@@ -123,7 +123,7 @@ def make_nodes(root: Path) -> list[Node]:
     return nodes
 
 
-def launcher(kind: str, node: Node, port: int, ranks: tuple[int, int] = (NODE_RANKS, NODE_RANKS)) -> list[str]:
+def launcher(kind: str, node: Node, port: int, ranks: tuple[int, int] = RANKS) -> list[str]:
     """Node `node`'s launcher command: `torchrun --nnodes 2 --node_rank N`, or ("deepspeed") the
     DeepSpeed launcher's multi-node form without ssh, each node starting its own ranks from a
     hostfile that names both (`deepspeed --hostfile H --no_ssh --node_rank N`, DeepSpeed >= 0.15).
@@ -138,7 +138,7 @@ def launcher(kind: str, node: Node, port: int, ranks: tuple[int, int] = (NODE_RA
 
 def launch_nodes(nodes: list[Node], args: list[str], *, timeout: float, node1_args: tuple[str, ...] = (),
                  while_running: Callable[[list[subprocess.Popen]], None] | None = None,
-                 kind: str = "torchrun", ranks: tuple[int, int] = (NODE_RANKS, NODE_RANKS)) -> list[Launched]:
+                 kind: str = "torchrun", ranks: tuple[int, int] = RANKS) -> list[Launched]:
     """Both nodes' launchers (`launcher(kind)`, `ranks` each) of `train_grpo.py args` (node 1 with `node1_args`
     after them), each in its own working directory and process group; `while_running(launchers)`
     is called about every half second until both have exited. On a timeout (or any exception) both
@@ -247,7 +247,7 @@ def uninterrupted(tiny, tmp_path_factory):
 @pytest.fixture(scope="module")
 def killed(tiny, tmp_path_factory):
     """A launch in LoRA mode (`ReplicatedBackend`: LoRA's two-node training up to its step-1
-    checkpoint), `KILLED_RANKS`, with node 1's rank (global rank 2) killed once that checkpoint is
+    checkpoint), with node 1's rank (global rank 2) killed once that checkpoint is
     written: (nodes, launched, output, seconds from the kill to both launchers' end, leftovers)."""
     root = tmp_path_factory.mktemp("killed")
     nodes, out = make_nodes(root), root / "shared" / "run"
@@ -264,7 +264,7 @@ def killed(tiny, tmp_path_factory):
 
     try:
         launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=KILLED_STEPS), "--output-dir", str(out)],
-                                timeout=TRAIN_TIMEOUT_S, while_running=kill_rank_2, ranks=KILLED_RANKS)
+                                timeout=TRAIN_TIMEOUT_S, while_running=kill_rank_2)
         assert killed_at, "rank 2 was never killed: " + launched[0].log[-3000:]
         seconds = time.monotonic() - killed_at[0]
         yield nodes, launched, out, seconds, leftovers(nodes, tiny)
@@ -280,18 +280,18 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
     assert [x.returncode for x in launched] == [0, 0], launched[0].log[-3000:] + launched[1].log[-3000:]
     rows = launched_rows(launched[0].completed(), out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # every step's metrics once
-    # 5 tasks on 4 ranks (2, 1, 1, 1), every group gathered: 5 groups of 2 episodes
+    # 5 tasks on 3 ranks (2, 2, 1), every group gathered: 5 groups of 2 episodes
     assert rows[1]["episode/tasks"] == TASKS_PER_STEP and rows[1]["train/trajectories_used"] == 2 * TASKS_PER_STEP
     assert rows[1]["train/grad_norm"] > 0
     assert "before GRPO" in launched[0].stdout
     # the checkpoint holds every rank's ZeRO-3 shards and RNG states, and its manifest lists them
     step2 = out / "checkpoints" / "step-000002"
     listed = set(json.loads((step2 / "manifest.json").read_text())["files"])
-    for rank in range(2 * NODE_RANKS):
+    for rank in range(sum(RANKS)):
         for name in (f"deepspeed/state/zero_pp_rank_{rank}_mp_rank_00_model_states.pt",
                      f"deepspeed/state/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", f"rng_rank{rank}.json"):
             assert (step2 / name).is_file() and name in listed, name
-    assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == 2 * NODE_RANKS
+    assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == sum(RANKS)
     # a periodic checkpoint holds no consolidated export; the run's end writes one (final/)
     assert not (step2 / "weights").exists() and not list(step2.rglob("*.safetensors"))
     assert (out / "final" / "model.safetensors").is_file()
@@ -301,7 +301,7 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
     assert sorted(p.name for p in nodes[1].cwd.iterdir()) == []
     assert (out / "report.html").is_file() and not (nodes[1].cwd / "wandb").exists()
     # the run's MCP servers ran on both nodes, and neither leaves a process or a run directory
-    assert watch.servers[0] > 0 and watch.servers[1] > 0 and watch.run_dirs == [2, 2]
+    assert watch.servers[0] > 0 and watch.servers[1] > 0 and watch.run_dirs == list(RANKS)
     assert left == [(0, [], []), (1, [], [])]
 
 
@@ -311,7 +311,7 @@ def test_the_zero3_run_trains_and_its_checkpoints_export_to_its_final_weights(un
     """Full mode under the DeepSpeed launcher (the uninterrupted launch; its exact resume is the
     SIGTERM test's): each checkpoint holds the shards, the model's config and tokenizer and no
     consolidated export; the run's end exports trained bf16 weights; an export on request (in
-    process, no launcher) consolidates the last checkpoint's 4 ranks' shards into final/ bit for bit
+    process, no launcher) consolidates the last checkpoint's 3 ranks' shards into final/ bit for bit
     and a mid-run checkpoint's into a model of its own. (These were a one-node 2-rank launch pair of
     tests/test_deepspeed.py.)"""
     import shutil
@@ -405,13 +405,12 @@ def test_a_killed_rank_stops_every_rank_within_seconds_and_its_checkpoint_resume
     # two-node LoRA launch ends: the adapters, optimizer moments and data stream restored exactly.
     args = cluster_args(tiny, "lora", max_steps=KILLED_STEPS)
     spent = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
-    resumed = launch_nodes(nodes, [*args, "--output-dir", str(out), "--resume", "auto"], timeout=TRAIN_TIMEOUT_S,
-                           ranks=KILLED_RANKS)
+    resumed = launch_nodes(nodes, [*args, "--output-dir", str(out), "--resume", "auto"], timeout=TRAIN_TIMEOUT_S)
     assert resumed[1].returncode == 0, resumed[1].log[-3000:]
     reference = make_nodes(tmp_path)
     full = tmp_path / "shared" / "run"
     try:
-        done = launch_nodes(reference, [*args, "--output-dir", str(full)], timeout=TRAIN_TIMEOUT_S, ranks=KILLED_RANKS)
+        done = launch_nodes(reference, [*args, "--output-dir", str(full)], timeout=TRAIN_TIMEOUT_S)
         assert [x.returncode for x in done] == [0, 0], done[0].log[-3000:] + done[1].log[-3000:]
         assert (full / "final" / "adapter_model.safetensors").is_file() and "before GRPO" in done[0].stdout
         check_same_ending(resumed[0].completed(), full, out, steps=KILLED_STEPS, weights="adapter_model.safetensors",
