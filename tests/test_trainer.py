@@ -268,24 +268,34 @@ def test_bad_inputs_exit_2_with_one_line(setup, tmp_path, monkeypatch, capsys):
         assert not (tmp_path / "bad").exists(), (extra, "a rejected run wrote its output directory")
 
 
-def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_path):
+def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_path, monkeypatch, capsys):
     """The supervised baseline GRPO is compared with: real supervised steps for the given wall time,
-    evaluated greedy before and after on GRPO's dev subset; --save-model keeps the continued model."""
+    evaluated greedy before and after on GRPO's dev subset; --save-model keeps the continued model.
+    The script runs in this process (`runpy`, as `python training/scripts/sft_baseline.py ARGS`
+    would: its alias line and the command's `main`, the same output and files): a launch of its
+    own imported torch, transformers and peft again, ~5 s of CPU (test_bad_inputs_exit_2_with_one_line
+    launches the train script, whose alias is the same two lines)."""
+    import runpy
+
     from safetensors.torch import load_file
 
     root, model_dir = setup
     out, kept = tmp_path / "sft.json", tmp_path / "continued"
-    # 3 s of steps (a few): the deadline ends them, not the step cap; they train the model all the same
-    cmd = [sys.executable, str(REPO / "training" / "scripts" / "sft_baseline.py"), "--minutes", "0.05",
-           "--output", str(out), "--save-model", str(kept), *_config_args(root, model_dir)]
+    # 0.6 s of steps (dozens on the tiny model): the deadline ends them, not the step cap; they train the model all the same
+    script = REPO / "training" / "scripts" / "sft_baseline.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--minutes", "0.01", "--output", str(out), "--save-model", str(kept),
+                                      *_config_args(root, model_dir)])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the alias puts the checkout first: undone after the test
+    monkeypatch.delenv("COLUMNS", raising=False)  # the command's logging setup sets it for rich: undone after the test
     started = time.monotonic()
-    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    capsys.readouterr()
+    runpy.run_path(str(script), run_name="__main__")
+    stdout = capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["minutes"] == 0.05 and result["steps"] >= 1
+    assert result["minutes"] == 0.01 and result["steps"] >= 1
     for side in ("before", "after"):
         assert result[side]["n"] == 3 and 0.0 <= result[side]["execution_accuracy"] <= 1.0
-    assert "continued warm start:" in res.stdout
+    assert "continued warm start:" in stdout
     assert time.monotonic() - started < 240  # the deadline stops it (the step cap is 10**6)
     before, after = load_file(model_dir / "model.safetensors"), load_file(kept / "model.safetensors")
     assert before.keys() == after.keys() and any(not before[k].equal(after[k]) for k in before)  # trained
