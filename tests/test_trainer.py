@@ -307,10 +307,16 @@ TIMING_KEYS = ("tokens_per_s", "time/rollout_s", "time/update_s", "time/elapsed_
                "rollout/slot_wait_s")
 
 
-def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
-    """Issue 17 #13: the same training.seed, two runs from scratch, the same metrics.jsonl. In one
-    process, one run after the other: whatever the first run left in the global RNGs (Python, NumPy,
-    torch) must not reach the second one's LoRA initialisation."""
+def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, uninterrupted, tmp_path):
+    """Issue 17 #13: the same training.seed, two runs from scratch, the same metrics.jsonl and the
+    same adapters. One is the launched uninterrupted run (a fresh process); the other runs in this
+    process after its global RNGs (Python, NumPy, torch) were drawn from and reseeded, as a run
+    before it would leave them (and after this module's SFT baseline ran here): whatever they hold
+    must not reach the run's LoRA initialisation or its draws. (Two runs in this process before:
+    the launched one is there anyway, for the interrupted runs to compare with.)"""
+    import random
+
+    import numpy as np
     import torch
     from safetensors.torch import load_file
 
@@ -318,13 +324,12 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
     from skyrl_tool_agent.jobs.train import run_training
 
     root, model_dir = setup
-    sets = [a for a in _config_args(root, model_dir) if a != "--set"]
-    sets += ["training.mode=lora", "training.max_steps=2", "training.checkpoint_every=0", "training.eval_num_tasks=2"]
-    runs = []
-    for name in ("a", "b"):
-        run_training(load_config(overrides=[*sets, f"training.output_dir={tmp_path / name}"]))
-        runs.append([{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(tmp_path / name)])
-    assert [r["step"] for r in runs[0]] == [0, 1, 2]
+    full = uninterrupted[0]
+    random.seed(1), random.random(), np.random.seed(2), np.random.rand(3), torch.manual_seed(3), torch.rand(3)
+    sets = [a for a in _config_args(root, model_dir) if a != "--set"]  # the launched run's settings, in this process
+    run_training(load_config(overrides=[*sets, "training.mode=lora", f"training.output_dir={tmp_path / 'b'}"]))
+    runs = [[{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(out)] for out in (full, tmp_path / "b")]
+    assert [r["step"] for r in runs[0]] == list(range(STEPS + 1))
     assert runs[0] == runs[1]
     # The memory plan at work: every step's episodes fit the engine at once (this machine's RAM), none waited.
     assert all(r["rollout/episodes_in_flight"] >= 4 and r["rollout/slot_waits"] == 0 for r in runs[0][1:]), runs[0]
@@ -333,7 +338,7 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
     assert all(0.05 < p < 64 for p in peaks) and peaks == sorted(peaks), peaks
     # The adapters too (LoRA's A matrices are random at initialisation; B starts at zero, so a step
     # whose groups all tie would not show a different A in the metrics).
-    adapters = [load_file(tmp_path / name / "final" / "adapter_model.safetensors") for name in ("a", "b")]
+    adapters = [load_file(out / "final" / "adapter_model.safetensors") for out in (full, tmp_path / "b")]
     assert adapters[0].keys() == adapters[1].keys()
     assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
 
