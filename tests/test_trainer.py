@@ -68,13 +68,40 @@ def _metrics(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(setup, tmp_path_factory):
-    """One uninterrupted run of STEPS steps: (its output dir, the finished process) for the runs that
-    are interrupted and resumed to compare with."""
+    """One uninterrupted run of STEPS steps, through the train script's `main` in this process (the
+    script is its alias: test_bad_inputs_exit_2_with_one_line launches it, and the interrupted runs
+    below launch it four times): (its output dir, what it printed, stdout and logged lines together,
+    as a launch's stdout holds them). A launch imported torch, transformers and peft again (~5 s of
+    CPU); a launched run and one in this process log the same metrics
+    (test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly compares its launches with
+    this run). The job budget counts from its process's start: from this call here, as in a launch."""
+    import contextlib
+    import io
+    import logging
+
+    from skyrl_tool_agent.commands.train import main
+    from skyrl_tool_agent.jobs import budget
+
     root, model_dir = setup
     full = tmp_path_factory.mktemp("full")
-    done = subprocess.run(_cmd(root, model_dir, full), env=_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return full, done
+    printed = io.StringIO()
+    handler = logging.StreamHandler(printed)  # the log lines (under pytest the command's own handler is not set)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+    logger, level = logging.getLogger(), logging.getLogger().level
+    started = time.monotonic()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        patch.setattr(budget, "process_start", lambda: started)
+        patch.delenv("COLUMNS", raising=False)  # the command's logging setup sets it for rich: undone after the run
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            main(_cmd(root, model_dir, full)[2:])
+        except SystemExit as exited:  # a refusal: what it said
+            raise AssertionError(f"exit {exited.code}: {printed.getvalue()[-3000:]}") from None
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    return full, printed.getvalue()
 
 
 def _assert_same_steps(rows: list[dict], again: list[dict]) -> None:
@@ -95,7 +122,7 @@ def _wait_for(proc: subprocess.Popen, ready, what: str, timeout: float = 240) ->
 
 @pytest.mark.slow
 def test_a_run_trains_checkpoints_and_reports(uninterrupted):
-    full, done = uninterrupted
+    full, printed = uninterrupted
     rows = _metrics(full)
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     for key in ("reward/mean", "reward/std", "train/loss", "train/kl", "train/entropy", "episode/turns_mean",
@@ -109,7 +136,7 @@ def test_a_run_trains_checkpoints_and_reports(uninterrupted):
     assert card.startswith("---\n") and "library_name: peft" in card and "Model Card for Model ID" not in card
     assert f"{STEPS} GRPO steps" in card and "| execution_accuracy |" in card and "paired-bootstrap interval" in card
     assert (full / "training_curves.png").stat().st_size > 10_000
-    assert "before GRPO" in done.stdout
+    assert "before GRPO" in printed
     # Before/after on the same tasks, with the paired interval of the change and why training stopped.
     record = json.loads((full / "before_after.json").read_text())
     assert len(record["before"]["solved"]) == len(record["after"]["solved"]) == 3
@@ -117,10 +144,10 @@ def test_a_run_trains_checkpoints_and_reports(uninterrupted):
     assert delta["n"] == 3 and delta["low"] <= delta["delta"] <= delta["high"]
     assert delta["delta"] == pytest.approx(record["after"]["execution_accuracy"] - record["before"]["execution_accuracy"])
     assert record["stop_reason"] == f"max_steps ({STEPS}) reached"
-    assert "paired-bootstrap interval" in done.stdout and f"training stopped: max_steps ({STEPS}) reached" in done.stdout
+    assert "paired-bootstrap interval" in printed and f"training stopped: max_steps ({STEPS}) reached" in printed
     # Output captured (not a terminal): the progress bar is replaced by one log line per step.
     # With the default time budget each line also gives the budget's clock.
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if "GRPO step" in line]
+    lines = [line for line in printed.splitlines() if "GRPO step" in line]
     assert all(any(f"GRPO step {n}/{STEPS}, " in line and "/8.0 min" in line for line in lines)
                for n in range(1, STEPS + 1)), lines
     assert all(r["time/elapsed_s"] > 0 for r in rows[1:])
@@ -309,11 +336,11 @@ TIMING_KEYS = ("tokens_per_s", "time/rollout_s", "time/update_s", "time/elapsed_
 
 def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, uninterrupted, tmp_path):
     """Issue 17 #13: the same training.seed, two runs from scratch, the same metrics.jsonl and the
-    same adapters. One is the launched uninterrupted run (a fresh process); the other runs in this
-    process after its global RNGs (Python, NumPy, torch) were drawn from and reseeded, as a run
-    before it would leave them (and after this module's SFT baseline ran here): whatever they hold
-    must not reach the run's LoRA initialisation or its draws. (Two runs in this process before:
-    the launched one is there anyway, for the interrupted runs to compare with.)"""
+    same adapters, in one process, one run after the other: the uninterrupted run (the module's
+    fixture), then this one, after Python's, NumPy's and torch's global RNGs were drawn from and
+    reseeded besides (so it holds when this test runs alone too): whatever the process's RNGs hold
+    must not reach the second run's LoRA initialisation or its draws. (The first run is the one the
+    interrupted runs compare with: two runs here before.)"""
     import random
 
     import numpy as np
@@ -326,7 +353,7 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, uninterrupted,
     root, model_dir = setup
     full = uninterrupted[0]
     random.seed(1), random.random(), np.random.seed(2), np.random.rand(3), torch.manual_seed(3), torch.rand(3)
-    sets = [a for a in _config_args(root, model_dir) if a != "--set"]  # the launched run's settings, in this process
+    sets = [a for a in _config_args(root, model_dir) if a != "--set"]  # the first run's settings
     run_training(load_config(overrides=[*sets, "training.mode=lora", f"training.output_dir={tmp_path / 'b'}"]))
     runs = [[{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(out)] for out in (full, tmp_path / "b")]
     assert [r["step"] for r in runs[0]] == list(range(STEPS + 1))
