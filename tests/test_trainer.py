@@ -66,15 +66,14 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(setup, tmp_path_factory):
-    """One uninterrupted run of STEPS steps, through the train script's `main` in this process (the
+def _main_here(cmd: list[str]) -> str:
+    """`cmd` (a launch of the train script, `_cmd`) run by the script's `main` in this process (the
     script is its alias: test_bad_inputs_exit_2_with_one_line launches it, and the interrupted runs
-    below launch it four times): (its output dir, what it printed, stdout and logged lines together,
-    as a launch's stdout holds them). A launch imported torch, transformers and peft again (~5 s of
-    CPU); a launched run and one in this process log the same metrics
-    (test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly compares its launches with
-    this run). The job budget counts from its process's start: from this call here, as in a launch."""
+    below launch it three times): what it printed and logged, together as a launch's stdout and
+    stderr hold them (output not a terminal: a log line per step). A launch imported torch,
+    transformers and peft again (~5 s of CPU); a launched run and one in this process log the same
+    metrics (the interrupted runs' launches are compared with this process's run). The job budget
+    counts from its process's start: from this call here, as in a launch."""
     import contextlib
     import io
     import logging
@@ -82,8 +81,7 @@ def uninterrupted(setup, tmp_path_factory):
     from skyrl_tool_agent.commands.train import main
     from skyrl_tool_agent.jobs import budget
 
-    root, model_dir = setup
-    full = tmp_path_factory.mktemp("full")
+    assert cmd[:2] == [sys.executable, str(SCRIPT)], cmd[:2]
     printed = io.StringIO()
     handler = logging.StreamHandler(printed)  # the log lines (under pytest the command's own handler is not set)
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
@@ -95,13 +93,23 @@ def uninterrupted(setup, tmp_path_factory):
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         try:
-            main(_cmd(root, model_dir, full)[2:])
-        except SystemExit as exited:  # a refusal: what it said
-            raise AssertionError(f"exit {exited.code}: {printed.getvalue()[-3000:]}") from None
+            main(cmd[2:])
+        except SystemExit as exited:  # a launch would have exited with this status
+            if exited.code not in (0, None):
+                raise AssertionError(f"exit {exited.code}: {printed.getvalue()[-3000:]}") from None
         finally:
             logger.removeHandler(handler)
             logger.setLevel(level)
-    return full, printed.getvalue()
+    return printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tmp_path_factory):
+    """One uninterrupted run of STEPS steps (`_main_here`): (its output dir, what it printed and
+    logged) for the runs that are interrupted and resumed to compare with."""
+    root, model_dir = setup
+    full = tmp_path_factory.mktemp("full")
+    return full, _main_here(_cmd(root, model_dir, full))
 
 
 def _assert_same_steps(rows: list[dict], again: list[dict]) -> None:
@@ -199,9 +207,10 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
     drop that step's metrics and episodes and run it again); SIGTERM in step 3; then to the end.
     Every step once, the same metrics and the same episodes as the uninterrupted run. The last
     resume names its checkpoint's path (`--resume PATH`, the others `auto`). Each resume says the
-    minutes of the time budget its checkpoint had spent, and the clock goes on from them. (4
-    launches: the kill -9 had a run and a resume of its own before; tests/test_run_log.py's resume
-    was a fifth.)"""
+    minutes of the time budget its checkpoint had spent, and the clock goes on from them. (3
+    launches, one for each signal, and the last resume in this process: the kill -9 had a run and
+    a resume of its own before; tests/test_run_log.py's resume was another launch, and the last
+    resume one too.)"""
     root, model_dir = setup
     out = tmp_path / "sig"
     cmd = _cmd(root, model_dir, out, "--set", "training.checkpoint_every=0")
@@ -248,11 +257,10 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
     last = stop(signal.SIGTERM, saved)  # resumes from the SIGINT's checkpoint again
     spent_last = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
     assert spent_last > spent
-    finished = subprocess.run([*cmd, "--resume", str(out / "checkpoints" / f"step-{last:06d}")], env=_env(),
-                              capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    assert f"resumed from {out / 'checkpoints' / f'step-{last:06d}'} at step {last} (" in finished.stderr + finished.stdout
-    assert "min of the time budget spent)" in finished.stderr + finished.stdout
+    # to the end in this process (`_main_here`; the signals needed launches, this resume does not)
+    finished = _main_here([*cmd, "--resume", str(out / "checkpoints" / f"step-{last:06d}")])
+    assert f"resumed from {out / 'checkpoints' / f'step-{last:06d}'} at step {last} (" in finished
+    assert "min of the time budget spent)" in finished
     # the clock went on across each --resume from the minutes its checkpoint had spent
     assert all(r["time/elapsed_s"] > spent for r in _metrics(out)[saved + 1:])
     assert all(r["time/elapsed_s"] > spent_last for r in _metrics(out)[last + 1:])
