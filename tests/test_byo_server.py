@@ -219,7 +219,8 @@ def test_two_grpo_steps_on_a_third_party_server_leave_its_data_untouched(shop, c
          "--max-steps", "2", "--output-dir", str(out), "--set", "training.time_budget_minutes=null",
          "--set", "training.job_budget_minutes=null",
          "--set", "training.tasks_per_step=1", "--set", "grpo.group_size=2", "--set", "training.eval_num_tasks=1",
-         "--set", "training.eval_samples=1", "--set", "training.probe_tasks=0", "--set", "training.probe_held_out_tasks=0"],
+         "--set", "training.eval_samples=1", "--set", "training.probe_tasks=0",
+         "--set", "training.probe_held_out_tasks=0"],
         capsys)
     assert code == 0, stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -87,7 +87,8 @@ def _main_here(cmd: list[str]) -> str:
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
     logger, level = logging.getLogger(), logging.getLogger().level
     started = time.monotonic()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed), \
+            contextlib.redirect_stderr(printed):
         patch.setattr(budget, "process_start", lambda: started)
         patch.delenv("COLUMNS", raising=False)  # the command's logging setup sets it for rich: undone after the run
         logger.addHandler(handler)
@@ -316,7 +317,8 @@ def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_pat
 
     root, model_dir = setup
     out, kept = tmp_path / "sft.json", tmp_path / "continued"
-    # 0.6 s of steps (dozens on the tiny model): the deadline ends them, not the step cap; they train the model all the same
+    # 0.6 s of steps (dozens on the tiny model): the deadline ends them, not the step cap; they train the
+    # model all the same
     script = REPO / "training" / "scripts" / "sft_baseline.py"
     monkeypatch.setattr(sys, "argv", [str(script), "--minutes", "0.01", "--output", str(out), "--save-model", str(kept),
                                       *_config_args(root, model_dir)])
@@ -363,7 +365,8 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, uninterrupted,
     random.seed(1), random.random(), np.random.seed(2), np.random.rand(3), torch.manual_seed(3), torch.rand(3)
     sets = [a for a in _config_args(root, model_dir) if a != "--set"]  # the first run's settings
     run_training(load_config(overrides=[*sets, "training.mode=lora", f"training.output_dir={tmp_path / 'b'}"]))
-    runs = [[{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(out)] for out in (full, tmp_path / "b")]
+    runs = [[{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(out)]
+            for out in (full, tmp_path / "b")]
     assert [r["step"] for r in runs[0]] == list(range(STEPS + 1))
     assert runs[0] == runs[1]
     # The memory plan at work: every step's episodes fit the engine at once (this machine's RAM), none waited.
