@@ -43,8 +43,8 @@ def _run(target: Path, cwd: Path, *args: str, timeout: float = 300) -> subproces
 def test_installed_main_job_trains_two_steps_and_evaluates_from_an_empty_directory(installed, tmp_path):
     """The quick start's main job (`train` with its defaults: the shipped model, its frontier, LoRA
     on CPU) from the installed package, cut to two small steps, a small evaluation (greedy and
-    sampled, and the probe) and 64 tokens a turn: end to end, no timing asserted; then `eval` of
-    what it trained. One run for both (they were two launches of the same main job)."""
+    sampled, and the probe: 2 tasks each) and 64 tokens a turn: end to end, no timing asserted;
+    then `eval` of what it trained. One run for both (they were two launches of the same main job)."""
     work = tmp_path / "empty"
     work.mkdir()
     version = _run(installed, work, "--version")
@@ -55,11 +55,11 @@ def test_installed_main_job_trains_two_steps_and_evaluates_from_an_empty_directo
     assert all(line.startswith(str(installed)) for line in where.stdout.split()), where.stdout  # not the checkout
 
     train = _run(installed, work, "train", "--mode", "lora", "--max-steps", "2", "--output-dir", "run",
-                 "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=4",
-                 "--set", "training.eval_num_tasks=3", "--set", "training.wandb.mode=disabled",
-                 "--set", "training.eval_samples=2", "--set", "training.probe_tasks=3",
-                 "--set", "training.probe_held_out_tasks=3", "--set", "training.probe_every=2",
-                 "--set", "training.data.test_tasks=3",  # the test split beside dev, on its own databases
+                 "--set", "training.tasks_per_step=2", "--set", "grpo.group_size=2",
+                 "--set", "training.eval_num_tasks=2", "--set", "training.wandb.mode=disabled",
+                 "--set", "training.eval_samples=2", "--set", "training.probe_tasks=2",
+                 "--set", "training.probe_held_out_tasks=2", "--set", "training.probe_every=2",
+                 "--set", "training.data.test_tasks=2",  # the test split beside dev, on its own databases
                  "--set", "grpo.max_new_tokens_per_turn=64")  # half the CPU default: decoding is most of the run's time
     assert train.returncode == 0, train.stderr[-3000:] + train.stdout[-2000:]
     out = work / "run"
@@ -70,25 +70,25 @@ def test_installed_main_job_trains_two_steps_and_evaluates_from_an_empty_directo
     assert (work / "cache" / "builtin").is_dir()  # the built-in data came from the package, built into the cache
     record = json.loads((out / "before_after.json").read_text())
     assert record["stop_reason"] == "max_steps (2) reached"
-    assert len(record["before"]["solved"]) == 3 and record["execution_accuracy_delta"]["n"] == 3
+    assert len(record["before"]["solved"]) == 2 and record["execution_accuracy_delta"]["n"] == 2
     # avg@2 beside greedy (two samples per task at the training temperature), with its paired interval
-    assert record["before"]["sampled"]["k"] == 2 and len(record["after"]["sampled"]["per_task"]) == 3
-    assert record["avg_at_k_delta"]["n"] == 3 and "avg@2 (T=1)" in train.stdout
-    # the probe: the same 3 training tasks before training and at step 2 (the last), 3 held-out ones beside them
+    assert record["before"]["sampled"]["k"] == 2 and len(record["after"]["sampled"]["per_task"]) == 2
+    assert record["avg_at_k_delta"]["n"] == 2 and "avg@2 (T=1)" in train.stdout
+    # the probe: the same 2 training tasks before training and at step 2 (the last), 2 held-out ones beside them
     assert [r["step"] for r in rows if "probe/execution_accuracy" in r] == [0, 2]
-    assert [r["probe/held_out_tasks"] for r in rows if "probe/held_out_execution_accuracy" in r] == [3, 3]
+    assert [r["probe/held_out_tasks"] for r in rows if "probe/held_out_execution_accuracy" in r] == [2, 2]
     assert "training stopped: max_steps (2) reached" in train.stdout
     # the test split (training.test_eval): greedy and avg@2 before and after, paired, in the table and the record
     test = record["test"]
-    assert json.loads((out / "before_test.json").read_text()) == test["before"] and len(test["after"]["solved"]) == 3
-    assert test["execution_accuracy_delta"]["n"] == 3 and test["avg_at_k_delta"]["n"] == 3
-    assert "Test split (in-family, never trained or tuned on), greedy (n=3)" in train.stdout
-    assert "## The test split (3 tasks" in (out / "metrics_table.md").read_text()
+    assert json.loads((out / "before_test.json").read_text()) == test["before"] and len(test["after"]["solved"]) == 2
+    assert test["execution_accuracy_delta"]["n"] == 2 and test["avg_at_k_delta"]["n"] == 2
+    assert "Test split (in-family, never trained or tuned on), greedy (n=2)" in train.stdout
+    assert "## The test split (2 tasks" in (out / "metrics_table.md").read_text()
 
-    evaluate = _run(installed, work, "eval", "--policy", "model", "--model-path", "run/final", "--limit", "4",
+    evaluate = _run(installed, work, "eval", "--policy", "model", "--model-path", "run/final", "--limit", "2",
                     "--output-dir", "ev")
     assert evaluate.returncode == 0, evaluate.stderr[-3000:]
     result = json.loads((work / "ev" / "results.json").read_text())
-    assert result["n"] == 4 and 0.0 <= result["execution_accuracy"] <= 1.0
+    assert result["n"] == 2 and 0.0 <= result["execution_accuracy"] <= 1.0
     assert {p.name for p in (work / "ev").iterdir()} >= {"results.json", "results_report.html"}
     assert sorted(p.name for p in work.iterdir()) == ["cache", "ev", "run"]  # nothing written elsewhere in cwd

@@ -66,15 +66,51 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _main_here(cmd: list[str]) -> str:
+    """`cmd` (a launch of the train script, `_cmd`) run by the script's `main` in this process (the
+    script is its alias: test_bad_inputs_exit_2_with_one_line launches it, and the interrupted runs
+    below launch it three times): what it printed and logged, together as a launch's stdout and
+    stderr hold them (output not a terminal: a log line per step). A launch imported torch,
+    transformers and peft again (~5 s of CPU); a launched run and one in this process log the same
+    metrics (the interrupted runs' launches are compared with this process's run). The job budget
+    counts from its process's start: from this call here, as in a launch."""
+    import contextlib
+    import io
+    import logging
+
+    from skyrl_tool_agent.commands.train import main
+    from skyrl_tool_agent.jobs import budget
+
+    assert cmd[:2] == [sys.executable, str(SCRIPT)], cmd[:2]
+    printed = io.StringIO()
+    handler = logging.StreamHandler(printed)  # the log lines (under pytest the command's own handler is not set)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+    logger, level = logging.getLogger(), logging.getLogger().level
+    started = time.monotonic()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed), \
+            contextlib.redirect_stderr(printed):
+        patch.setattr(budget, "process_start", lambda: started)
+        patch.delenv("COLUMNS", raising=False)  # the command's logging setup sets it for rich: undone after the run
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            main(cmd[2:])
+        except SystemExit as exited:  # a launch would have exited with this status
+            if exited.code not in (0, None):
+                raise AssertionError(f"exit {exited.code}: {printed.getvalue()[-3000:]}") from None
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    return printed.getvalue()
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(setup, tmp_path_factory):
-    """One uninterrupted run of STEPS steps: (its output dir, the finished process) for the runs that
-    are interrupted and resumed to compare with."""
+    """One uninterrupted run of STEPS steps (`_main_here`): (its output dir, what it printed and
+    logged) for the runs that are interrupted and resumed to compare with."""
     root, model_dir = setup
     full = tmp_path_factory.mktemp("full")
-    done = subprocess.run(_cmd(root, model_dir, full), env=_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return full, done
+    return full, _main_here(_cmd(root, model_dir, full))
 
 
 def _assert_same_steps(rows: list[dict], again: list[dict]) -> None:
@@ -95,7 +131,7 @@ def _wait_for(proc: subprocess.Popen, ready, what: str, timeout: float = 240) ->
 
 @pytest.mark.slow
 def test_a_run_trains_checkpoints_and_reports(uninterrupted):
-    full, done = uninterrupted
+    full, printed = uninterrupted
     rows = _metrics(full)
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     for key in ("reward/mean", "reward/std", "train/loss", "train/kl", "train/entropy", "episode/turns_mean",
@@ -109,7 +145,7 @@ def test_a_run_trains_checkpoints_and_reports(uninterrupted):
     assert card.startswith("---\n") and "library_name: peft" in card and "Model Card for Model ID" not in card
     assert f"{STEPS} GRPO steps" in card and "| execution_accuracy |" in card and "paired-bootstrap interval" in card
     assert (full / "training_curves.png").stat().st_size > 10_000
-    assert "before GRPO" in done.stdout
+    assert "before GRPO" in printed
     # Before/after on the same tasks, with the paired interval of the change and why training stopped.
     record = json.loads((full / "before_after.json").read_text())
     assert len(record["before"]["solved"]) == len(record["after"]["solved"]) == 3
@@ -117,10 +153,10 @@ def test_a_run_trains_checkpoints_and_reports(uninterrupted):
     assert delta["n"] == 3 and delta["low"] <= delta["delta"] <= delta["high"]
     assert delta["delta"] == pytest.approx(record["after"]["execution_accuracy"] - record["before"]["execution_accuracy"])
     assert record["stop_reason"] == f"max_steps ({STEPS}) reached"
-    assert "paired-bootstrap interval" in done.stdout and f"training stopped: max_steps ({STEPS}) reached" in done.stdout
+    assert "paired-bootstrap interval" in printed and f"training stopped: max_steps ({STEPS}) reached" in printed
     # Output captured (not a terminal): the progress bar is replaced by one log line per step.
     # With the default time budget each line also gives the budget's clock.
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if "GRPO step" in line]
+    lines = [line for line in printed.splitlines() if "GRPO step" in line]
     assert all(any(f"GRPO step {n}/{STEPS}, " in line and "/8.0 min" in line for line in lines)
                for n in range(1, STEPS + 1)), lines
     assert all(r["time/elapsed_s"] > 0 for r in rows[1:])
@@ -172,9 +208,10 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
     drop that step's metrics and episodes and run it again); SIGTERM in step 3; then to the end.
     Every step once, the same metrics and the same episodes as the uninterrupted run. The last
     resume names its checkpoint's path (`--resume PATH`, the others `auto`). Each resume says the
-    minutes of the time budget its checkpoint had spent, and the clock goes on from them. (4
-    launches: the kill -9 had a run and a resume of its own before; tests/test_run_log.py's resume
-    was a fifth.)"""
+    minutes of the time budget its checkpoint had spent, and the clock goes on from them. (3
+    launches, one for each signal, and the last resume in this process: the kill -9 had a run and
+    a resume of its own before; tests/test_run_log.py's resume was another launch, and the last
+    resume one too.)"""
     root, model_dir = setup
     out = tmp_path / "sig"
     cmd = _cmd(root, model_dir, out, "--set", "training.checkpoint_every=0")
@@ -221,11 +258,10 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
     last = stop(signal.SIGTERM, saved)  # resumes from the SIGINT's checkpoint again
     spent_last = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
     assert spent_last > spent
-    finished = subprocess.run([*cmd, "--resume", str(out / "checkpoints" / f"step-{last:06d}")], env=_env(),
-                              capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    assert f"resumed from {out / 'checkpoints' / f'step-{last:06d}'} at step {last} (" in finished.stderr + finished.stdout
-    assert "min of the time budget spent)" in finished.stderr + finished.stdout
+    # to the end in this process (`_main_here`; the signals needed launches, this resume does not)
+    finished = _main_here([*cmd, "--resume", str(out / "checkpoints" / f"step-{last:06d}")])
+    assert f"resumed from {out / 'checkpoints' / f'step-{last:06d}'} at step {last} (" in finished
+    assert "min of the time budget spent)" in finished
     # the clock went on across each --resume from the minutes its checkpoint had spent
     assert all(r["time/elapsed_s"] > spent for r in _metrics(out)[saved + 1:])
     assert all(r["time/elapsed_s"] > spent_last for r in _metrics(out)[last + 1:])
@@ -268,24 +304,35 @@ def test_bad_inputs_exit_2_with_one_line(setup, tmp_path, monkeypatch, capsys):
         assert not (tmp_path / "bad").exists(), (extra, "a rejected run wrote its output directory")
 
 
-def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_path):
+def test_sft_baseline_continues_the_warm_start_for_the_given_time(setup, tmp_path, monkeypatch, capsys):
     """The supervised baseline GRPO is compared with: real supervised steps for the given wall time,
-    evaluated greedy before and after on GRPO's dev subset; --save-model keeps the continued model."""
+    evaluated greedy before and after on GRPO's dev subset; --save-model keeps the continued model.
+    The script runs in this process (`runpy`, as `python training/scripts/sft_baseline.py ARGS`
+    would: its alias line and the command's `main`, the same output and files): a launch of its
+    own imported torch, transformers and peft again, ~5 s of CPU (test_bad_inputs_exit_2_with_one_line
+    launches the train script, whose alias is the same two lines)."""
+    import runpy
+
     from safetensors.torch import load_file
 
     root, model_dir = setup
     out, kept = tmp_path / "sft.json", tmp_path / "continued"
-    # 3 s of steps (a few): the deadline ends them, not the step cap; they train the model all the same
-    cmd = [sys.executable, str(REPO / "training" / "scripts" / "sft_baseline.py"), "--minutes", "0.05",
-           "--output", str(out), "--save-model", str(kept), *_config_args(root, model_dir)]
+    # 0.6 s of steps (dozens on the tiny model): the deadline ends them, not the step cap; they train the
+    # model all the same
+    script = REPO / "training" / "scripts" / "sft_baseline.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--minutes", "0.01", "--output", str(out), "--save-model", str(kept),
+                                      *_config_args(root, model_dir)])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the alias puts the checkout first: undone after the test
+    monkeypatch.delenv("COLUMNS", raising=False)  # the command's logging setup sets it for rich: undone after the test
     started = time.monotonic()
-    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    capsys.readouterr()
+    runpy.run_path(str(script), run_name="__main__")
+    stdout = capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["minutes"] == 0.05 and result["steps"] >= 1
+    assert result["minutes"] == 0.01 and result["steps"] >= 1
     for side in ("before", "after"):
         assert result[side]["n"] == 3 and 0.0 <= result[side]["execution_accuracy"] <= 1.0
-    assert "continued warm start:" in res.stdout
+    assert "continued warm start:" in stdout
     assert time.monotonic() - started < 240  # the deadline stops it (the step cap is 10**6)
     before, after = load_file(model_dir / "model.safetensors"), load_file(kept / "model.safetensors")
     assert before.keys() == after.keys() and any(not before[k].equal(after[k]) for k in before)  # trained
@@ -297,10 +344,16 @@ TIMING_KEYS = ("tokens_per_s", "time/rollout_s", "time/update_s", "time/elapsed_
                "rollout/slot_wait_s")
 
 
-def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
-    """Issue 17 #13: the same training.seed, two runs from scratch, the same metrics.jsonl. In one
-    process, one run after the other: whatever the first run left in the global RNGs (Python, NumPy,
-    torch) must not reach the second one's LoRA initialisation."""
+def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, uninterrupted, tmp_path):
+    """Issue 17 #13: the same training.seed, two runs from scratch, the same metrics.jsonl and the
+    same adapters, in one process, one run after the other: the uninterrupted run (the module's
+    fixture), then this one, after Python's, NumPy's and torch's global RNGs were drawn from and
+    reseeded besides (so it holds when this test runs alone too): whatever the process's RNGs hold
+    must not reach the second run's LoRA initialisation or its draws. (The first run is the one the
+    interrupted runs compare with: two runs here before.)"""
+    import random
+
+    import numpy as np
     import torch
     from safetensors.torch import load_file
 
@@ -308,13 +361,13 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
     from skyrl_tool_agent.jobs.train import run_training
 
     root, model_dir = setup
-    sets = [a for a in _config_args(root, model_dir) if a != "--set"]
-    sets += ["training.mode=lora", "training.max_steps=2", "training.checkpoint_every=0", "training.eval_num_tasks=2"]
-    runs = []
-    for name in ("a", "b"):
-        run_training(load_config(overrides=[*sets, f"training.output_dir={tmp_path / name}"]))
-        runs.append([{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(tmp_path / name)])
-    assert [r["step"] for r in runs[0]] == [0, 1, 2]
+    full = uninterrupted[0]
+    random.seed(1), random.random(), np.random.seed(2), np.random.rand(3), torch.manual_seed(3), torch.rand(3)
+    sets = [a for a in _config_args(root, model_dir) if a != "--set"]  # the first run's settings
+    run_training(load_config(overrides=[*sets, "training.mode=lora", f"training.output_dir={tmp_path / 'b'}"]))
+    runs = [[{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in _metrics(out)]
+            for out in (full, tmp_path / "b")]
+    assert [r["step"] for r in runs[0]] == list(range(STEPS + 1))
     assert runs[0] == runs[1]
     # The memory plan at work: every step's episodes fit the engine at once (this machine's RAM), none waited.
     assert all(r["rollout/episodes_in_flight"] >= 4 and r["rollout/slot_waits"] == 0 for r in runs[0][1:]), runs[0]
@@ -323,7 +376,7 @@ def test_two_fresh_runs_with_one_seed_log_the_same_metrics(setup, tmp_path):
     assert all(0.05 < p < 64 for p in peaks) and peaks == sorted(peaks), peaks
     # The adapters too (LoRA's A matrices are random at initialisation; B starts at zero, so a step
     # whose groups all tie would not show a different A in the metrics).
-    adapters = [load_file(tmp_path / name / "final" / "adapter_model.safetensors") for name in ("a", "b")]
+    adapters = [load_file(out / "final" / "adapter_model.safetensors") for out in (full, tmp_path / "b")]
     assert adapters[0].keys() == adapters[1].keys()
     assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
 
