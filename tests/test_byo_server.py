@@ -170,24 +170,21 @@ def test_errors_a_server_reports_as_text_count_as_tool_errors(shop):
 
 
 @pytest.mark.parametrize("declared", [True, False], ids=["writable-declared", "undeclared"])
-def test_writes_never_reach_the_next_episode_or_the_reward(shop, declared, capsys, caplog):
+def test_writes_never_reach_the_next_episode_or_the_reward(shop, declared):
     """The family's agent (a module beside its file) rewrites the table so its wrong answer returns
     the gold result there. Declared writable: each episode writes its own copy (the next one reads
     the original, the reward scores the original: wrong). Undeclared: the original changes, which
-    the run sees (hash) and reports: the episodes are unscored and named, never 1.0. Through the
-    command's `main` in this process (`cli_in_process`: the same flags, files and lines; the server
-    processes are real); test_the_oracle_scores_full_marks_on_a_third_party_server_mapped_onto_sql
-    launches the same `eval` with the same flag."""
+    the run sees (hash) and reports: the episodes are unscored and named, never 1.0."""
     db_root, database, tasks = shop
     before = _sha256(database)
     out = db_root.parent / "eval"
-    code, stdout, stderr = cli_in_process(
-        ["eval", "--policy", "oracle", *_data(db_root, tasks), *_attach(database, writable=declared),
-         "--set", f"env.task_family={FAMILY_DIR / 'shop_family.py'}:FAMILY", "--set", "env.offered_tools=null",
-         "--set", "env.schema_in_prompt=false", "--set", "grpo.max_turns=4", "--limit", "1",
-         "--num-samples", "2", "--concurrency", "1", "--set", "env.collector.max_episode_retries=0",
-         "--output-dir", str(out)], capsys)
-    assert code == 0, stderr[-3000:]
+    done = _cli("eval", "--policy", "oracle", *_data(db_root, tasks), *_attach(database, writable=declared),
+                "--set", f"env.task_family={FAMILY_DIR / 'shop_family.py'}:FAMILY", "--set", "env.offered_tools=null",
+                "--set", "env.schema_in_prompt=false", "--set", "grpo.max_turns=4", "--limit", "1",
+                "--num-samples", "2", "--concurrency", "1", "--set", "env.collector.max_episode_retries=0",
+                "--output-dir", str(out),
+                timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     samples = json.loads((out / "results_trajectories.jsonl").read_text().splitlines()[0])["samples"]
     assert len(samples) == 2
@@ -202,27 +199,20 @@ def test_writes_never_reach_the_next_episode_or_the_reward(shop, declared, capsy
         assert _sha256(database) != before
         assert results["infra_errors"] == 2 and results["scored"] == 0, results
         assert all(s.get("reward", 0.0) < 1.0 for s in samples)
-        log = stdout + stderr + caplog.text  # logged: pytest's handlers hold the records here
+        log = done.stdout + done.stderr
         assert "original data changed during the run" in log and str(database) in log
 
 
-def test_two_grpo_steps_on_a_third_party_server_leave_its_data_untouched(shop, capsys):
-    """`train` through the command's `main` in this process (`cli_in_process`; the server processes
-    are real): a launch of its own imported torch, transformers and peft again. No time budget (the
-    job's counts from the process's start, this test process's here): two steps are what it runs."""
+def test_two_grpo_steps_on_a_third_party_server_leave_its_data_untouched(shop):
     db_root, database, tasks = shop
     before = _sha256(database)
     out = db_root.parent / "run"
-    code, _, stderr = cli_in_process(
-        ["train", *_data(db_root, tasks), *_attach(database), "--set", MAP_SQL,
-         "--set", "env.schema_in_prompt=false", "--set", f"env.mcp_servers.0.error_pattern={json.dumps(TEXT_ERRORS)}",
-         "--max-steps", "2", "--output-dir", str(out), "--set", "training.time_budget_minutes=null",
-         "--set", "training.job_budget_minutes=null",
-         "--set", "training.tasks_per_step=1", "--set", "grpo.group_size=2", "--set", "training.eval_num_tasks=1",
-         "--set", "training.eval_samples=1", "--set", "training.probe_tasks=0",
-         "--set", "training.probe_held_out_tasks=0"],
-        capsys)
-    assert code == 0, stderr[-3000:]
+    done = _cli("train", *_data(db_root, tasks), *_attach(database), "--set", MAP_SQL,
+                "--set", "env.schema_in_prompt=false", "--set", f"env.mcp_servers.0.error_pattern={json.dumps(TEXT_ERRORS)}",
+                "--max-steps", "2", "--output-dir", str(out), "--set", "training.time_budget_minutes=null",
+                "--set", "training.tasks_per_step=1", "--set", "grpo.group_size=2", "--set", "training.eval_num_tasks=1",
+                "--set", "training.eval_samples=1", "--set", "training.probe_tasks=0", "--set", "training.probe_held_out_tasks=0", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert _sha256(database) == before
