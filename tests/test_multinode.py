@@ -37,6 +37,7 @@ import psutil
 import pytest
 
 from tests.fixtures.distributed import (
+    REPO,
     SCRIPT,
     check_same_ending,
     free_port,
@@ -139,7 +140,7 @@ def launcher(kind: str, node: Node, port: int, ranks: tuple[int, int] = RANKS) -
 def launch_nodes(nodes: list[Node], args: list[str], *, timeout: float, node1_args: tuple[str, ...] = (),
                  while_running: Callable[[list[subprocess.Popen]], None] | None = None,
                  kind: str = "torchrun", ranks: tuple[int, int] = RANKS) -> list[Launched]:
-    """Both nodes' launchers (`launcher(kind)`, `ranks` each) of `train_grpo.py args` (node 1 with `node1_args`
+    """Both nodes' launchers (`launcher(kind)`, node N of `ranks[N]` ranks) of `train_grpo.py args` (node 1 with `node1_args`
     after them), each in its own working directory and process group; `while_running(launchers)`
     is called about every half second until both have exited. On a timeout (or any exception) both
     groups are killed."""
@@ -467,9 +468,8 @@ def test_one_more_setting_on_one_node_stops_every_rank(tiny, tmp_path):
     for node in launched:
         assert node.returncode != 0
         lines = error_lines(node)
-        assert len(lines) == 1 and all(
-            "training.learning_rate is 0.001 on rank 0" in line and "but 0.002 on rank 1" in line for line in lines), \
-            node.log[-3000:]
+        assert len(lines) == 1 and "training.learning_rate is 0.001 on rank 0" in lines[0] \
+            and "but 0.002 on rank 1" in lines[0], node.log[-3000:]
     assert not (out / "metrics.jsonl").exists()  # stopped before any work
 
 
@@ -482,9 +482,8 @@ def test_each_node_its_own_output_directory_stops_every_rank(tiny, tmp_path):
     for node in launched:
         assert node.returncode != 0
         lines = error_lines(node)
-        assert len(lines) == 1 and all(
-            line.startswith("error: training.output_dir is not one directory shared by every rank: rank 1 (")
-            for line in lines), node.log[-3000:]
+        assert len(lines) == 1 and lines[0].startswith(
+            "error: training.output_dir is not one directory shared by every rank: rank 1 ("), node.log[-3000:]
     assert not (nodes[0].cwd / "out" / "metrics.jsonl").exists() and not (nodes[1].cwd / "out").exists()
 
 
@@ -502,9 +501,8 @@ def test_another_task_file_on_one_node_stops_every_rank_at_its_first_step(tiny, 
     for node in launched:
         assert node.returncode != 0
         lines = error_lines(node)
-        assert len(lines) == 1 and all(
-            line.startswith("error: the ranks drew different tasks after step 0: rank 1's") for line in lines), \
-            node.log[-3000:]
+        assert len(lines) == 1 and lines[0].startswith(
+            "error: the ranks drew different tasks after step 0: rank 1's"), node.log[-3000:]
     assert [json.loads(r)["step"] for r in (out / "metrics.jsonl").read_text().splitlines()] == [0]
 
 
@@ -523,7 +521,7 @@ def test_the_launch_agreement_imports_torch_but_not_transformers(tiny):
         "print(sorted(m for m in ('transformers', 'peft', 'mcp') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]", done.stdout
 
