@@ -168,14 +168,20 @@ def test_pred_timeout_is_false_and_prompt(db: Path) -> None:
     # The same comparison with a query that ends at once: what this machine takes around the query
     # (a 2-core VM throttled to half speed took 1.02 s for the whole call, where 0.5 s of slack was
     # the whole allowance), so the bound is the timeout plus that, not a guess at the CPU's speed.
-    start = time.monotonic()
-    compare_execution("SELECT count(*) FROM singer", "SELECT count(*) FROM singer", db, timeout_s=timeout_s)
-    around = time.monotonic() - start
-    start = time.monotonic()
-    outcome = compare_execution(endless, "SELECT count(*) FROM singer", db, timeout_s=timeout_s)
-    elapsed = time.monotonic() - start
-    assert outcome.match is False and outcome.pred_error_kind == "timeout"
-    assert elapsed < timeout_s + 2 * around + 0.25, (elapsed, around)
+    # The fastest of three tries is bounded: a machine busy with other work (the suite's other
+    # worker and a launch beside it took one call to 1.59 s) rarely stalls all three.
+    elapsed = []
+    for _ in range(3):
+        start = time.monotonic()
+        compare_execution("SELECT count(*) FROM singer", "SELECT count(*) FROM singer", db, timeout_s=timeout_s)
+        around = time.monotonic() - start
+        start = time.monotonic()
+        outcome = compare_execution(endless, "SELECT count(*) FROM singer", db, timeout_s=timeout_s)
+        elapsed.append(time.monotonic() - start)
+        assert outcome.match is False and outcome.pred_error_kind == "timeout"
+        if elapsed[-1] < timeout_s + 2 * around + 0.25:
+            return
+    raise AssertionError(f"every try took longer than the timeout allows: {elapsed} (around the query: {around:.3f} s)")
 
 
 @pytest.mark.parametrize(
