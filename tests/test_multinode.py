@@ -12,8 +12,8 @@ resumed on both nodes carry the run's assertions; a LoRA launch trains to its st
 and has node 1's rank killed, and that checkpoint is resumed on both nodes and compared with an
 uninterrupted two-node LoRA launch; each planted
 fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
-file on node 1) is a launch of one rank per node that must stop every rank with one line naming
-it. The faults run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
+file on node 1) is a launch that must stop every rank with one line naming it (a refused launch:
+one rank per node). The faults run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
 two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints (the
 killed launch's is resumed exactly: this is where LoRA's launched train, checkpoint and resume are
 checked; they were a one-host launch pair of tests/test_data_parallel.py).
@@ -489,9 +489,10 @@ def test_each_node_its_own_output_directory_stops_every_rank(tiny, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(STOP_TIMEOUT_S + 60)
-def test_another_task_file_on_one_node_stops_every_rank_at_its_first_step(tiny, tmp_path):
+def test_another_task_file_on_one_node_stops_every_rank_before_any_work(tiny, tmp_path):
     """Node 1 reads `train.json` from its own working directory, the same tasks in another order:
-    its ranks would roll out other tasks than rank 0 thinks they do."""
+    its ranks would roll out other tasks than rank 0 thinks they do. The task files' identity is
+    among the settings the ranks agree on, so the launch stops before a model loads."""
     nodes, out = make_nodes(tmp_path), tmp_path / "shared" / "run"
     tasks = json.loads((tiny / "train.json").read_text())
     (nodes[0].cwd / "train.json").write_text(json.dumps(tasks))
@@ -501,9 +502,27 @@ def test_another_task_file_on_one_node_stops_every_rank_at_its_first_step(tiny, 
     for node in launched:
         assert node.returncode != 0
         lines = error_lines(node)
-        assert len(lines) == 1 and lines[0].startswith(
-            "error: the ranks drew different tasks after step 0: rank 1's"), node.log[-3000:]
-    assert [json.loads(r)["step"] for r in (out / "metrics.jsonl").read_text().splitlines()] == [0]
+        assert len(lines) == 1 and lines[0].startswith("error: the ranks' settings differ: task files is "), node.log[-3000:]
+        assert "on rank 1" in lines[0] and "task files" in lines[0].split(": ", 3)[-1], lines[0]
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_ranks_that_drew_other_tasks_stop_with_one_line():
+    """The check at every collection (`DataParallelTrainer.collect` gathers each rank's digest with
+    its episodes): what the task files' identity cannot see, a pool drawn otherwise on one node."""
+    from skyrl_tool_agent.config import UserInputError
+    from skyrl_tool_agent.data.tasks import Task
+    from skyrl_tool_agent.distributed.agreement import check_same_tasks, task_ids_digest
+
+    tasks = [Task(task_id=f"t{i}", question="q", db_id="shop", gold_sql="SELECT 1", difficulty="easy") for i in range(3)]
+    same, other = task_ids_digest(tasks), task_ids_digest(tasks[::-1])
+    assert same != other and same == task_ids_digest(list(tasks))
+    check_same_tasks([same, same, same], 4)  # agreeing ranks pass
+    with pytest.raises(UserInputError) as raised:
+        check_same_tasks([same, same, other], 4)
+    message = str(raised.value)
+    assert message.startswith(f"the ranks drew different tasks after step 4: rank 2's task ids digest to {other}, "
+                              f"rank 0's to {same}") and "\n" not in message, message
 
 
 # ------------------------------------------------------------------ no launch

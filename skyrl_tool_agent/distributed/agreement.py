@@ -2,8 +2,8 @@
 construction, across nodes each rank resolves its config, model files and output directory on its
 own node.
 
-* **Settings** (`agree_on_settings`): every rank's resolved config and model files' identity,
-  compared with rank 0's before any work.
+* **Settings** (`agree_on_settings`): every rank's resolved config and the identity of its model
+  files and task files, compared with rank 0's before any work.
 * **The output directory** (`agree_on_output_dir`): one directory every rank sees (on node-local
   disks a checkpoint would be silently incomplete).
 * **The task stream** (`check_same_tasks`): each collection's task ids, digested and compared (the
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from skyrl_tool_agent.config import EMBEDDED, Config, ModelConfig, UserInputError
+from skyrl_tool_agent.config import EMBEDDED, Config, DataConfig, ModelConfig, UserInputError
 from skyrl_tool_agent.config.resume import flat_settings
 from skyrl_tool_agent.data.tasks import Task
 
@@ -33,8 +33,17 @@ if TYPE_CHECKING:  # the annotation only: comm imports torch, which this module 
 #: Model files up to this size are hashed for `model_files_identity`; larger ones (the weights)
 #: are compared by size, so the check costs milliseconds, not a read of 15 GB per rank.
 HASHED_FILE_BYTES = 16 * 2**20
-#: The key of the model files' identity among the resolved settings.
+#: The keys of the model files' and the task files' identities among the resolved settings.
 MODEL_FILES = "model files"
+TASK_FILES = "task files"
+
+
+def _file_part(file: Path) -> str:
+    """What stands for one file in an identity: its sha256, or its size past `HASHED_FILE_BYTES`."""
+    if not file.is_file():
+        return "absent"
+    size = file.stat().st_size
+    return hashlib.sha256(file.read_bytes()).hexdigest() if size <= HASHED_FILE_BYTES else f"{size} bytes"
 
 
 def model_files_identity(model: ModelConfig) -> str | None:
@@ -58,19 +67,32 @@ def model_files_identity(model: ModelConfig) -> str | None:
         path = Path(cached).parent  # the snapshot directory: its name is the revision's commit
     digest = hashlib.sha256()
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        size = file.stat().st_size
-        part = hashlib.sha256(file.read_bytes()).hexdigest() if size <= HASHED_FILE_BYTES else f"{size} bytes"
-        digest.update(f"{file.relative_to(path)}={part}\n".encode())
+        digest.update(f"{file.relative_to(path)}={_file_part(file)}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def task_files_identity(data: DataConfig) -> str | None:
+    """A digest of the training and dev files this node reads (`_file_part` each), or None for the
+    built-in data's own files, which every node builds alike from the package. A node reading
+    other task files under the same names (a relative path, a copy edited on one node) is
+    refused before any model loads, not after its first collection."""
+    named = [(name, path) for name, path, given in (("train", data.resolved_train_file(), data.train_file),
+                                                     ("dev", data.resolved_dev_file(), data.dev_file))
+             if given is not None or data.dataset != "builtin"]
+    if not named:
+        return None
+    return hashlib.sha256("".join(f"{name}={_file_part(path)}\n" for name, path in named).encode()).hexdigest()[:16]
 
 
 def resolved_settings(config: Config, deepspeed: dict[str, Any] | None = None) -> dict[str, str]:
     """Every knob as `section.key` -> its value (JSON), the DeepSpeed JSON's keys as `deepspeed.key`,
-    and `MODEL_FILES` -> `model_files_identity`: what the ranks must agree on."""
+    `MODEL_FILES` -> `model_files_identity` and `TASK_FILES` -> `task_files_identity`: what the
+    ranks must agree on."""
     flat = flat_settings(config.to_dict())
     if deepspeed is not None:
         flat.update(flat_settings(deepspeed, "deepspeed"))
     flat[MODEL_FILES] = json.dumps(model_files_identity(config.model))
+    flat[TASK_FILES] = json.dumps(task_files_identity(config.training.data))
     return flat
 
 
@@ -102,7 +124,7 @@ def agree_on_settings(ctx: Any, config: Config, deepspeed: dict[str, Any] | None
     raise UserInputError(
         f"the ranks' settings differ: {key} is {main.get(key, '(unset)')} on rank 0 ({host0}) but "
         f"{mine.get(key, '(unset)')} on rank {rank} ({host}){more}: launch every node with the same command, "
-        "config files and model files (--profile auto resolves on each node: pin what differs with --set)")
+        "config files, model files and task files (--profile auto resolves on each node: pin what differs with --set)")
 
 
 def agree_on_output_dir(ctx: Any, out: Path) -> None:
