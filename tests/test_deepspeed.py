@@ -2,7 +2,7 @@
 a single-process update on the same batch, and each rank's rollout engine samples from a gathered
 snapshot exactly what one process samples before and after that update. Full mode's launched
 training, checkpoints, exports and exact resume are checked on two "nodes" by the DeepSpeed
-launcher (tests/test_multinode.py's uninterrupted launch and its SIGTERM-stopped one, resumed):
+launcher (tests/test_multinode.py's uninterrupted launch, and the same run stopped twice and resumed):
 they were a one-node launch pair here, the same run's checks twice.
 
 The launched test takes ~20 s on 2 busy cores (the launch imports torch, transformers and

@@ -6,17 +6,16 @@ LOCAL_RANK is 0; the faults' launches 1 + 1) on the tiny model, with its own wor
 directory, temporary directory, model cache and PYTHONHASHSEED: what differs between real nodes.
 Each launch runs in its own process group, killed whole on a timeout.
 
-One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 2 steps of 5 tasks on 3 ranks, by the
-DeepSpeed launcher's multi-node form without ssh), and one stopped by SIGTERM during step 1 and
-resumed on both nodes carry the run's assertions; a LoRA launch trains to its step-1 checkpoint
-and has node 1's rank killed, and that checkpoint is resumed on both nodes and compared with an
-uninterrupted two-node LoRA launch; each planted
-fault (one more `--set` on node 1, each node its own output directory, a killed rank, another task
-file on node 1) is a launch that must stop every rank with one line naming it (a refused launch:
-one rank per node). The faults run in LoRA mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over
-two nodes is the same `DataParallelTrainer` with rank 0's node-independent checkpoints (the
-killed launch's is resumed exactly: this is where LoRA's launched train, checkpoint and resume are
-checked; they were a one-host launch pair of tests/test_data_parallel.py).
+One uninterrupted full-mode launch (DeepSpeed ZeRO-3, 4 steps of 5 tasks on 3 ranks, by the
+DeepSpeed launcher's multi-node form without ssh) carries the run's assertions; the same run
+launched by torchrun is stopped twice, as a cluster stops a job (SIGTERM to both launchers during
+step 1, then, resumed on both nodes, node 1's rank killed after its step-2 checkpoint), and resumed
+again to the uninterrupted run's metrics and weights. Each planted fault (one more `--set` on node
+1, each node its own output directory, another task file on node 1) is a launch of one rank per
+node that must stop every rank before any work with one line naming it. The faults run in LoRA
+mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over ranks is the
+same `DataParallelTrainer` with rank 0's checkpoints, resumed on every rank in
+tests/test_data_parallel.py's launch.
 """
 
 from __future__ import annotations
@@ -60,9 +59,10 @@ STOP_TIMEOUT_S = 120
 TRAIN_TIMEOUT_S = 400
 #: Tasks per step: not a multiple of the 3 ranks, so ranks roll out 2 or 1 task.
 TASKS_PER_STEP = 5
-#: Steps of the LoRA launch whose node-1 rank is killed after its step-1 checkpoint: room for the steps a
-#: quiet machine finishes before the kill lands, so the run is always cut before its end.
-KILLED_STEPS = 4
+#: Steps of the runs that train: the interrupted one has node 1's rank killed after its step-2
+#: checkpoint, with room for the steps a quiet machine finishes before the kill lands, so it is
+#: always cut before its end.
+STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -232,43 +232,82 @@ class Watch:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny, tmp_path_factory):
-    """The uninterrupted 2-step launch into a shared output directory, by the DeepSpeed launcher's
-    multi-node form without ssh (the other launches are torchrun's): (nodes, launched, output,
-    watch, what is left after it)."""
+    """The uninterrupted `STEPS`-step launch into a shared output directory, by the DeepSpeed
+    launcher's multi-node form without ssh (the other launches are torchrun's): (nodes, launched,
+    output, watch, what is left after it)."""
     root = tmp_path_factory.mktemp("uninterrupted")
     nodes, out, watch = make_nodes(root), root / "shared" / "run", Watch([0, 0], [0, 0])
     try:
-        launched = launch_nodes(nodes, [*cluster_args(tiny, "full"), "--output-dir", str(out)], timeout=TRAIN_TIMEOUT_S,
-                                while_running=lambda launchers: watch.look(nodes, launchers, tiny), kind="deepspeed")
+        launched = launch_nodes(nodes, [*cluster_args(tiny, "full", max_steps=STEPS), "--output-dir", str(out)],
+                                timeout=TRAIN_TIMEOUT_S, while_running=lambda launchers: watch.look(nodes, launchers, tiny),
+                                kind="deepspeed")
         yield nodes, launched, out, watch, leftovers(nodes, tiny)
     finally:
         kill_leftovers(nodes, tiny)
 
 
+@dataclass
+class Stopped:
+    """One launch of the interrupted run that was stopped: what the launchers said, seconds from the
+    signal or the kill to both launchers' end, what was left, and its last checkpoint's step."""
+
+    launched: list[Launched]
+    seconds: float
+    left: list[tuple[int, list[int], list[Path]]]
+    last: int
+    spent_s: float  # the last checkpoint's time budget clock, read before a resume may rotate it away
+    steps_logged: list[int]  # metrics.jsonl's steps then
+    finished: bool  # whether final/ was there
+
+
 @pytest.fixture(scope="module")
-def killed(tiny, tmp_path_factory):
-    """A launch in LoRA mode (`ReplicatedBackend`: LoRA's two-node training up to its step-1
-    checkpoint), with node 1's rank (global rank 2) killed once that checkpoint is
-    written: (nodes, launched, output, seconds from the kill to both launchers' end, leftovers)."""
-    root = tmp_path_factory.mktemp("killed")
+def interrupted(tiny, tmp_path_factory):
+    """The uninterrupted run's settings launched by torchrun and stopped twice, as a cluster stops
+    a job: SIGTERM to both launchers during step 1 (a scheduler's stop), then, resumed on both
+    nodes (`--resume auto`), node 1's rank (global rank 2) killed once the step-2 checkpoint is
+    written (a lost node); then resumed again to its end. (nodes, output, the SIGTERM stop, the
+    kill stop, the last launch)."""
+    root = tmp_path_factory.mktemp("interrupted")
     nodes, out = make_nodes(root), root / "shared" / "run"
-    killed_at: list[float] = []
+    args = [*cluster_args(tiny, "full", max_steps=STEPS), "--output-dir", str(out)]
+    signalled_at: list[float] = []
+
+    def stop_mid_step(launchers: list[subprocess.Popen]) -> None:
+        # Step 1 is under way once rank 0 has written the run's report after step 0's evaluation (the
+        # last of its files; metrics.jsonl's row comes before that writing, during which a signal
+        # stops the run after step 0).
+        if signalled_at or not (out / "report.html").is_file():
+            return
+        for launcher in launchers:
+            launcher.send_signal(signal.SIGTERM)
+        signalled_at.append(time.monotonic())
 
     def kill_rank_2(_launchers: list[subprocess.Popen]) -> None:
-        if killed_at or not (out / "checkpoints" / "step-000001").is_dir():
+        if len(signalled_at) > 1 or not (out / "checkpoints" / "step-000002").is_dir():
             return
         for proc in nodes[1].processes(tiny):
             with contextlib.suppress(psutil.Error):
                 if proc.environ().get("RANK") == "2" and str(SCRIPT) in proc.cmdline():
                     proc.kill()
-                    killed_at.append(time.monotonic())
+                    signalled_at.append(time.monotonic())
+
+    def stopped(launched: list[Launched]) -> Stopped:
+        seconds = time.monotonic() - signalled_at[-1]
+        last = max(int(p.name.removeprefix("step-")) for p in (out / "checkpoints").glob("step-*")
+                   if p.is_dir() and not p.name.endswith(".tmp"))
+        spent = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
+        steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return Stopped(launched, seconds, leftovers(nodes, tiny), last, spent, steps, (out / "final").exists())
 
     try:
-        launched = launch_nodes(nodes, [*cluster_args(tiny, "lora", max_steps=KILLED_STEPS), "--output-dir", str(out)],
-                                timeout=TRAIN_TIMEOUT_S, while_running=kill_rank_2)
-        assert killed_at, "rank 2 was never killed: " + launched[0].log[-3000:]
-        seconds = time.monotonic() - killed_at[0]
-        yield nodes, launched, out, seconds, leftovers(nodes, tiny)
+        launched = launch_nodes(nodes, args, timeout=TRAIN_TIMEOUT_S, while_running=stop_mid_step)
+        assert signalled_at, "no SIGTERM was sent: " + launched[0].log[-3000:]
+        term = stopped(launched)
+        launched = launch_nodes(nodes, [*args, "--resume", "auto"], timeout=TRAIN_TIMEOUT_S, while_running=kill_rank_2)
+        assert len(signalled_at) == 2, "rank 2 was never killed: " + launched[0].log[-3000:]
+        killed = stopped(launched)
+        resumed = launch_nodes(nodes, [*args, "--resume", "auto"], timeout=TRAIN_TIMEOUT_S)
+        yield nodes, out, term, killed, resumed
     finally:
         kill_leftovers(nodes, tiny)
 
@@ -280,21 +319,21 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
     nodes, launched, out, watch, left = uninterrupted
     assert [x.returncode for x in launched] == [0, 0], launched[0].log[-3000:] + launched[1].log[-3000:]
     rows = launched_rows(launched[0].completed(), out)
-    assert [r["step"] for r in rows] == [0, 1, 2]  # every step's metrics once
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))  # every step's metrics once
     # 5 tasks on 3 ranks (2, 2, 1), every group gathered: 5 groups of 2 episodes
     assert rows[1]["episode/tasks"] == TASKS_PER_STEP and rows[1]["train/trajectories_used"] == 2 * TASKS_PER_STEP
     assert rows[1]["train/grad_norm"] > 0
     assert "before GRPO" in launched[0].stdout
     # the checkpoint holds every rank's ZeRO-3 shards and RNG states, and its manifest lists them
-    step2 = out / "checkpoints" / "step-000002"
-    listed = set(json.loads((step2 / "manifest.json").read_text())["files"])
+    last = out / "checkpoints" / f"step-{STEPS:06d}"
+    listed = set(json.loads((last / "manifest.json").read_text())["files"])
     for rank in range(sum(RANKS)):
         for name in (f"deepspeed/state/zero_pp_rank_{rank}_mp_rank_00_model_states.pt",
                      f"deepspeed/state/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", f"rng_rank{rank}.json"):
-            assert (step2 / name).is_file() and name in listed, name
-    assert json.loads((step2 / "trainer_state.json").read_text())["world_size"] == sum(RANKS)
+            assert (last / name).is_file() and name in listed, name
+    assert json.loads((last / "trainer_state.json").read_text())["world_size"] == sum(RANKS)
     # a periodic checkpoint holds no consolidated export; the run's end writes one (final/)
-    assert not (step2 / "weights").exists() and not list(step2.rglob("*.safetensors"))
+    assert not (last / "weights").exists() and not list(last.rglob("*.safetensors"))
     assert (out / "final" / "model.safetensors").is_file()
     # one narrator: node 1 prints no INFO progress and writes nothing of the run's own
     assert not re.search(r"\bINFO\b", launched[1].log), launched[1].log[-3000:]
@@ -310,7 +349,7 @@ def test_two_nodes_train_as_one_run_told_by_rank_0(uninterrupted):
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 60)
 def test_the_zero3_run_trains_and_its_checkpoints_export_to_its_final_weights(uninterrupted, tiny, tmp_path, capsys):
     """Full mode under the DeepSpeed launcher (the uninterrupted launch; its exact resume is the
-    SIGTERM test's): each checkpoint holds the shards, the model's config and tokenizer and no
+    interrupted run's): each checkpoint holds the shards, the model's config and tokenizer and no
     consolidated export; the run's end exports trained bf16 weights; an export on request (in
     process, no launcher) consolidates the last checkpoint's 3 ranks' shards into final/ bit for bit
     and a mid-run checkpoint's into a model of its own. (These were a one-node 2-rank launch pair of
@@ -329,8 +368,8 @@ def test_the_zero3_run_trains_and_its_checkpoints_export_to_its_final_weights(un
     _, launched, full, _, _ = uninterrupted
     rows = launched_rows(launched[0].completed(), full)
     assert rows[1]["policy_tokens"] > 0 and rows[2]["train/kl"] > 0
-    step1, step2 = (full / "checkpoints" / f"step-00000{n}" for n in (1, 2))
-    for step in (step1, step2):  # the shards, the model's config and tokenizer; no consolidated export
+    mid, last = (full / "checkpoints" / f"step-{n:06d}" for n in (STEPS - 1, STEPS))
+    for step in (mid, last):  # the shards, the model's config and tokenizer; no consolidated export
         assert (step / "deepspeed" / "state").is_dir() and (step / "model" / "config.json").is_file()
         assert not (step / "weights").exists() and not list(step.rglob("*.safetensors")), sorted(step.rglob("*"))
 
@@ -346,26 +385,26 @@ def test_the_zero3_run_trains_and_its_checkpoints_export_to_its_final_weights(un
 
     # An export on request (in process, no launcher): the last checkpoint's shards, consolidated,
     # are final/ bit for bit; a mid-run checkpoint's are a model of its own that loads the same way.
-    for step in (step1, step2):
+    for step in (mid, last):
         assert main(["export", str(step), "--output-dir", str(tmp_path / step.name)]) == 0
-    last = load_file(str(tmp_path / step2.name / "model.safetensors"))
+    last_export = load_file(str(tmp_path / last.name / "model.safetensors"))
     final = load_file(str(full / "final" / "model.safetensors"))
-    assert last.keys() == final.keys() and all(torch.equal(last[k], final[k]) for k in final)
-    mid = AutoModelForCausalLM.from_pretrained(tmp_path / step1.name)
-    assert mid.dtype == torch.bfloat16 and torch.isfinite(mid(ids).logits).all()
-    mid_state, initial_state = mid.state_dict(), initial.state_dict()
-    assert any(not torch.equal(mid_state[k], exported.state_dict()[k]) for k in mid_state)  # step 1, not step 2
+    assert last_export.keys() == final.keys() and all(torch.equal(last_export[k], final[k]) for k in final)
+    mid_model = AutoModelForCausalLM.from_pretrained(tmp_path / mid.name)
+    assert mid_model.dtype == torch.bfloat16 and torch.isfinite(mid_model(ids).logits).all()
+    mid_state, initial_state = mid_model.state_dict(), initial.state_dict()
+    assert any(not torch.equal(mid_state[k], exported.state_dict()[k]) for k in mid_state)  # not the last step
     assert any(not torch.equal(mid_state[k].float(), initial_state[k].float()) for k in mid_state)  # trained
-    assert json.loads((tmp_path / step1.name / "exported_from.json").read_text())["step"] == 1
+    assert json.loads((tmp_path / mid.name / "exported_from.json").read_text())["step"] == STEPS - 1
     with pytest.raises(ModelLoadError, match="ZeRO-3. checkpoint holds shards, not a model: export it first"):
-        load_eval_policy(str(step1), ModelConfig(device="cpu"))  # evaluate --model-path CHECKPOINT says what to do
+        load_eval_policy(str(mid), ModelConfig(device="cpu"))  # evaluate --model-path CHECKPOINT says what to do
     # an export never reads a shard that is not the bytes the run wrote, nor writes over a directory
-    damaged = tmp_path / "damaged" / step1.name
-    shutil.copytree(step1, damaged)
+    damaged = tmp_path / "damaged" / mid.name
+    shutil.copytree(mid, damaged)
     shard = next((damaged / "deepspeed" / "state").glob("*optim_states.pt"))
     shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
     for source, out, message in ((damaged, tmp_path / "d", "is corrupt or incomplete"),
-                                 (step1, tmp_path / step1.name, "exists and is not empty")):
+                                 (mid, tmp_path / mid.name, "exists and is not empty")):
         capsys.readouterr()
         with pytest.raises(SystemExit) as exited:
             main(["export", str(source), "--output-dir", str(out)])
@@ -373,88 +412,58 @@ def test_the_zero3_run_trains_and_its_checkpoints_export_to_its_final_weights(un
         assert exited.value.code == 2 and err.startswith("error:") and message in err and "\n" not in err, err
 
 
+# ------------------------------------------------------------------ launched: one run stopped twice, resumed
 @pytest.mark.slow
-@pytest.mark.timeout(4 * TRAIN_TIMEOUT_S + 60)
-def test_a_killed_rank_stops_every_rank_within_seconds_and_its_checkpoint_resumes_exactly(killed, tiny, tmp_path):
+@pytest.mark.timeout(3 * TRAIN_TIMEOUT_S + 60)
+def test_sigterm_to_both_launchers_mid_step_saves_within_their_grace(interrupted):
+    """As a scheduler stops a job: SIGTERM to each node's launcher during step 1. torchrun passes it
+    to its ranks and kills them after its grace (`--shutdown-timeout`, 30 s by default): every rank
+    finishes step 1, saves it and exits within the grace."""
+    nodes, out, term, _, _ = interrupted
+    assert term.seconds < 30, term.seconds  # torchrun's default grace: nothing was killed after it
+    log = term.launched[0].log
+    assert "interrupted by SIGTERM after step 1" in log and "resume with:" in term.launched[0].stderr, log[-3000:]
+    assert term.last == 1 and term.steps_logged == [0, 1] and not term.finished
+    assert term.left == [(0, [], []), (1, [], [])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * TRAIN_TIMEOUT_S + 60)
+def test_a_killed_rank_stops_every_rank_within_seconds_and_leaves_its_last_checkpoint_intact(interrupted):
     from skyrl_tool_agent.grpo.checkpoint import verify_checkpoint
 
-    nodes, launched, out, seconds, left = killed
+    nodes, out, _, killed, _ = interrupted
+    launched = killed.launched
     # both launchers end, non-zero, well before a collective timeout would
     assert launched[0].returncode != 0 and launched[1].returncode != 0
-    assert seconds < STOP_TIMEOUT_S, seconds
+    assert killed.seconds < STOP_TIMEOUT_S, killed.seconds
     # The survivors say which rank stopped answering: node 1's, never node 0's own (rank 1 stops
     # once rank 0 has said it and exited, or says it first).
     lines = error_lines(launched[0])
     assert lines and all(line.startswith("error: rank 2 stopped answering") for line in lines), launched[0].stderr[-4000:]
-    assert left == [(0, [], []), (1, [], [])]
-    # The run stopped before its end, its last checkpoint intact: step 1's, or a later one where the
-    # ranks finished a step between the checkpoint that triggered the kill and the kill itself (a
-    # step of the tiny model can take less than the half-second the launch is watched at).
-    last = max(int(p.name.removeprefix("step-")) for p in (out / "checkpoints").glob("step-*") if p.is_dir()
-               and not p.name.endswith(".tmp"))
-    assert 1 <= last < KILLED_STEPS and not (out / "final").exists(), last
-    verify_checkpoint(out / "checkpoints" / f"step-{last:06d}")
-    # LoRA over two nodes up to then: each step's metrics once, step 1 with every rank's groups
-    # (5 tasks on 3 ranks), told by rank 0 alone
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] in (list(range(last + 1)), list(range(last + 2))), (last, rows)
-    assert rows[1]["episode/tasks"] == TASKS_PER_STEP and rows[1]["train/trajectories_used"] == 2 * TASKS_PER_STEP
-    assert rows[1]["train/grad_norm"] > 0
+    assert killed.left == [(0, [], []), (1, [], [])]
+    # The run stopped before its end, its last checkpoint intact: step 2's, or a later one where the
+    # ranks finished a step between the checkpoint that triggered the kill and the kill itself.
+    assert 2 <= killed.last < STEPS and not killed.finished, killed.last
+    verify_checkpoint(out / "checkpoints" / f"step-{killed.last:06d}")
+    # each step's metrics once over both launches so far, told by rank 0 alone
+    assert killed.steps_logged in (list(range(killed.last + 1)), list(range(killed.last + 2))), killed
+    assert "resumed from" in launched[0].log and "step-000001" in launched[0].log, launched[0].log[-3000:]
     assert not re.search(r"\bINFO\b", launched[1].log) and sorted(nodes[1].cwd.iterdir()) == [], launched[1].log[-3000:]
-
-    # Its last checkpoint resumes on both nodes (`--resume auto`) and ends where an uninterrupted
-    # two-node LoRA launch ends: the adapters, optimizer moments and data stream restored exactly.
-    args = cluster_args(tiny, "lora", max_steps=KILLED_STEPS)
-    spent = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
-    resumed = launch_nodes(nodes, [*args, "--output-dir", str(out), "--resume", "auto"], timeout=TRAIN_TIMEOUT_S)
-    assert resumed[1].returncode == 0, resumed[1].log[-3000:]
-    reference = make_nodes(tmp_path)
-    full = tmp_path / "shared" / "run"
-    try:
-        done = launch_nodes(reference, [*args, "--output-dir", str(full)], timeout=TRAIN_TIMEOUT_S)
-        assert [x.returncode for x in done] == [0, 0], done[0].log[-3000:] + done[1].log[-3000:]
-        assert (full / "final" / "adapter_model.safetensors").is_file() and "before GRPO" in done[0].stdout
-        check_same_ending(resumed[0].completed(), full, out, steps=KILLED_STEPS, weights="adapter_model.safetensors",
-                          resumed_from=last, spent_s=spent)
-        assert leftovers(reference, tiny) == [(0, [], []), (1, [], [])]
-    finally:
-        kill_leftovers(reference, tiny)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2 * TRAIN_TIMEOUT_S + 60)
-def test_sigterm_to_both_launchers_mid_step_saves_within_their_grace_and_both_nodes_resume_exactly(
-        tiny, uninterrupted, tmp_path):
-    """As a scheduler stops a job: SIGTERM to each node's launcher during step 1. torchrun passes it
-    to its ranks and kills them after its grace (`--shutdown-timeout`, 30 s by default): every rank
-    finishes step 1, saves it and exits within the grace. `--resume auto` on both nodes then ends
-    where the uninterrupted launch ended."""
-    nodes, out = make_nodes(tmp_path), tmp_path / "shared" / "run"
-    signalled_at: list[float] = []
-
-    def stop_mid_step(launchers: list[subprocess.Popen]) -> None:
-        # Step 1 is under way once rank 0 has written the run's report after step 0's evaluation (the
-        # last of its files; metrics.jsonl's row comes before that writing, during which a signal
-        # stops the run after step 0).
-        if signalled_at or not (out / "report.html").is_file():
-            return
-        for launcher in launchers:
-            launcher.send_signal(signal.SIGTERM)
-        signalled_at.append(time.monotonic())
-
-    args = [*cluster_args(tiny, "full"), "--output-dir", str(out)]
-    stopped = launch_nodes(nodes, args, timeout=TRAIN_TIMEOUT_S, while_running=stop_mid_step)
-    seconds = time.monotonic() - signalled_at[0]
-    assert seconds < 30, seconds  # torchrun's default grace: nothing was killed after it
-    assert "interrupted by SIGTERM after step 1" in stopped[0].log, stopped[0].log[-3000:]
-    assert "resume with:" in stopped[0].stderr
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]
-    assert leftovers(nodes, tiny) == [(0, [], []), (1, [], [])]
-
-    _, _, full, _, _ = uninterrupted
-    resumed = launch_nodes(nodes, [*args, "--resume", "auto"], timeout=TRAIN_TIMEOUT_S)
+@pytest.mark.timeout(3 * TRAIN_TIMEOUT_S + 60)
+def test_the_twice_stopped_run_resumes_on_both_nodes_to_the_uninterrupted_ending(interrupted, uninterrupted, tiny):
+    """`--resume auto` on both nodes after the kill ends where the uninterrupted launch ended: its
+    metrics, its exported weights and its time budget's clock, each rank's shards, optimizer
+    moments, RNG and data stream restored exactly, twice over."""
+    nodes, out, _, killed, resumed = interrupted
     assert resumed[1].returncode == 0, resumed[1].log[-3000:]
-    check_same_ending(resumed[0].completed(), full, out, steps=2, weights="model.safetensors")
+    _, _, full, _, _ = uninterrupted
+    check_same_ending(resumed[0].completed(), full, out, steps=STEPS, weights="model.safetensors",
+                      resumed_from=killed.last, spent_s=killed.spent_s)
+    assert leftovers(nodes, tiny) == [(0, [], []), (1, [], [])]
 
 
 # ------------------------------------------------------------------ launched: planted faults, each stops at once
