@@ -95,11 +95,6 @@ class CurriculumSampler:
         """Whether per-task weights are in use."""
         return self.mode == "adaptive"
 
-    @property
-    def wants_availability(self) -> bool:
-        """True when the mix depends on bucket sizes (uniform mode without a fixed mix)."""
-        return self.mode == "uniform" and self.fixed_mix is None
-
     def set_availability(self, counts: Mapping[str, int]) -> None:
         """Tell the sampler how many tasks each bucket holds (used by uniform mode)."""
         self._availability = {d: int(counts.get(d, 0)) for d in DIFFICULTIES}
