@@ -118,7 +118,7 @@ def test_pass_rate_counts_and_ema() -> None:
     counts.update("a", 4, 4)
     counts.update("a", 0, 4)
     assert counts.pass_rate("a") == pytest.approx(0.5)
-    assert counts.attempts("a") == 8
+    assert counts.state_dict()["stats"]["a"][:2] == [4.0, 8.0]  # successes, attempts
     ema = CurriculumSampler("adaptive", ema_alpha=0.5)
     ema.update("a", 4, 4)
     ema.update("a", 0, 4)

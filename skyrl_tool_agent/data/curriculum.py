@@ -169,11 +169,6 @@ class CurriculumSampler:
         entry = self._stats.get(task_id)
         return None if entry is None else entry[2]
 
-    def attempts(self, task_id: str) -> int:
-        """Total episodes recorded for the task."""
-        entry = self._stats.get(task_id)
-        return 0 if entry is None else int(entry[1])
-
     def weight(self, task_id: str) -> float:
         """Relative sampling weight within its bucket: `min_weight` for saturated tasks, else 1."""
         if not self.adaptive:

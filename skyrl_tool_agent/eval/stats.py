@@ -30,12 +30,6 @@ class PairedDelta:
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
-    def describe(self) -> str:
-        """'+0.047 [+0.019, +0.075] (95% paired bootstrap, n=320)' (', 3 unscored' when any)."""
-        return (f"{self.delta:+.3f} [{self.low:+.3f}, {self.high:+.3f}] "
-                f"({100 * self.confidence:.0f}% paired bootstrap, n={self.n}"
-                f"{f', {self.unscored} unscored' if self.unscored else ''})")
-
 
 class NothingScored(ValueError):
     """No task was scored on both sides: there is no difference to estimate."""
