@@ -22,10 +22,6 @@ class TaskBatcher:
     """
 
     def __init__(self, target_turns: float = 64, max_batch: int = 16) -> None:
-        if target_turns <= 0:
-            raise ValueError(f"target_turns must be > 0, got {target_turns}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.target_turns = float(target_turns)
         self.max_batch = max_batch
 

@@ -37,21 +37,15 @@ DEFAULT_START_MIX: dict[str, float] = {"easy": 0.3, "medium": 0.5, "hard": 0.2}
 DEFAULT_END_MIX: dict[str, float] = {"easy": 0.1, "medium": 0.4, "hard": 0.5}
 
 
-def _normalised_mix(mix: Mapping[str, float], what: str) -> dict[str, float]:
-    """Validate a difficulty -> weight mapping and scale it to sum 1 (missing buckets get 0)."""
-    unknown = set(mix) - set(DIFFICULTIES)
-    if unknown:
-        raise ValueError(f"{what}: unknown difficulties {sorted(unknown)}; expected {DIFFICULTIES}")
-    if any(v < 0 for v in mix.values()):
-        raise ValueError(f"{what}: weights must be >= 0, got {dict(mix)}")
+def _normalised_mix(mix: Mapping[str, float]) -> dict[str, float]:
+    """A difficulty -> weight mapping scaled to sum 1 (missing buckets get 0)."""
     total = float(sum(mix.values()))
-    if total <= 0:
-        raise ValueError(f"{what}: weights must not all be zero")
     return {d: float(mix.get(d, 0.0)) / total for d in DIFFICULTIES}
 
 
 class CurriculumSampler:
-    """Difficulty mix over training progress, and per-task weights from fed-back pass rates."""
+    """Difficulty mix over training progress, and per-task weights from fed-back pass rates. Its
+    settings are `grpo.curriculum`'s, validated there (`config.grpo.CurriculumConfig`)."""
 
     def __init__(
         self,
@@ -66,19 +60,10 @@ class CurriculumSampler:
         min_weight: float = 0.1,
         ema_alpha: float | None = None,
     ) -> None:
-        if mode not in get_args(CurriculumMode):
-            raise ValueError(f"unknown curriculum mode {mode!r}; expected one of {get_args(CurriculumMode)}")
-        if not 0.0 <= low < high <= 1.0:
-            raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")
-        # min_weight > 0 keeps every task reachable (and the loader's rejection sampling finite).
-        if not 0.0 < min_weight <= 1.0:
-            raise ValueError(f"min_weight must be in (0, 1], got {min_weight}")
-        if ema_alpha is not None and not 0.0 < ema_alpha <= 1.0:
-            raise ValueError(f"ema_alpha must be in (0, 1], got {ema_alpha}")
         self.mode: CurriculumMode = mode
-        self.start_mix = _normalised_mix(start_mix or DEFAULT_START_MIX, "start_mix")
-        self.end_mix = _normalised_mix(end_mix or DEFAULT_END_MIX, "end_mix")
-        self.fixed_mix = _normalised_mix(fixed_mix, "fixed_mix") if fixed_mix is not None else None
+        self.start_mix = _normalised_mix(start_mix or DEFAULT_START_MIX)
+        self.end_mix = _normalised_mix(end_mix or DEFAULT_END_MIX)
+        self.fixed_mix = _normalised_mix(fixed_mix) if fixed_mix is not None else None
         self.high = high
         self.low = low
         self.min_attempts = min_attempts
@@ -105,7 +90,7 @@ class CurriculumSampler:
             if self.fixed_mix is not None:
                 return dict(self.fixed_mix)
             if self._availability and sum(self._availability.values()) > 0:
-                return _normalised_mix(self._availability, "availability")
+                return _normalised_mix(self._availability)
             return {d: 1.0 / len(DIFFICULTIES) for d in DIFFICULTIES}
         p = min(1.0, max(0.0, float(progress)))
         return {d: (1.0 - p) * self.start_mix[d] + p * self.end_mix[d] for d in DIFFICULTIES}

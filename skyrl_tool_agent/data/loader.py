@@ -61,10 +61,6 @@ class TaskDataLoader:
         total_steps: int = 1000,
         group_size: int = 1,
     ) -> None:
-        if total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.sampler = sampler if sampler is not None else CurriculumSampler()
         self.batcher = batcher if batcher is not None else TaskBatcher()
         self.seed = seed
@@ -127,8 +123,6 @@ class TaskDataLoader:
         """`count` more tasks at this step's curriculum progress, outside the batching: the tasks
         that replace a step's uninformative groups (`grpo.refill_rounds`). The step count is
         unchanged; the draws are part of the saved state like any other."""
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
         progress = min(1.0, max(0, self.step - 1) / self.total_steps)  # that of the batch just returned
         tasks = [self._draw_task(progress) for _ in range(count)]
         self.position += len(tasks)
