@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from skyrl_tool_agent.config.builtin_paths import (
@@ -50,24 +51,27 @@ def ensure_builtin_data(dataset: str) -> None:
         builtin_data_dir()
 
 
-def build_into(target: Path) -> Path:
-    """Build the built-in data into `target` through a staging directory renamed into place, so a
-    concurrent or interrupted build never leaves a half-written `target`."""
-    from skyrl_tool_agent.data.builtin.generate import build_builtin
+def build_into(target: Path, build: Callable[[Path], object] | None = None,
+               complete: Callable[[Path], bool] = is_complete) -> Path:
+    """Build into `target` through a staging directory renamed into place, so a concurrent or
+    interrupted build never leaves a half-written `target`. `build` writes the staging directory
+    (default: the built-in data); `complete` tells a finished `target`."""
+    if build is None:
+        from skyrl_tool_agent.data.builtin.generate import build_builtin
 
+        logger.info("building the built-in dataset into %s (first use)", target)
+        build = lambda staging: build_builtin(staging, seed=BUILTIN_SEED)  # noqa: E731
     target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("building the built-in dataset into %s (first use)", target)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        build_builtin(staging, seed=BUILTIN_SEED)
-        if target.exists() and not is_complete(target):  # the leftover of something else: ours to replace
+        build(staging)
+        if target.exists() and not complete(target):  # the leftover of something else: ours to replace
             shutil.rmtree(target)
         try:
             os.rename(staging, target)
         except OSError:
-            if not is_complete(target):  # not a concurrent build that finished first
+            if not complete(target):  # not a concurrent build that finished first
                 raise
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return target
