@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from skyrl_tool_agent.config.base import Section, h100_value
 from skyrl_tool_agent.config.distributed import DeepSpeedConfig
-from skyrl_tool_agent.config.env import EnvConfig, MCPServerConfig
+from skyrl_tool_agent.config.env import EnvConfig
 from skyrl_tool_agent.config.errors import ConfigError
 from skyrl_tool_agent.config.grpo import GRPOConfig
 from skyrl_tool_agent.config.model import ModelConfig
@@ -128,18 +128,6 @@ class Config(BaseModel):
         """The resolved config as one YAML document (sections in file order), for run logs."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
-    def save(self, directory: str | Path) -> dict[str, Path]:
-        """Write each section as its own commented YAML file into `directory`, so that
-        `load_config(directory)` reproduces this config. Returns section -> written path."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        written = {}
-        for name in CORE_SECTIONS:
-            path = directory / SECTIONS[name][1]
-            path.write_text(section_yaml(name, getattr(self, name)), encoding="utf-8")
-            written[name] = path
-        return written
-
     # ------------------------------------------------------------------ derived values
     def nominal_gradient_accumulation(self) -> int:
         """Micro-batches per optimizer step: `training.gradient_accumulation`, or (null) all
@@ -154,14 +142,6 @@ class Config(BaseModel):
             "gradient_accumulation_steps": self.nominal_gradient_accumulation(),
             "gradient_clipping": self.training.max_grad_norm,
         }
-
-    def db_root(self) -> Path:
-        """The database root the run uses (training.data.db_root or the dataset's default)."""
-        return self.training.data.resolved_db_root()
-
-    def mcp_servers(self) -> list[MCPServerConfig]:
-        """env.mcp_servers with ${db_root} filled from `db_root()` and `python` pinned."""
-        return self.env.resolved_servers(self.db_root())
 
     # ------------------------------------------------------------------ on-demand files
     def load_deepspeed(self) -> DeepSpeedConfig:
