@@ -197,7 +197,7 @@ def run_labels(base_path: str | Path, current_path: str | Path) -> tuple[str, st
     return (str(b), str(c)) if b.resolve() != c.resolve() else (f"{b} (baseline)", f"{c} (this run)")
 
 
-def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, seed: int = 0) -> Any:
+def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> Any:
     """The execution accuracy's change on the questions both runs scored, paired by question (each
     side's `success_rate`, so avg@k), with its 95% paired-bootstrap interval; None when the
     baseline has no per-question outcomes or no question is shared."""
@@ -210,7 +210,7 @@ def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
              if str(r.get("task_id")) in rates and (rate := success_rate(r)) is not None]
     if not pairs:
         return None
-    return paired_bootstrap([b for b, _ in pairs], [a for _, a in pairs], seed=seed)
+    return paired_bootstrap([b for b, _ in pairs], [a for _, a in pairs])
 
 
 def _first_sample_categories(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, bool]] | None:
@@ -250,8 +250,7 @@ class AnatomyRow:
     change: Any  # stats.PairedDelta | None
 
 
-def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *,
-                       seed: int = 0) -> list[AnatomyRow] | None:
+def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[AnatomyRow] | None:
     """Each error category's rate on both sides (shared questions, first samples) and its paired
     change (`anatomy.anatomy_changes`); None when either side has no anatomy or nothing is shared."""
     from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS, anatomy_changes
@@ -265,7 +264,7 @@ def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[st
     before, after = [base[t][0] for t in shared], [current[t][0] for t in shared]
     before_scored = [0 if base[t][1] else None for t in shared]  # None: never scored, left out
     after_scored = [0 if current[t][1] else None for t in shared]
-    changes = anatomy_changes(before, before_scored, after, after_scored, seed=seed)
+    changes = anatomy_changes(before, before_scored, after, after_scored)
     return [AnatomyRow(c, LABELS[c], sum(1 for x, s in zip(before, before_scored) if x == c and s is not None),
                        sum(1 for x, s in zip(after, after_scored) if x == c and s is not None), changes.get(c))
             for c in CATEGORIES]

@@ -145,19 +145,17 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run",
-                  console: Any = None) -> None:
+def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run") -> None:
     """A rich table: error category | baseline | this run | change of its rate [95% interval]."""
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
     table = Table(title="Why answers are wrong (first sample of each question in both runs)")
     for col in ("error", base_label, current_label, "change [95% paired bootstrap]"):
         table.add_column(col, justify="left" if col == "error" else "right")
     for row in rows:
         table.add_row(row.label, str(row.base), str(row.current), describe_change(row.change))
-    console.print(table)
+    Console().print(table)
 
 
 def describe_change(change: Any) -> str:
