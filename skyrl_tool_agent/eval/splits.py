@@ -207,7 +207,7 @@ class TaskSplits:
         self._check_db_root()
         path = data.resolved_train_file() if name == "train" else data.resolved_dev_file()
         try:
-            [tasks], bad = load_checked_tasks([path], db_root=self.db_root if self.uses_databases else None,
+            tasks, bad = load_checked_tasks(path, db_root=self.db_root if self.uses_databases else None,
                                               skip_bad_records=self.skip_bad_records,
                                               gold_check=gold_check(self.config.env.sql_timeout_s))
         except FileNotFoundError as exc:
