@@ -1,5 +1,5 @@
 """The built-in dataset on disk: built into the cache on first use (where it is read from:
-`skyrl_tool_agent.config.builtin_paths`, which this module re-exports).
+`skyrl_tool_agent.config.builtin_paths`, whose file names this module re-exports).
 
 `python training/scripts/build_data.py` (`skyrl-tool-agent build-data`) writes the same files.
 """
@@ -15,23 +15,16 @@ from pathlib import Path
 
 from skyrl_tool_agent.config.builtin_paths import (
     BUILTIN_SEED,
-    CHECKOUT_DATA,
-    CHECKOUT_ROOT,
     DB_DIR,
     DEV_FILE,
     TRAIN_FILE,
     builtin_data_location,
-    cached_data_dir,
     default_output_dir,
-    generator_digest,
-    in_checkout,
     is_complete,
 )
 
-__all__ = [
-    "BUILTIN_SEED", "CHECKOUT_DATA", "CHECKOUT_ROOT", "DB_DIR", "DEV_FILE", "TRAIN_FILE", "build_into",
-    "builtin_data_dir", "cached_data_dir", "ensure_builtin_data", "default_output_dir", "generator_digest", "in_checkout", "is_complete",
-]
+__all__ = ["DB_DIR", "DEV_FILE", "TRAIN_FILE", "build_into", "builtin_data_dir", "default_output_dir",
+           "ensure_builtin_data"]
 
 logger = logging.getLogger(__name__)
 
