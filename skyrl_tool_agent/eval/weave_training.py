@@ -91,7 +91,6 @@ def training_weave(config: Config, run_logger: Any, eval_tasks: list[Task]) -> A
     from skyrl_tool_agent.env.families import resolve_family
     from skyrl_tool_agent.eval.vocabulary import vocabulary
     from skyrl_tool_agent.eval.weave_setup import weave_mode
-    from skyrl_tool_agent.eval.weave_training import TrainingWeave
 
     t = config.training
     out = t.resolved_output_dir()
