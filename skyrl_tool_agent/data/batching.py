@@ -36,11 +36,6 @@ class TaskBatcher:
         return batch_len < self.max_batch and batch_cost + task_cost <= self.target_turns
 
 
-def _rank_key(seed: int, task_id: str) -> str:
-    """Order-independent pseudo-random rank of a task (so the subset does not depend on input order)."""
-    return hashlib.sha256(f"{seed}:{task_id}".encode()).hexdigest()
-
-
 def fixed_subset(tasks: Iterable[Task], n: int, seed: int = 0) -> list[Task]:
     """A deterministic `n`-task subset stratified by difficulty (e.g. a fixed dev set for eval curves).
 
@@ -74,5 +69,6 @@ def fixed_subset(tasks: Iterable[Task], n: int, seed: int = 0) -> list[Task]:
                 alloc[d] = 1
     chosen: list[Task] = []
     for d, bucket in buckets.items():
-        chosen.extend(sorted(bucket, key=lambda t: _rank_key(seed, t.task_id))[: alloc[d]])
+        ranked = sorted(bucket, key=lambda t: hashlib.sha256(f"{seed}:{t.task_id}".encode()).hexdigest())
+        chosen.extend(ranked[: alloc[d]])
     return sorted(chosen, key=lambda t: t.task_id)

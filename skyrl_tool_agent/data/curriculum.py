@@ -75,11 +75,6 @@ class CurriculumSampler:
         self._logged_empty: set[frozenset[str]] = set()
 
     # ------------------------------------------------------------------ difficulty mix
-    @property
-    def adaptive(self) -> bool:
-        """Whether per-task weights are in use."""
-        return self.mode == "adaptive"
-
     def set_availability(self, counts: Mapping[str, int]) -> None:
         """Tell the sampler how many tasks each bucket holds (used by uniform mode)."""
         self._availability = {d: int(counts.get(d, 0)) for d in DIFFICULTIES}
@@ -156,7 +151,7 @@ class CurriculumSampler:
 
     def weight(self, task_id: str) -> float:
         """Relative sampling weight within its bucket: `min_weight` for saturated tasks, else 1."""
-        if not self.adaptive:
+        if self.mode != "adaptive":
             return 1.0
         entry = self._stats.get(task_id)
         if entry is None or entry[1] < self.min_attempts:

@@ -85,16 +85,11 @@ class TaskDataLoader:
         """Training progress in [0, 1] for the next batch."""
         return min(1.0, self.step / self.total_steps)
 
-    def _available(self) -> list[str]:
-        available = [d for d in DIFFICULTIES if d not in self._empty]
-        if not available:
-            raise ValueError("no tasks in any difficulty bucket")
-        return available
-
     def _draw_task(self, progress: float) -> Task:
         """One task: a difficulty from the mix at `progress`, then a (weighted) task from it."""
         while True:
-            difficulty = self.sampler.sample_difficulty(self._rng, progress, self._available())
+            available = [d for d in DIFFICULTIES if d not in self._empty]  # not empty: __init__ checked
+            difficulty = self.sampler.sample_difficulty(self._rng, progress, available)
             task = self.streams[difficulty].next_task()
             # Rejection sampling: keep with probability `weight` (<= 1). Weight-1 tasks skip the RNG
             # call so non-adaptive runs use one draw per task.
