@@ -15,7 +15,7 @@ with the same arguments yields exactly the batches the uninterrupted loader woul
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from skyrl_tool_agent.config import Config
@@ -122,11 +122,6 @@ class TaskDataLoader:
         tasks = [self._draw_task(progress) for _ in range(count)]
         self.position += len(tasks)
         return tasks
-
-    def __iter__(self) -> Iterator[list[Task]]:
-        """Batches until `total_steps` batches have been returned (continues from a restored step)."""
-        while self.step < self.total_steps:
-            yield self.next_batch()
 
     def record_results(self, results: Mapping[str, tuple[int, int]]) -> None:
         """Feed back per-task `(successes, attempts)` from a training step (drives adaptive weights)."""
