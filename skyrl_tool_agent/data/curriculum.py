@@ -1,19 +1,11 @@
 """Curriculum: which difficulty to train on at each point of training, and which tasks to favour.
 
 `CurriculumSampler` holds no RNG of its own (the loader owns it, so one saved RNG state covers
-everything). Modes:
-
-* ``"linear"``: the difficulty mix moves linearly from `start_mix` to `end_mix` as training
-  progress goes 0 -> 1 (default easy 0.3 -> 0.1, medium 0.5 -> 0.4, hard 0.2 -> 0.5).
-* ``"uniform"``: a constant mix: `fixed_mix` if given, else proportional to how many tasks each
-  bucket holds (`set_availability`, filled in by the loader), else equal.
-* ``"adaptive"``: the linear schedule for the bucket, plus per-task weights inside a bucket from
-  the pass rates the trainer feeds back with `update()`. A task with at least `min_attempts`
-  attempts whose pass rate is above `high` (always solved: no learning signal left) or below `low`
-  (never solved: GRPO advantages are all zero) gets weight `min_weight`; every other task weight 1.
-  The pass rate is cumulative successes/attempts, or an exponential moving average of per-update
-  rates when `ema_alpha` is set (lets a task that was never solved early come back once the policy
-  improves).
+everything). Its modes (linear, uniform, adaptive) are `grpo.curriculum.mode`'s, described once in
+`config.grpo.CurriculumConfig`, whose `adaptive_*` knobs are the sampler's `high`, `low`,
+`min_attempts`, `min_weight` and `ema_alpha`. A task's pass rate is its cumulative
+successes/attempts, or with `ema_alpha` an exponential moving average of the per-update rates.
+Uniform without a fixed mix weighs the buckets by their sizes (`set_availability`, from the loader).
 
 If a bucket has no tasks, the mix is renormalised over the other buckets (logged once per set of
 empty buckets).
