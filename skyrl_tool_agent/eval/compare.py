@@ -13,9 +13,8 @@ from typing import Any
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
-#: (results key, label) compared overall, in display order.
+#: (results key, label) compared overall after the family's accuracy (`eval.vocabulary`), in display order.
 METRICS: tuple[tuple[str, str], ...] = (
-    ("execution_accuracy", "execution accuracy"),
     ("exact_match", "exact match"),
     ("valid_sql_rate", "valid SQL rate"),
     ("format_ok_rate", "format ok rate"),
@@ -160,7 +159,7 @@ def comparison_rows(base: Mapping[str, Any], current: Mapping[str, Any]) -> list
     family's words (`eval.vocabulary`: execution accuracy and the SQL-only metrics for SQL)."""
     b_words, c_words = vocabulary_of(base), vocabulary_of(current)
     rows = [ComparisonRow(c_words.accuracy_label, _num(base.get(b_words.accuracy)), _num(current.get(c_words.accuracy)))]
-    rows += [ComparisonRow(label, _num(base.get(key)), _num(current.get(key))) for key, label in METRICS[1:]
+    rows += [ComparisonRow(label, _num(base.get(key)), _num(current.get(key))) for key, label in METRICS
              if (key in base or key in current) and (c_words.sql or key not in SQL_ONLY)]
     b_pass, c_pass = base.get("pass_at_k") or {}, current.get("pass_at_k") or {}
     for k in sorted({*b_pass, *c_pass}, key=int):
