@@ -29,8 +29,6 @@ logger = logging.getLogger(__name__)
 
 SpiderSplit = Literal["dev", "train"]
 
-DEFAULT_SPIDER_ROOT = Path("../shared/spider")
-
 # Files tried in order for each split.
 _SPLIT_FILES: dict[str, tuple[str, ...]] = {
     "dev": ("dev.json",),
@@ -47,7 +45,7 @@ class SpiderLoadResult:
     skipped_db_ids: dict[str, int] = field(default_factory=dict)
 
 
-def spider_db_root(root: str | Path = DEFAULT_SPIDER_ROOT) -> Path:
+def spider_db_root(root: str | Path) -> Path:
     """The `--db-root` for Spider tasks: `<root>/database`."""
     return Path(root) / "database"
 
@@ -88,7 +86,7 @@ def _hardness_of(record: dict[str, Any]) -> str:
     return spider_hardness(record["query"])
 
 
-def load_spider(root: str | Path = DEFAULT_SPIDER_ROOT, split: SpiderSplit = "dev") -> SpiderLoadResult:
+def load_spider(root: str | Path, split: SpiderSplit) -> SpiderLoadResult:
     """Load a whole Spider split as tasks in file order, skipping (and counting, per database) the
     questions without a database file. `task_id` is `spider-<split>-<index in the file>`, so ids
     stay stable when questions are skipped."""
