@@ -25,7 +25,7 @@ from skyrl_tool_agent.config.grpo import GRPOConfig
 from skyrl_tool_agent.config.model import ModelConfig
 from skyrl_tool_agent.config.overrides import Loc, Override, apply_override, parse_override, validation_message
 from skyrl_tool_agent.config.training import TrainingConfig
-from skyrl_tool_agent.config.yaml_io import read_json_mapping, read_yaml_mapping, render_section
+from skyrl_tool_agent.config.yaml_io import read_mapping, render_section
 
 logger = logging.getLogger(__name__)
 
@@ -236,16 +236,10 @@ def _validate(name: str, data: dict[str, Any], shown: str, overrides: Sequence[O
         raise ConfigError(validation_message(exc, schema, shown, written)) from None
 
 
-def _read(path: str | Path) -> dict[str, Any]:
-    """A config file's top-level mapping (JSON for *.json, else YAML); errors name it as given."""
-    shown = str(path)
-    return read_json_mapping(path, shown) if shown.endswith(".json") else read_yaml_mapping(path, shown)
-
-
 def load_deepspeed_config(path: str | Path, overrides: Sequence[str] = (), *, mode: str = "full") -> DeepSpeedConfig:
     """Read and validate a DeepSpeed JSON for training.mode `mode` (`deepspeed.*` overrides apply)."""
     parsed = [o for o in _parse_overrides(overrides) if o.section == "deepspeed"]
-    result = _validate("deepspeed", _read(path), str(path), parsed)
+    result = _validate("deepspeed", read_mapping(path), str(path), parsed)
     assert isinstance(result, DeepSpeedConfig)
     for loc, message in result.check_for_mode(mode):
         raise ConfigError(f"{path}: {loc}: {message}")
@@ -256,7 +250,7 @@ def _read_single_file(path: str | Path) -> dict[str, dict[str, Any]]:
     """The sections of one YAML file holding several (`model:`, `training:`, `grpo:`, `env:` at the
     top level, as `Config.dump_yaml()` writes it); a section left out keeps its defaults."""
     shown = str(path)
-    data = _read(path)
+    data = read_mapping(path)
     sections: dict[str, dict[str, Any]] = {}
     for key, value in data.items():
         if key not in CORE_SECTIONS:
@@ -329,10 +323,11 @@ def load_config(
                     raw[name] = profile_defaults(name, profile)
                     shown[name] = f"{paths[name]} ({profile} profile)"
                 else:  # a directory of the user's: the profile applies to the values left at their CPU default
-                    raw[name] = profile_on_top(name, _read(paths[name]), profile, paths[name])
+                    raw[name] = profile_on_top(name, read_mapping(paths[name]), profile, paths[name])
     sources = ConfigSources(files=paths, overrides=_parse_overrides(overrides))
     parts = {
-        name: _validate(name, raw[name] if name in raw else _read(paths[name]), shown[name], sources.overrides_for(name))
+        name: _validate(name, raw[name] if name in raw else read_mapping(paths[name]), shown[name],
+                        sources.overrides_for(name))
         for name in CORE_SECTIONS
     }
     model, training, grpo = parts["model"], parts["training"], parts["grpo"]
@@ -359,7 +354,7 @@ def _sets_tasks_per_step(raw: dict[str, dict[str, Any]], paths: dict[str, str], 
         return True
     if paths["training"] == str(PACKAGED_CONFIG_DIR / SECTIONS["training"][1]):
         return False
-    data = raw["training"] if "training" in raw else _read(paths["training"])
+    data = raw["training"] if "training" in raw else read_mapping(paths["training"])
     field = TrainingConfig.model_fields["tasks_per_step"]
     defaults = {field.get_default(), h100_value(field)}
     return "tasks_per_step" in data and data["tasks_per_step"] not in defaults
