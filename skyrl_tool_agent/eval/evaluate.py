@@ -25,7 +25,7 @@ from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.anatomy import anatomy_counts, classify_episodes
 from skyrl_tool_agent.eval.compare import sorted_difficulties
-from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, is_exact_match
+from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, group_by, is_exact_match
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
 from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.rollout.agents import make_agent
@@ -264,12 +264,8 @@ def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *,
     `error_category` from `categories`) and its pass counts; another family names the reference
     `ground_truth` and has no db_id."""
     words = vocabulary(family)
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    category_of: dict[int, str | None] = {}
-    for i, traj in enumerate(trajectories):
-        groups[traj.task_id].append(traj)
-        if categories is not None:
-            category_of[id(traj)] = categories[i]
+    groups = group_by(trajectories, lambda t: t.task_id)
+    category_of = {id(t): c for t, c in zip(trajectories, categories)} if categories is not None else {}
     records = []
     for task in tasks:
         samples = []
