@@ -15,7 +15,7 @@ from typing import Any
 from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.eval.metrics import group_by
-from skyrl_tool_agent.eval.weave_setup import WeaveMode
+from skyrl_tool_agent.eval.weave_setup import WeaveMode, weave_mode
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,6 @@ def training_weave(config: Config, run_logger: Any, eval_tasks: list[Task]) -> A
     """The run's `TrainingWeave`, named after the W&B run (else the output directory)."""
     from skyrl_tool_agent.env.families import resolve_family
     from skyrl_tool_agent.eval.vocabulary import vocabulary
-    from skyrl_tool_agent.eval.weave_setup import weave_mode
 
     t = config.training
     out = t.resolved_output_dir()

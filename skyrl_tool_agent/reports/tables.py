@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skyrl_tool_agent.eval.anatomy import anatomy_deltas
+from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS, anatomy_deltas
 from skyrl_tool_agent.eval.metrics import HEADLINE_KEYS, format_rate
 from skyrl_tool_agent.eval.stats import paired_delta
 from skyrl_tool_agent.eval.vocabulary import vocabulary
@@ -91,8 +91,6 @@ def anatomy_rows(before: dict[str, Any], after: dict[str, Any],
                  deltas: dict[str, dict[str, float]] | None) -> list[tuple[str, str, str, str]]:
     """(label, count before, count after, 'change [low, high]' in points) per error category
     (`eval.anatomy`); none when either evaluation lacks the anatomy."""
-    from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
-
     b, a = before.get("error_anatomy"), after.get("error_anatomy")
     if not b or not a:
         return []
