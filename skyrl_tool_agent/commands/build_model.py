@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from skyrl_tool_agent.commands._args import add_output_dir, new_parser
-from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR, UserInputError, add_config_args, cli_main_guard, config_from_args
+from skyrl_tool_agent.config import UserInputError, add_config_args, cli_main_guard, config_from_args
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         if args.random_shape:
             if not args.output_dir:
                 raise UserInputError("--random-shape needs --output-dir DIR")
+            from skyrl_tool_agent.config import SHIPPED_EMBEDDED_DIR
             from skyrl_tool_agent.policy.random_shapes import write_random_model
 
             params = write_random_model(args.random_shape, Path(args.output_dir).expanduser(), SHIPPED_EMBEDDED_DIR)

@@ -80,7 +80,7 @@ def print_results(results: dict[str, Any], paths: OutputPaths) -> None:
     columns = ("", "n", "scored", "infra err", words.short, *(("exact", "valid SQL") if words.sql else ()), "turns",
                "tool calls", "tool err")
 
-    def row(name: str, m: dict[str, Any]) -> tuple[str, ...]:  # rates are over the scored episodes; None: nothing scored
+    def row(name: str, m: dict[str, Any]) -> tuple[str, ...]:  # rates: over the scored episodes (None: none scored)
         sql = (format_rate(m["exact_match"]), format_rate(m.get("valid_sql_rate"))) if words.sql else ()
         return (name, str(m["n"]), f"{m.get('scored', 0):.0f}", f"{m.get('infra_errors', 0):.0f}",
                 format_rate(m[words.accuracy]), *sql, format_rate(m["mean_turns"], digits=2),
