@@ -129,11 +129,6 @@ SCORERS = [execution_match, exact_match, turns]
 FAMILY_SCORERS = [solved, turns]
 
 
-def task_rows(tasks: Sequence[Task]) -> list[dict[str, Any]]:
-    """The Evaluation's dataset rows: the task records (the gold SQL is for the scorers only)."""
-    return [t.model_dump(mode="json") for t in tasks]
-
-
 def object_name(text: str) -> str:
     """`text` as a Weave object name (letters, digits, `-`, `_`, `.`)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "eval"
@@ -145,7 +140,8 @@ async def run_weave_evaluation(
     """Run the `weave.Evaluation` named `name` of `model` over `tasks`; returns Weave's summary
     (per scorer: `correct` true_fraction, means of the numbers; `model_latency`)."""
     name = object_name(name)
-    dataset = weave.Dataset(name=f"{name}-tasks", rows=task_rows(tasks))
+    # The rows are the task records; their gold SQL is for the scorers only.
+    dataset = weave.Dataset(name=f"{name}-tasks", rows=[t.model_dump(mode="json") for t in tasks])
     evaluation = weave.Evaluation(name=name, dataset=dataset, scorers=SCORERS if sql else FAMILY_SCORERS,
                                  evaluation_name=name)
     return await evaluation.evaluate(model.bind(source))
