@@ -41,8 +41,6 @@ SECTIONS: dict[str, tuple[type[Section], str]] = {
     "deepspeed": (DeepSpeedConfig, "deepspeed_config.json"),
 }
 CORE_SECTIONS = ("model", "training", "grpo", "env")
-#: The source file each schema is defined in (named in the generated YAML headers).
-SCHEMA_MODULES = {"model": "model.py", "training": "training.py", "grpo": "grpo.py", "env": "env.py"}
 
 
 @dataclass(frozen=True)
@@ -163,7 +161,7 @@ def section_yaml(name: str, value: BaseModel, profile: str = "cpu") -> str:
         f"{filename}: {(schema.__doc__ or '').strip().splitlines()[0]}",
         f"Values: the {'gpu profile (Qwen2.5-1.5B on an H100)' if gpu else 'cpu profile (embedded tiny model)'}; "
         f"comments give the {'CPU' if gpu else 'H100 (gpu profile)'} value where it differs.",
-        f"Each knob is documented once, in skyrl_tool_agent/config/{SCHEMA_MODULES[name]} (Field descriptions).",
+        f"Each knob is documented once, in {schema.__module__.replace('.', '/')}.py (Field descriptions).",
         "Regenerate: python -m skyrl_tool_agent.config write-defaults configs" + (" --profile gpu" if gpu else ""),
     ]
     return render_section(value, header, "h100" if gpu else "cpu")
