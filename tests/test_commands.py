@@ -273,7 +273,7 @@ def test_builtin_data_does_not_depend_on_the_working_directory(empty_dir: Path,
     assert data.resolved_train_file().is_file() and data.resolved_dev_file().is_file()
     assert location.default_output_dir() == REPO / "data" / "processed"
     # paths the user gives stay relative to the working directory, as documented
-    assert load_config(None, ["training.data.db_root=dbs"]).db_root() == Path("dbs")
+    assert load_config(None, ["training.data.db_root=dbs"]).training.data.resolved_db_root() == Path("dbs")
 
 
 def test_outside_a_checkout_the_builtin_data_is_built_into_the_cache(tmp_path: Path) -> None:
@@ -292,7 +292,7 @@ def test_outside_a_checkout_the_builtin_data_is_built_into_the_cache(tmp_path: P
         "from skyrl_tool_agent.eval.splits import TaskSplits\n"
         "cfg = load_config()\n"
         "TaskSplits.load(cfg)\n"
-        "print(json.dumps({'package': skyrl_tool_agent.__file__, 'db_root': str(cfg.db_root()),\n"
+        "print(json.dumps({'package': skyrl_tool_agent.__file__, 'db_root': str(cfg.training.data.resolved_db_root()),\n"
         "                  'train': str(cfg.training.data.resolved_train_file()),\n"
         "                  'defaults': cfg.sources.files['model'], 'out': str(location.default_output_dir())}))\n"
     )

@@ -221,7 +221,7 @@ def test_overrides_apply_before_validation() -> None:
     assert cfg.model.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.env.mcp_servers[0].args[-1] == "--verbose"
     assert cfg.training.wandb.run_name == "my run"
-    assert cfg.grpo.curriculum.start.as_dict() == {"easy": 0.5, "medium": 0.5, "hard": 0.0}
+    assert cfg.grpo.curriculum.start.model_dump() == {"easy": 0.5, "medium": 0.5, "hard": 0.0}
     assert load_config(CONFIGS, "grpo.group_size=4").grpo.group_size == 4  # a lone string is one override
 
 
@@ -355,7 +355,7 @@ def test_cross_file_rule_also_holds_in_code() -> None:
 # ---------------------------------------------------------------------------- resolution helpers
 def test_server_placeholders_and_python(tmp_path: Path) -> None:
     cfg = load_config(CONFIGS, [f"training.data.db_root={tmp_path}", "env.sql_timeout_s=2.5"])
-    (server,) = cfg.mcp_servers()
+    (server,) = cfg.env.resolved_servers(cfg.training.data.resolved_db_root())
     assert server.command == sys.executable
     assert server.args == ["-m", "mcp_tools.sqlite_server", "--db-root", str(tmp_path.resolve()), "--timeout-s", "2.5"]
     assert cfg.env.mcp_servers[0].args[3] == "${db_root}"  # the config itself stays as written
@@ -393,14 +393,13 @@ def test_embedded_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert ModelConfig().is_embedded() and not ModelConfig(name_or_path="Qwen/Qwen2.5-1.5B-Instruct").is_embedded()
 
 
-def test_dump_and_save_round_trip(tmp_path: Path) -> None:
+def test_dump_round_trip(tmp_path: Path) -> None:
     cfg = load_config(CONFIGS, ["grpo.group_size=4", "training.data.dataset=spider", "env.shaping_rewards=true"])
     dumped = yaml.safe_load(cfg.dump_yaml())
     assert list(dumped) == list(CORE_SECTIONS)
     assert Config.model_validate(dumped) == cfg
-    cfg.save(tmp_path)
-    assert load_config(tmp_path) == cfg
-    assert "group_size: 4" in (tmp_path / "grpo_config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(cfg.dump_yaml())
+    assert load_config(config_file=tmp_path / "config.yaml") == cfg
 
 
 def test_gradient_accumulation_and_deepspeed_values() -> None:

@@ -103,7 +103,7 @@ def _task_file(tmp_path: Path, records: list[dict]) -> tuple[Path, Path]:
 def test_bad_record_is_refused_naming_file_and_record(tmp_path, record, why):
     tasks, root = _task_file(tmp_path, [GOOD, _numbered(record, 1)])
     with pytest.raises(BadRecordsError) as caught:
-        load_checked_tasks([tasks], db_root=root)
+        load_checked_tasks(tasks, db_root=root)
     line = str(caught.value)
     assert line.startswith(f"{tasks}: record 1 (") and why in line, line
     assert "\n" not in line and len(line) < 500

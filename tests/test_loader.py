@@ -1,4 +1,4 @@
-"""Streaming datasets, batching, fixed subsets, and exact resume of the TaskDataLoader."""
+"""Seeded task streams, batching, fixed subsets, and exact resume of the TaskDataLoader."""
 
 from __future__ import annotations
 
@@ -6,16 +6,14 @@ import json
 import random
 import zlib
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from skyrl_tool_agent.data.batching import TaskBatcher, fixed_subset
 from skyrl_tool_agent.data.curriculum import CurriculumSampler
 from skyrl_tool_agent.data.loader import TaskDataLoader
-from skyrl_tool_agent.data.streaming import StreamingDataset, read_jsonl_tasks
-from skyrl_tool_agent.data.tasks import Task, save_tasks
+from skyrl_tool_agent.data.streaming import StreamingDataset
+from skyrl_tool_agent.data.tasks import Task
 
 DIFFS = ("easy", "medium", "hard")
 
@@ -54,70 +52,21 @@ def run(loader: TaskDataLoader, n_batches: int, group: int, feedback: bool) -> l
 
 
 # ---------------------------------------------------------------------------------------- streaming
-def test_streaming_100k_is_lazy_bounded_and_seeded() -> None:
-    n, buffer_size = 100_000, 1_000
-    produced = 0
-
-    def source() -> Iterator[Task]:
-        nonlocal produced
-        for i in range(n):
-            produced += 1
-            yield make_task(i, DIFFS[i % 3])
-
-    ds = StreamingDataset(source, seed=7, buffer_size=buffer_size)
-    first = [ds.next_task().task_id for _ in range(5_000)]
-    assert produced <= 5_000 + buffer_size  # read lazily, never materialised
-    assert first != sorted(first)  # actually shuffled
-    rest = [ds.next_task().task_id for _ in range(n - 5_000)]
-    epoch0 = first + rest
-    assert len(set(epoch0)) == n  # one epoch is a permutation of the source
-    assert ds.peak_buffered <= buffer_size
-    assert ds.epoch == 0 and ds.position == n
-    epoch1_head = [ds.next_task().task_id for _ in range(200)]
-    assert ds.epoch == 1
-    assert epoch1_head != epoch0[:200]  # re-shuffled per epoch
-
-    same = StreamingDataset(source, seed=7, buffer_size=buffer_size)
-    other = StreamingDataset(source, seed=8, buffer_size=buffer_size)
-    assert [same.next_task().task_id for _ in range(2_000)] == first[:2_000]
-    assert [other.next_task().task_id for _ in range(2_000)] != first[:2_000]
-
-
-@pytest.mark.parametrize("in_memory", [True, False])
-def test_dataset_state_resumes_across_epochs(in_memory: bool) -> None:
+def test_dataset_state_resumes_across_epochs() -> None:
     tasks = make_tasks(50)
-    source = tasks if in_memory else (lambda: iter(tasks))
-    ref = StreamingDataset(source, seed=3, buffer_size=8)
-    for _ in range(70):  # into the second epoch
-        ref.next_task()
+    ref = StreamingDataset(tasks, seed=3)
+    epoch0 = [ref.next_task().task_id for _ in range(50)]
+    assert sorted(epoch0) == [t.task_id for t in tasks] and epoch0 != sorted(epoch0)  # a shuffled permutation
+    epoch1 = [ref.next_task().task_id for _ in range(20)]  # into the second epoch
+    assert ref.epoch == 1 and epoch1 != epoch0[:20]  # re-shuffled per epoch
+    assert [t.task_id for t in StreamingDataset(tasks, seed=4).iter_epoch(0)] != epoch0
     state = json.loads(json.dumps(ref.state_dict()))
     expected = [ref.next_task().task_id for _ in range(100)]  # crosses into the third epoch
-    resumed = StreamingDataset(source, seed=3, buffer_size=8)
+    resumed = StreamingDataset(tasks, seed=3)
     resumed.load_state_dict(state)
     assert [resumed.next_task().task_id for _ in range(100)] == expected
     with pytest.raises(ValueError, match="seed"):
-        StreamingDataset(source, seed=4, buffer_size=8).load_state_dict(state)
-
-
-def test_jsonl_and_json_sources(tmp_path: Path) -> None:
-    tasks = make_tasks(30)
-    jsonl = tmp_path / "tasks.jsonl"
-    jsonl.write_text("\n".join(t.model_dump_json() for t in tasks) + "\n\n", encoding="utf-8")
-    assert list(read_jsonl_tasks(jsonl)) == tasks
-    json_path = tmp_path / "tasks.json"
-    save_tasks(tasks, json_path)
-    from_jsonl = StreamingDataset(jsonl, seed=1, buffer_size=4)
-    from_json = StreamingDataset(json_path, seed=1)
-    assert not from_jsonl.in_memory and from_json.in_memory and len(from_json) == 30
-    assert sorted(from_jsonl.next_task().task_id for _ in range(30)) == sorted(t.task_id for t in tasks)
-    assert sorted(from_json.next_task().task_id for _ in range(30)) == sorted(t.task_id for t in tasks)
-
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(tasks[0].model_dump_json() + "\n{not json\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
-        list(read_jsonl_tasks(bad))
-    with pytest.raises(TypeError, match="callable"):
-        StreamingDataset(iter(tasks))  # a one-shot iterator cannot be re-read each epoch
+        StreamingDataset(tasks, seed=4).load_state_dict(state)
 
 
 # ---------------------------------------------------------------------------------------- batching
@@ -132,29 +81,17 @@ def check_batches(batches: list[list[Task]], batcher: TaskBatcher, group: int) -
             assert len(batch) == batcher.max_batch or cost + nxt > batcher.target_turns
 
 
-def test_batcher_packing() -> None:
-    rng = random.Random(0)
-    tasks = [make_task(i, rng.choice(DIFFS)) for i in range(500)]
+def test_batcher_costs() -> None:
     batcher = TaskBatcher(target_turns=64, max_batch=16)
     assert [batcher.task_cost(make_task(0, d), 4) for d in DIFFS] == [12.0, 16.0, 20.0]
-    for group in (1, 4):
-        batches = list(batcher.pack(tasks, group_size=group))
-        assert [t for b in batches for t in b] == tasks
-        check_batches(batches, batcher, group)
-    assert max(len(b) for b in batcher.pack(tasks, 1)) == 16  # group 1: max_batch binds
-    assert max(len(b) for b in batcher.pack(tasks, 4)) <= 5  # group 4: the turn budget binds
-
-    # a per-task estimate; a task costing more than the whole budget still goes alone
-    custom = TaskBatcher(target_turns=10, max_batch=16, expected_turns=lambda t: 50.0 if t.task_id.endswith("3") else 2.0)
-    small = list(custom.pack(tasks[:20], group_size=1))
-    assert [len(b) for b in small if any(t.task_id.endswith("3") for t in b)] == [1, 1]
-    check_batches(small, custom, 1)
+    assert batcher.can_add(0, 0.0, 1000.0)  # a task costing more than the whole budget still goes alone
+    assert not batcher.can_add(1, 60.0, 5.0) and not batcher.can_add(16, 0.0, 0.0)
 
 
 def test_loader_batches_respect_budget() -> None:
     batcher = TaskBatcher(target_turns=64, max_batch=16)
     loader = TaskDataLoader(make_tasks(300), CurriculumSampler("linear"), batcher, seed=0, total_steps=50, group_size=4)
-    batches = list(loader)
+    batches = [loader.next_batch() for _ in range(50)]
     assert len(batches) == 50 and loader.step == 50
     check_batches(batches, batcher, 4)
     assert loader.position == sum(len(b) for b in batches)
@@ -174,19 +111,16 @@ def test_fixed_subset_deterministic_and_stratified() -> None:
 
 
 # ---------------------------------------------------------------------------------------- exact resume
-@pytest.mark.parametrize(
-    ("mode", "streamed"), [("adaptive", False), ("adaptive", True), ("linear", True), ("uniform", False)]
-)
-def test_loader_exact_resume(mode: str, streamed: bool) -> None:
+@pytest.mark.parametrize("mode", ["adaptive", "linear", "uniform"])
+def test_loader_exact_resume(mode: str) -> None:
     """k batches, state through JSON, a fresh loader continues exactly like the uninterrupted one."""
     tasks = make_tasks(90)  # small pools: the continuation crosses epoch boundaries
     group, k, after = 4, 7, 25
 
     def build(seed: int = 42) -> TaskDataLoader:
-        source = (lambda: iter(tasks)) if streamed else tasks
         return TaskDataLoader(
-            source, CurriculumSampler(mode, min_attempts=4), TaskBatcher(target_turns=64, max_batch=16),
-            seed=seed, total_steps=40, group_size=group, buffer_size=8,
+            tasks, CurriculumSampler(mode, min_attempts=4), TaskBatcher(target_turns=64, max_batch=16),
+            seed=seed, total_steps=40, group_size=group,
         )
 
     feedback = mode == "adaptive"
@@ -206,13 +140,13 @@ def test_loader_exact_resume(mode: str, streamed: bool) -> None:
         build(seed=43).load_state_dict(state)
 
 
-def test_resume_with_pending_task_and_discovered_empty_bucket() -> None:
-    """Save right when a drawn task was carried over to the next batch, from a stream lacking 'hard'."""
+def test_resume_with_pending_task_and_empty_bucket() -> None:
+    """Save right when a drawn task was carried over to the next batch, from tasks lacking 'hard'."""
     tasks = [make_task(i, ("easy", "medium")[i % 2]) for i in range(40)]
 
     def build() -> TaskDataLoader:
-        return TaskDataLoader(lambda: iter(tasks), CurriculumSampler("linear"), TaskBatcher(target_turns=10, max_batch=16),
-                              seed=9, total_steps=20, group_size=1, buffer_size=4)
+        return TaskDataLoader(tasks, CurriculumSampler("linear"), TaskBatcher(target_turns=10, max_batch=16),
+                              seed=9, total_steps=20, group_size=1)
 
     ref = build()
     state = None

@@ -20,7 +20,8 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.builtin.location import DB_DIR, builtin_data_dir
 from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
 from skyrl_tool_agent.eval.compare import load_results, outcome_changes
-from skyrl_tool_agent.reports.html import render_report, tool_names
+from skyrl_tool_agent.reports.episodes import tool_names
+from skyrl_tool_agent.reports.html import render_report
 from skyrl_tool_agent.reports.rollouts import load_rollouts
 from skyrl_tool_agent.reports.sql_preview import ResultPreviewer, sql_diff
 from tests.fixtures.report_run import (

@@ -1,15 +1,6 @@
 """The project's commands, installed as one console script, `skyrl-tool-agent COMMAND [flags]`
-(`main.py`); `training/scripts/*.py` are thin aliases of the same `main` functions.
-
-| command          | module              | script alias                              |
-|------------------|---------------------|-------------------------------------------|
-| `train`          | `train`             | training/scripts/train_grpo.py            |
-| `eval`           | `evaluate`          | training/scripts/evaluate.py              |
-| `build-data`     | `build_data`        | training/scripts/build_data.py            |
-| `build-model`    | `build_model`       | training/scripts/build_default_model.py   |
-| `sft-baseline`   | `sft_baseline`      | training/scripts/sft_baseline.py          |
-| `memory-profile` | `memory_profile`    | training/scripts/memory_profile.py        |
-| `knobs`, `config`| `skyrl_tool_agent.config.__main__` | python -m skyrl_tool_agent.config |
+(`main.py`, whose `COMMANDS` maps each to its module); `training/scripts/*.py` are thin aliases of
+the same `main` functions (each command's docstring names its own).
 
 Every parser is built with `allow_abbrev=False` (`--config-d` is an error, not `--config-dir`), and
 where a command writes a directory the flag is `--output-dir` (HF's `--output_dir` also works).

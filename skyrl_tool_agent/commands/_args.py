@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+import re
+import shlex
+from typing import Any
 
+from pydantic import ValidationError
+
+from skyrl_tool_agent.config import MCPServerConfig, UserInputError
 from skyrl_tool_agent.config.overrides import Override
-
-if TYPE_CHECKING:
-    from skyrl_tool_agent.config import MCPServerConfig
 
 
 def new_parser(doc: str | None, prog: str | None = None, **kwargs: Any) -> argparse.ArgumentParser:
@@ -50,13 +52,6 @@ def add_mcp_server(parser: argparse.ArgumentParser | Any) -> None:
 def mcp_servers_of(specs: list[str], writable: list[str]) -> list[MCPServerConfig]:
     """`--mcp-server` / `--mcp-writable` values as env.mcp_servers, typed from the flag to the
     process (one error line each)."""
-    import re
-    import shlex
-
-    from pydantic import ValidationError
-
-    from skyrl_tool_agent.config import MCPServerConfig, UserInputError
-
     servers: dict[str, dict[str, Any]] = {}
     for spec in specs:
         name, sep, command = spec.partition("=")
@@ -93,8 +88,6 @@ def task_file_args(args: argparse.Namespace) -> None:
 
         first.extend(task_file_overrides(args.task_file))
     if getattr(args, "mcp_writable", None) and not getattr(args, "mcp_server", None):
-        from skyrl_tool_agent.config import UserInputError
-
         raise UserInputError("--mcp-writable names a server of --mcp-server; give --mcp-server 'NAME=COMMAND ARGS'")
     if getattr(args, "mcp_server", None):
         servers = mcp_servers_of(args.mcp_server, args.mcp_writable)

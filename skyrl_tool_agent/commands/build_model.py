@@ -67,12 +67,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = build_parser(prog).parse_args(argv)
-    from skyrl_tool_agent.jobs.progress import setup_logging, training_progress
+    from skyrl_tool_agent.jobs.progress import log_every, setup_logging, training_progress
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
         from skyrl_tool_agent.eval.splits import TaskSplits
-        from skyrl_tool_agent.jobs.build_model import build_embedded, ship_embedded
+        from skyrl_tool_agent.jobs.build_model import build_embedded, build_frontier, build_plateau_start, ship_embedded
 
         if args.random_shape:
             if not args.output_dir:
@@ -93,9 +93,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             return
         command = " ".join(["python", "training/scripts/build_default_model.py", *(sys.argv[1:] if argv is None else argv)])
         if args.frontier:
-            from skyrl_tool_agent.jobs.progress import log_every
-            from skyrl_tool_agent.jobs.build_model import build_frontier
-
             log_due = log_every()
 
             def on_episode(done: int, total: int) -> None:
@@ -111,9 +108,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         if args.to_plateau:
             if not args.output_dir:
                 raise UserInputError("--to-plateau needs --output-dir DIR (its checkpoint and model live there)")
-            from skyrl_tool_agent.jobs.progress import log_every
-            from skyrl_tool_agent.jobs.build_model import build_plateau_start
-
             log_due = log_every()
 
             def on_step(step: int, loss: float) -> None:

@@ -111,15 +111,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
     setup_logging()
     with cli_main_guard(also=(FileNotFoundError,)):
-        extra = []
-        if args.mode:
-            extra.append(f"training.mode={args.mode}")
-        if args.output_dir:
-            extra.append(f"training.output_dir={args.output_dir}")
-        if args.max_steps is not None:
-            extra.append(f"training.max_steps={args.max_steps}")
-        if args.push_to_hub:
-            extra.append(f"training.push_to_hub.repo_id={args.push_to_hub}")
+        shortcuts = {"training.mode": args.mode, "training.output_dir": args.output_dir,
+                     "training.max_steps": args.max_steps, "training.push_to_hub.repo_id": args.push_to_hub}
+        extra = [f"{key}={value}" for key, value in shortcuts.items() if value not in (None, "")]
         if args.rebuild:
             from skyrl_tool_agent.config import default_build_dir
 

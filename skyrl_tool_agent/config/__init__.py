@@ -1,17 +1,6 @@
-"""The one config schema for every YAML file, `load_config`, `--set` overrides and one-line errors.
-
-Layout (one module per file it validates):
-
-* `model.ModelConfig`       configs/model_config.yaml
-* `training.TrainingConfig` configs/training_config.yaml
-* `grpo.GRPOConfig`         configs/grpo_config.yaml
-* `env.EnvConfig`           configs/env_config.yaml
-* `distributed`             configs/deepspeed_config.json (permissive, on demand)
-* `loader`                  `Config` (the four sections) and `load_config`
-* `overrides`, `yaml_io`    `--set` parsing, error rendering, YAML read/write
-* `errors`                  `UserInputError`, `ConfigError`, `cli_main_guard` (exit 2, one `error:` line)
-* `user_code`               loading a Python file a config names (reward terms, task families), when a run is built
-* `cli`                     `add_config_args` / `config_from_args` for the scripts
+"""The one config schema for every YAML file, `load_config`, `--set` overrides and one-line errors:
+a module per file it validates (model, training, grpo, env, distributed) beside the loader, the
+overrides, the errors and the script flags (cli); each module's docstring says what it holds.
 
 Every knob is documented once, in its `Field(description=...)`; the YAML files are generated from
 the schemas (`python -m skyrl_tool_agent.config write-defaults configs`) and ship in the package

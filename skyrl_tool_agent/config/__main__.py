@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             args.directory.mkdir(parents=True, exist_ok=True)
             for section in CORE_SECTIONS:
                 schema, filename = SECTIONS[section]
-                default: Any = schema()
-                (args.directory / filename).write_text(section_yaml(section, default, profile), encoding="utf-8")
+                (args.directory / filename).write_text(section_yaml(section, schema(), profile), encoding="utf-8")
                 print(f"wrote {args.directory / filename}")
         else:
             _knobs(args.markdown)

@@ -46,18 +46,14 @@ def knob(
 ) -> Any:
     """A documented field. `h100` is the value for a Qwen2.5-1.5B run on H100s when it differs
     from the CPU default (leave it out when the same value serves both)."""
-    extra: dict[str, Any] = {}
     text = description.strip()
     if h100 is not _UNSET:
         shown = default if default_factory is None else default_factory()
         text = f"{text} CPU default {format_value(shown)}; H100: {format_value(h100)}."
-        extra["h100"] = h100
-    field_kwargs: dict[str, Any] = dict(description=text, **kwargs)
-    if extra:
-        field_kwargs["json_schema_extra"] = extra
+        kwargs["json_schema_extra"] = {"h100": h100}
     if default_factory is not None:
-        return Field(default_factory=default_factory, **field_kwargs)
-    return Field(default, **field_kwargs)
+        return Field(default_factory=default_factory, description=text, **kwargs)
+    return Field(default, description=text, **kwargs)
 
 
 def default_of(section: type[BaseModel], name: str) -> Any:

@@ -25,14 +25,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     source.add_argument(
         "--config",
         dest="config_file",
-        default=None,
         metavar="FILE.yaml",
         help="one YAML file holding every section (top-level keys model, training, grpo, env; a missing "
         "section keeps its defaults), e.g. a run's config.yaml",
     )
     source.add_argument(
         "--config-dir",
-        default=None,
         metavar="DIR",
         help="directory holding the section files model_config.yaml, training_config.yaml, ... "
         "(default: the defaults shipped in the package; the repository's configs/ is a copy to edit)",
@@ -62,7 +60,6 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         group.add_argument(
             flag,
             dest=f"{name}_config",
-            default=None,
             metavar="PATH",
             help=f"use this file for the {name} section instead of {SECTIONS[name][1]} of the config dir / --config",
         )

@@ -40,12 +40,11 @@ def substitute(text: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
-def _check_placeholders(text: str) -> str:
+def _check_placeholders(text: str) -> None:
     for name in _PLACEHOLDER.findall(text):
         if name not in PLACEHOLDERS:
             known = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
             raise ValueError(f"unknown placeholder '${{{name}}}' (known: {known})")
-    return text
 
 
 class MCPServerConfig(Section):
@@ -108,23 +107,12 @@ class MCPServerConfig(Section):
         """Each episode runs its own server process (stateful, or with writable paths)."""
         return self.stateful or bool(self.writable_paths)
 
-    @field_validator("command", "cwd")
+    @field_validator("command", "cwd", "args", "writable_paths", "env")
     @classmethod
-    def _known_placeholders(cls, value: str | None) -> str | None:
-        return None if value is None else _check_placeholders(value)
-
-    @field_validator("args", "writable_paths")
-    @classmethod
-    def _known_placeholders_each(cls, value: list[str]) -> list[str]:
-        for item in value:
-            _check_placeholders(item)
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _known_placeholders_env(cls, value: dict[str, str]) -> dict[str, str]:
-        for item in value.values():
-            _check_placeholders(item)
+    def _known_placeholders(cls, value: str | list[str] | dict[str, str] | None) -> object:
+        texts = [value] if isinstance(value, str) else value.values() if isinstance(value, dict) else value or []
+        for text in texts:
+            _check_placeholders(text)
         return value
 
     def resolved(self, db_root: str | Path, *, sql_timeout_s: float) -> MCPServerConfig:

@@ -35,10 +35,6 @@ class DifficultyMix(Section):
             )
         return self
 
-    def as_dict(self) -> dict[str, float]:
-        """{'easy': w, 'medium': w, 'hard': w}, the form the curriculum sampler takes."""
-        return {"easy": self.easy, "medium": self.medium, "hard": self.hard}
-
 
 class CurriculumConfig(Section):
     """Which difficulty to draw each task from over training, and which tasks to favour.

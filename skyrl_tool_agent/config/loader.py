@@ -19,13 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from skyrl_tool_agent.config.base import Section, h100_value
 from skyrl_tool_agent.config.distributed import DeepSpeedConfig
-from skyrl_tool_agent.config.env import EnvConfig, MCPServerConfig
+from skyrl_tool_agent.config.env import EnvConfig
 from skyrl_tool_agent.config.errors import ConfigError
 from skyrl_tool_agent.config.grpo import GRPOConfig
 from skyrl_tool_agent.config.model import ModelConfig
 from skyrl_tool_agent.config.overrides import Loc, Override, apply_override, parse_override, validation_message
 from skyrl_tool_agent.config.training import TrainingConfig
-from skyrl_tool_agent.config.yaml_io import read_json_mapping, read_yaml_mapping, render_section
+from skyrl_tool_agent.config.yaml_io import read_mapping, render_section
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,6 @@ SECTIONS: dict[str, tuple[type[Section], str]] = {
     "deepspeed": (DeepSpeedConfig, "deepspeed_config.json"),
 }
 CORE_SECTIONS = ("model", "training", "grpo", "env")
-#: The source file each schema is defined in (named in the generated YAML headers).
-SCHEMA_MODULES = {"model": "model.py", "training": "training.py", "grpo": "grpo.py", "env": "env.py"}
 
 
 @dataclass(frozen=True)
@@ -128,18 +126,6 @@ class Config(BaseModel):
         """The resolved config as one YAML document (sections in file order), for run logs."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
-    def save(self, directory: str | Path) -> dict[str, Path]:
-        """Write each section as its own commented YAML file into `directory`, so that
-        `load_config(directory)` reproduces this config. Returns section -> written path."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        written = {}
-        for name in CORE_SECTIONS:
-            path = directory / SECTIONS[name][1]
-            path.write_text(section_yaml(name, getattr(self, name)), encoding="utf-8")
-            written[name] = path
-        return written
-
     # ------------------------------------------------------------------ derived values
     def nominal_gradient_accumulation(self) -> int:
         """Micro-batches per optimizer step: `training.gradient_accumulation`, or (null) all
@@ -154,14 +140,6 @@ class Config(BaseModel):
             "gradient_accumulation_steps": self.nominal_gradient_accumulation(),
             "gradient_clipping": self.training.max_grad_norm,
         }
-
-    def db_root(self) -> Path:
-        """The database root the run uses (training.data.db_root or the dataset's default)."""
-        return self.training.data.resolved_db_root()
-
-    def mcp_servers(self) -> list[MCPServerConfig]:
-        """env.mcp_servers with ${db_root} filled from `db_root()` and `python` pinned."""
-        return self.env.resolved_servers(self.db_root())
 
     # ------------------------------------------------------------------ on-demand files
     def load_deepspeed(self) -> DeepSpeedConfig:
@@ -183,7 +161,7 @@ def section_yaml(name: str, value: BaseModel, profile: str = "cpu") -> str:
         f"{filename}: {(schema.__doc__ or '').strip().splitlines()[0]}",
         f"Values: the {'gpu profile (Qwen2.5-1.5B on an H100)' if gpu else 'cpu profile (embedded tiny model)'}; "
         f"comments give the {'CPU' if gpu else 'H100 (gpu profile)'} value where it differs.",
-        f"Each knob is documented once, in skyrl_tool_agent/config/{SCHEMA_MODULES[name]} (Field descriptions).",
+        f"Each knob is documented once, in {schema.__module__.replace('.', '/')}.py (Field descriptions).",
         "Regenerate: python -m skyrl_tool_agent.config write-defaults configs" + (" --profile gpu" if gpu else ""),
     ]
     return render_section(value, header, "h100" if gpu else "cpu")
@@ -256,16 +234,10 @@ def _validate(name: str, data: dict[str, Any], shown: str, overrides: Sequence[O
         raise ConfigError(validation_message(exc, schema, shown, written)) from None
 
 
-def _read(path: str | Path) -> dict[str, Any]:
-    """A config file's top-level mapping (JSON for *.json, else YAML); errors name it as given."""
-    shown = str(path)
-    return read_json_mapping(path, shown) if shown.endswith(".json") else read_yaml_mapping(path, shown)
-
-
 def load_deepspeed_config(path: str | Path, overrides: Sequence[str] = (), *, mode: str = "full") -> DeepSpeedConfig:
     """Read and validate a DeepSpeed JSON for training.mode `mode` (`deepspeed.*` overrides apply)."""
     parsed = [o for o in _parse_overrides(overrides) if o.section == "deepspeed"]
-    result = _validate("deepspeed", _read(path), str(path), parsed)
+    result = _validate("deepspeed", read_mapping(path), str(path), parsed)
     assert isinstance(result, DeepSpeedConfig)
     for loc, message in result.check_for_mode(mode):
         raise ConfigError(f"{path}: {loc}: {message}")
@@ -276,7 +248,7 @@ def _read_single_file(path: str | Path) -> dict[str, dict[str, Any]]:
     """The sections of one YAML file holding several (`model:`, `training:`, `grpo:`, `env:` at the
     top level, as `Config.dump_yaml()` writes it); a section left out keeps its defaults."""
     shown = str(path)
-    data = _read(path)
+    data = read_mapping(path)
     sections: dict[str, dict[str, Any]] = {}
     for key, value in data.items():
         if key not in CORE_SECTIONS:
@@ -349,10 +321,11 @@ def load_config(
                     raw[name] = profile_defaults(name, profile)
                     shown[name] = f"{paths[name]} ({profile} profile)"
                 else:  # a directory of the user's: the profile applies to the values left at their CPU default
-                    raw[name] = profile_on_top(name, _read(paths[name]), profile, paths[name])
+                    raw[name] = profile_on_top(name, read_mapping(paths[name]), profile, paths[name])
     sources = ConfigSources(files=paths, overrides=_parse_overrides(overrides))
     parts = {
-        name: _validate(name, raw[name] if name in raw else _read(paths[name]), shown[name], sources.overrides_for(name))
+        name: _validate(name, raw[name] if name in raw else read_mapping(paths[name]), shown[name],
+                        sources.overrides_for(name))
         for name in CORE_SECTIONS
     }
     model, training, grpo = parts["model"], parts["training"], parts["grpo"]
@@ -379,7 +352,7 @@ def _sets_tasks_per_step(raw: dict[str, dict[str, Any]], paths: dict[str, str], 
         return True
     if paths["training"] == str(PACKAGED_CONFIG_DIR / SECTIONS["training"][1]):
         return False
-    data = raw["training"] if "training" in raw else _read(paths["training"])
+    data = raw["training"] if "training" in raw else read_mapping(paths["training"])
     field = TrainingConfig.model_fields["tasks_per_step"]
     defaults = {field.get_default(), h100_value(field)}
     return "tasks_per_step" in data and data["tasks_per_step"] not in defaults

@@ -37,30 +37,20 @@ _UniqueKeyLoader.add_constructor(
 )
 
 
-def _read_text(path: Path, shown: str) -> str:
-    if not path.is_file():
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a config file (JSON for *.json, else YAML; an empty file is {}); every
+    problem is a `ConfigError` naming the file as given."""
+    shown = str(path)
+    if not Path(path).is_file():
         raise ConfigError(f"config file not found: {shown}")
     try:
-        return path.read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{shown}: cannot read ({exc})") from exc
-
-
-def _require_mapping(data: Any, shown: str) -> dict[str, Any]:
-    if data is None:  # an empty file means "all defaults"
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: expected a mapping of keys to values at the top level, got {type(data).__name__}")
-    return data
-
-
-def read_yaml_mapping(path: str | Path, shown: str | None = None) -> dict[str, Any]:
-    """The top-level mapping of a YAML file; `shown` is how the file is named in errors."""
-    path = Path(path)
-    shown = shown or str(path)
-    text = _read_text(path, shown)
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = json.loads(text) if shown.endswith(".json") else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{shown}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -68,19 +58,11 @@ def read_yaml_mapping(path: str | Path, shown: str | None = None) -> dict[str, A
         raise ConfigError(f"{shown}: invalid YAML{where}: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{shown}: invalid YAML: {exc}") from None
-    return _require_mapping(data, shown)
-
-
-def read_json_mapping(path: str | Path, shown: str | None = None) -> dict[str, Any]:
-    """The top-level object of a JSON file; `shown` is how the file is named in errors."""
-    path = Path(path)
-    shown = shown or str(path)
-    text = _read_text(path, shown)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{shown}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-    return _require_mapping(data, shown)
+    if data is None:  # an empty file means "all defaults"
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: expected a mapping of keys to values at the top level, got {type(data).__name__}")
+    return data
 
 
 def _line(pad: str, body: str, comment: str) -> str:

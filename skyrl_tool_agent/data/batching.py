@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable
 
 from skyrl_tool_agent.data.curriculum import DIFFICULTIES
 from skyrl_tool_agent.data.tasks import Task
@@ -16,62 +16,24 @@ class TaskBatcher:
     """Greedy packer: a batch grows until the next task would push it past `target_turns` or it holds
     `max_batch` tasks. A batch always holds at least one task, even one that alone exceeds the budget.
 
-    A task's cost is its expected turns per episode (`expected_turns(task)` if given, else
-    `turns_per_difficulty[task.difficulty]`) times `group_size`, the episodes rolled out per task.
-    Budgeting turns rather than tasks keeps rollout work per step roughly constant while the
-    curriculum shifts toward longer, harder tasks.
+    A task's cost is its expected turns per episode (`DEFAULT_TURNS_PER_DIFFICULTY`) times
+    `group_size`, the episodes rolled out per task. Budgeting turns rather than tasks keeps rollout
+    work per step roughly constant while the curriculum shifts toward longer, harder tasks.
     """
 
-    def __init__(
-        self,
-        target_turns: float = 64,
-        max_batch: int = 16,
-        *,
-        turns_per_difficulty: Mapping[str, float] | None = None,
-        expected_turns: Callable[[Task], float] | None = None,
-    ) -> None:
-        if target_turns <= 0:
-            raise ValueError(f"target_turns must be > 0, got {target_turns}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    def __init__(self, target_turns: float = 64, max_batch: int = 16) -> None:
         self.target_turns = float(target_turns)
         self.max_batch = max_batch
-        self.turns_per_difficulty = dict(DEFAULT_TURNS_PER_DIFFICULTY)
-        if turns_per_difficulty is not None:
-            self.turns_per_difficulty.update(turns_per_difficulty)
-        self.expected_turns = expected_turns
 
     def task_cost(self, task: Task, group_size: int = 1) -> float:
         """Expected environment turns for all `group_size` episodes of `task`."""
-        per_episode = (
-            self.expected_turns(task) if self.expected_turns is not None else self.turns_per_difficulty[task.difficulty]
-        )
-        return float(per_episode) * group_size
+        return DEFAULT_TURNS_PER_DIFFICULTY[task.difficulty] * group_size
 
     def can_add(self, batch_len: int, batch_cost: float, task_cost: float) -> bool:
         """Whether a task of `task_cost` joins a batch of `batch_len` tasks costing `batch_cost`."""
         if batch_len == 0:
             return True
         return batch_len < self.max_batch and batch_cost + task_cost <= self.target_turns
-
-    def pack(self, tasks: Iterable[Task], group_size: int = 1) -> Iterator[list[Task]]:
-        """Split a task sequence, in order, into consecutive batches (the last may be short)."""
-        batch: list[Task] = []
-        cost = 0.0
-        for task in tasks:
-            c = self.task_cost(task, group_size)
-            if not self.can_add(len(batch), cost, c):
-                yield batch
-                batch, cost = [], 0.0
-            batch.append(task)
-            cost += c
-        if batch:
-            yield batch
-
-
-def _rank_key(seed: int, task_id: str) -> str:
-    """Order-independent pseudo-random rank of a task (so the subset does not depend on input order)."""
-    return hashlib.sha256(f"{seed}:{task_id}".encode()).hexdigest()
 
 
 def fixed_subset(tasks: Iterable[Task], n: int, seed: int = 0) -> list[Task]:
@@ -107,5 +69,6 @@ def fixed_subset(tasks: Iterable[Task], n: int, seed: int = 0) -> list[Task]:
                 alloc[d] = 1
     chosen: list[Task] = []
     for d, bucket in buckets.items():
-        chosen.extend(sorted(bucket, key=lambda t: _rank_key(seed, t.task_id))[: alloc[d]])
+        ranked = sorted(bucket, key=lambda t: hashlib.sha256(f"{seed}:{t.task_id}".encode()).hexdigest())
+        chosen.extend(ranked[: alloc[d]])
     return sorted(chosen, key=lambda t: t.task_id)

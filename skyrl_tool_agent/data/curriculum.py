@@ -1,19 +1,11 @@
 """Curriculum: which difficulty to train on at each point of training, and which tasks to favour.
 
 `CurriculumSampler` holds no RNG of its own (the loader owns it, so one saved RNG state covers
-everything). Modes:
-
-* ``"linear"``: the difficulty mix moves linearly from `start_mix` to `end_mix` as training
-  progress goes 0 -> 1 (default easy 0.3 -> 0.1, medium 0.5 -> 0.4, hard 0.2 -> 0.5).
-* ``"uniform"``: a constant mix: `fixed_mix` if given, else proportional to how many tasks each
-  bucket holds (`set_availability`, filled in by the loader), else equal.
-* ``"adaptive"``: the linear schedule for the bucket, plus per-task weights inside a bucket from
-  the pass rates the trainer feeds back with `update()`. A task with at least `min_attempts`
-  attempts whose pass rate is above `high` (always solved: no learning signal left) or below `low`
-  (never solved: GRPO advantages are all zero) gets weight `min_weight`; every other task weight 1.
-  The pass rate is cumulative successes/attempts, or an exponential moving average of per-update
-  rates when `ema_alpha` is set (lets a task that was never solved early come back once the policy
-  improves).
+everything). Its modes (linear, uniform, adaptive) are `grpo.curriculum.mode`'s, described once in
+`config.grpo.CurriculumConfig`, whose `adaptive_*` knobs are the sampler's `high`, `low`,
+`min_attempts`, `min_weight` and `ema_alpha`. A task's pass rate is its cumulative
+successes/attempts, or with `ema_alpha` an exponential moving average of the per-update rates.
+Uniform without a fixed mix weighs the buckets by their sizes (`set_availability`, from the loader).
 
 If a bucket has no tasks, the mix is renormalised over the other buckets (logged once per set of
 empty buckets).
@@ -37,21 +29,15 @@ DEFAULT_START_MIX: dict[str, float] = {"easy": 0.3, "medium": 0.5, "hard": 0.2}
 DEFAULT_END_MIX: dict[str, float] = {"easy": 0.1, "medium": 0.4, "hard": 0.5}
 
 
-def _normalised_mix(mix: Mapping[str, float], what: str) -> dict[str, float]:
-    """Validate a difficulty -> weight mapping and scale it to sum 1 (missing buckets get 0)."""
-    unknown = set(mix) - set(DIFFICULTIES)
-    if unknown:
-        raise ValueError(f"{what}: unknown difficulties {sorted(unknown)}; expected {DIFFICULTIES}")
-    if any(v < 0 for v in mix.values()):
-        raise ValueError(f"{what}: weights must be >= 0, got {dict(mix)}")
+def _normalised_mix(mix: Mapping[str, float]) -> dict[str, float]:
+    """A difficulty -> weight mapping scaled to sum 1 (missing buckets get 0)."""
     total = float(sum(mix.values()))
-    if total <= 0:
-        raise ValueError(f"{what}: weights must not all be zero")
     return {d: float(mix.get(d, 0.0)) / total for d in DIFFICULTIES}
 
 
 class CurriculumSampler:
-    """Difficulty mix over training progress, and per-task weights from fed-back pass rates."""
+    """Difficulty mix over training progress, and per-task weights from fed-back pass rates. Its
+    settings are `grpo.curriculum`'s, validated there (`config.grpo.CurriculumConfig`)."""
 
     def __init__(
         self,
@@ -66,19 +52,10 @@ class CurriculumSampler:
         min_weight: float = 0.1,
         ema_alpha: float | None = None,
     ) -> None:
-        if mode not in get_args(CurriculumMode):
-            raise ValueError(f"unknown curriculum mode {mode!r}; expected one of {get_args(CurriculumMode)}")
-        if not 0.0 <= low < high <= 1.0:
-            raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")
-        # min_weight > 0 keeps every task reachable (and the loader's rejection sampling finite).
-        if not 0.0 < min_weight <= 1.0:
-            raise ValueError(f"min_weight must be in (0, 1], got {min_weight}")
-        if ema_alpha is not None and not 0.0 < ema_alpha <= 1.0:
-            raise ValueError(f"ema_alpha must be in (0, 1], got {ema_alpha}")
         self.mode: CurriculumMode = mode
-        self.start_mix = _normalised_mix(start_mix or DEFAULT_START_MIX, "start_mix")
-        self.end_mix = _normalised_mix(end_mix or DEFAULT_END_MIX, "end_mix")
-        self.fixed_mix = _normalised_mix(fixed_mix, "fixed_mix") if fixed_mix is not None else None
+        self.start_mix = _normalised_mix(start_mix or DEFAULT_START_MIX)
+        self.end_mix = _normalised_mix(end_mix or DEFAULT_END_MIX)
+        self.fixed_mix = _normalised_mix(fixed_mix) if fixed_mix is not None else None
         self.high = high
         self.low = low
         self.min_attempts = min_attempts
@@ -90,16 +67,6 @@ class CurriculumSampler:
         self._logged_empty: set[frozenset[str]] = set()
 
     # ------------------------------------------------------------------ difficulty mix
-    @property
-    def adaptive(self) -> bool:
-        """Whether per-task weights are in use."""
-        return self.mode == "adaptive"
-
-    @property
-    def wants_availability(self) -> bool:
-        """True when the mix depends on bucket sizes (uniform mode without a fixed mix)."""
-        return self.mode == "uniform" and self.fixed_mix is None
-
     def set_availability(self, counts: Mapping[str, int]) -> None:
         """Tell the sampler how many tasks each bucket holds (used by uniform mode)."""
         self._availability = {d: int(counts.get(d, 0)) for d in DIFFICULTIES}
@@ -110,7 +77,7 @@ class CurriculumSampler:
             if self.fixed_mix is not None:
                 return dict(self.fixed_mix)
             if self._availability and sum(self._availability.values()) > 0:
-                return _normalised_mix(self._availability, "availability")
+                return _normalised_mix(self._availability)
             return {d: 1.0 / len(DIFFICULTIES) for d in DIFFICULTIES}
         p = min(1.0, max(0.0, float(progress)))
         return {d: (1.0 - p) * self.start_mix[d] + p * self.end_mix[d] for d in DIFFICULTIES}
@@ -174,14 +141,9 @@ class CurriculumSampler:
         entry = self._stats.get(task_id)
         return None if entry is None else entry[2]
 
-    def attempts(self, task_id: str) -> int:
-        """Total episodes recorded for the task."""
-        entry = self._stats.get(task_id)
-        return 0 if entry is None else int(entry[1])
-
     def weight(self, task_id: str) -> float:
         """Relative sampling weight within its bucket: `min_weight` for saturated tasks, else 1."""
-        if not self.adaptive:
+        if self.mode != "adaptive":
             return 1.0
         entry = self._stats.get(task_id)
         if entry is None or entry[1] < self.min_attempts:

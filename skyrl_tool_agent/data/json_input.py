@@ -15,7 +15,7 @@ import re
 from itertools import accumulate
 from typing import Any
 
-__all__ = ["MAX_JSON_NESTING", "JsonNestingError", "check_nesting", "loads_bounded"]
+__all__ = ["MAX_JSON_NESTING", "JsonNestingError", "loads_bounded"]
 
 #: Deepest nesting of arrays and objects accepted in a JSON document read from a file.
 MAX_JSON_NESTING = 32
@@ -58,16 +58,11 @@ def _locate(text: str, limit: int) -> tuple[int, int | None]:
     raise AssertionError("unreachable: called only when the nesting passes the limit")
 
 
-def check_nesting(text: str, limit: int = MAX_JSON_NESTING) -> None:
-    """Raise `JsonNestingError` when `text` nests arrays/objects deeper than `limit` (no recursion:
-    the brackets outside strings, counted; about 20 ms per MB)."""
+def loads_bounded(text: str) -> Any:
+    """`json.loads(text)` for a document nested at most `MAX_JSON_NESTING` deep; `JsonNestingError`
+    (a ValueError) for a deeper one, `json.JSONDecodeError` for text that is not JSON. The nesting
+    is the brackets outside strings, counted without recursion (about 20 ms per MB)."""
     brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
-    if max(accumulate(map(_DEPTH_CHANGE.__getitem__, brackets)), default=0) > limit:
-        raise JsonNestingError(limit, *_locate(text, limit))
-
-
-def loads_bounded(text: str, limit: int = MAX_JSON_NESTING) -> Any:
-    """`json.loads(text)` for a document nested at most `limit` deep; `JsonNestingError` (a
-    ValueError) for a deeper one, `json.JSONDecodeError` for text that is not JSON."""
-    check_nesting(text, limit)
+    if max(accumulate(map(_DEPTH_CHANGE.__getitem__, brackets)), default=0) > MAX_JSON_NESTING:
+        raise JsonNestingError(MAX_JSON_NESTING, *_locate(text, MAX_JSON_NESTING))
     return json.loads(text)

@@ -2,11 +2,10 @@
 
 Per step the loader computes progress = step / total_steps, and for each task draws a difficulty
 from the sampler's mix at that progress, then the next task of that difficulty's stream. Each
-difficulty has its own `StreamingDataset` (the source filtered to that bucket), so a bucket is a
-bounded, lazily filled shuffle buffer and a rare bucket never forces the others to be read ahead
-or dropped; a streamed source is therefore re-read once per bucket per epoch. In adaptive mode a
-drawn task is kept with probability equal to its weight (rejection sampling), so within a bucket
-tasks are drawn in proportion to their weights while the schedule's bucket mix stays exact.
+difficulty has its own `StreamingDataset` (the tasks of that bucket), so a rare bucket never forces
+the others to be read ahead or dropped. In adaptive mode a drawn task is kept with probability
+equal to its weight (rejection sampling), so within a bucket tasks are drawn in proportion to
+their weights while the schedule's bucket mix stays exact.
 
 Everything random comes from the loader's one `random.Random` and the streams' (seed, name,
 epoch)-derived shuffles, so `state_dict()` (JSON-serialisable) restored into a fresh loader built
@@ -15,18 +14,15 @@ with the same arguments yields exactly the batches the uninterrupted loader woul
 
 from __future__ import annotations
 
-import logging
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.batching import TaskBatcher
 from skyrl_tool_agent.data.curriculum import DIFFICULTIES, CurriculumSampler
-from skyrl_tool_agent.data.streaming import EmptyStreamError, StreamingDataset, TaskSource
+from skyrl_tool_agent.data.streaming import StreamingDataset
 from skyrl_tool_agent.data.tasks import Task
-
-logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 
@@ -47,54 +43,38 @@ class TaskDataLoader:
     """Yields batches of tasks by curriculum mix and turn budget; saveable and exactly resumable.
 
     Args:
-        tasks_or_dataset: a list of Tasks, a `.json`/`.jsonl` path, a zero-argument callable
-            returning an iterator of Tasks (e.g. a Spider reader), or a `StreamingDataset` whose
-            seed/buffer settings are then used for the per-difficulty streams.
+        tasks: the tasks to draw from.
         sampler: the curriculum (mix schedule and, in adaptive mode, per-task weights).
         batcher: packs drawn tasks into batches by expected turns.
-        seed: seeds the loader's RNG and (unless a `StreamingDataset` is given) the shuffles.
+        seed: seeds the loader's RNG and the shuffles.
         total_steps: training steps (batches) over which progress goes 0 -> 1; later steps stay at 1.
         group_size: episodes per task (GRPO group), multiplies each task's expected turns.
-        buffer_size: shuffle-buffer bound per difficulty stream for streamed sources.
     """
 
     def __init__(
         self,
-        tasks_or_dataset: TaskSource | StreamingDataset,
+        tasks: Sequence[Task],
         sampler: CurriculumSampler | None = None,
         batcher: TaskBatcher | None = None,
         *,
         seed: int = 0,
         total_steps: int = 1000,
         group_size: int = 1,
-        buffer_size: int = 10_000,
     ) -> None:
-        if total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.sampler = sampler if sampler is not None else CurriculumSampler()
         self.batcher = batcher if batcher is not None else TaskBatcher()
         self.seed = seed
         self.total_steps = total_steps
         self.group_size = group_size
-        if isinstance(tasks_or_dataset, StreamingDataset):
-            base = tasks_or_dataset
-        else:
-            base = StreamingDataset(tasks_or_dataset, seed=seed, buffer_size=buffer_size)
+        base = StreamingDataset(tasks, seed=seed)
         self.streams: dict[str, StreamingDataset] = {
             d: base.filter(lambda t, d=d: t.difficulty == d, name=d) for d in DIFFICULTIES
         }
-        self._empty: set[str] = set()
-        if base.in_memory or self.sampler.wants_availability:
-            # Bucket sizes: free for a list; one O(1)-memory pass for a stream when uniform mode needs them.
-            counts = {d: 0 for d in DIFFICULTIES}
-            for task in base.iter_source():
-                counts[task.difficulty] += 1
-            if sum(counts.values()) == 0:
-                raise ValueError("the task source is empty")
-            self._empty = {d for d, c in counts.items() if c == 0}
-            self.sampler.set_availability(counts)
+        counts = {d: len(s.tasks) for d, s in self.streams.items()}
+        if sum(counts.values()) == 0:
+            raise ValueError("the task source is empty")
+        self._empty = {d for d, c in counts.items() if c == 0}
+        self.sampler.set_availability(counts)
         self._rng = random.Random(seed)
         self.step = 0  # batches returned so far
         self.position = 0  # tasks returned so far
@@ -105,30 +85,17 @@ class TaskDataLoader:
         """Training progress in [0, 1] for the next batch."""
         return min(1.0, self.step / self.total_steps)
 
-    def _available(self) -> list[str]:
-        available = [d for d in DIFFICULTIES if d not in self._empty]
-        if not available:
-            raise ValueError("no tasks in any difficulty bucket")
-        return available
-
     def _draw_task(self, progress: float) -> Task:
         """One task: a difficulty from the mix at `progress`, then a (weighted) task from it."""
         while True:
-            difficulty = self.sampler.sample_difficulty(self._rng, progress, self._available())
-            stream = self.streams[difficulty]
-            try:
-                while True:
-                    task = stream.next_task()
-                    weight = self.sampler.weight(task.task_id)
-                    # Rejection sampling: keep with probability `weight` (<= 1). Weight-1 tasks skip
-                    # the RNG call so non-adaptive runs use one draw per task.
-                    if weight >= 1.0 or self._rng.random() < weight:
-                        return task
-            except EmptyStreamError:
-                # Only reachable for streamed sources (list sources know their empty buckets up front);
-                # saved in the state so a resumed run does not re-discover it with different RNG use.
-                logger.warning("difficulty %r has no tasks in the source; dropping it from the mix", difficulty)
-                self._empty.add(difficulty)
+            available = [d for d in DIFFICULTIES if d not in self._empty]  # not empty: __init__ checked
+            difficulty = self.sampler.sample_difficulty(self._rng, progress, available)
+            task = self.streams[difficulty].next_task()
+            # Rejection sampling: keep with probability `weight` (<= 1). Weight-1 tasks skip the RNG
+            # call so non-adaptive runs use one draw per task.
+            weight = self.sampler.weight(task.task_id)
+            if weight >= 1.0 or self._rng.random() < weight:
+                return task
 
     def next_batch(self) -> list[Task]:
         """The next batch (at least one task, at most `batcher.max_batch`, within the turn budget)."""
@@ -151,17 +118,10 @@ class TaskDataLoader:
         """`count` more tasks at this step's curriculum progress, outside the batching: the tasks
         that replace a step's uninformative groups (`grpo.refill_rounds`). The step count is
         unchanged; the draws are part of the saved state like any other."""
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
         progress = min(1.0, max(0, self.step - 1) / self.total_steps)  # that of the batch just returned
         tasks = [self._draw_task(progress) for _ in range(count)]
         self.position += len(tasks)
         return tasks
-
-    def __iter__(self) -> Iterator[list[Task]]:
-        """Batches until `total_steps` batches have been returned (continues from a restored step)."""
-        while self.step < self.total_steps:
-            yield self.next_batch()
 
     def record_results(self, results: Mapping[str, tuple[int, int]]) -> None:
         """Feed back per-task `(successes, attempts)` from a training step (drives adaptive weights)."""

@@ -28,9 +28,6 @@ from skyrl_tool_agent.data.tasks import Task, db_path_for
 logger = logging.getLogger(__name__)
 
 SpiderSplit = Literal["dev", "train"]
-HardnessSource = Literal["auto", "sqlglot"]
-
-DEFAULT_SPIDER_ROOT = Path("../shared/spider")
 
 # Files tried in order for each split.
 _SPLIT_FILES: dict[str, tuple[str, ...]] = {
@@ -47,13 +44,8 @@ class SpiderLoadResult:
     skipped: int = 0
     skipped_db_ids: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def total(self) -> int:
-        """Questions in the split file (loaded + skipped)."""
-        return len(self.tasks) + self.skipped
 
-
-def spider_db_root(root: str | Path = DEFAULT_SPIDER_ROOT) -> Path:
+def spider_db_root(root: str | Path) -> Path:
     """The `--db-root` for Spider tasks: `<root>/database`."""
     return Path(root) / "database"
 
@@ -84,9 +76,9 @@ def split_file(root: str | Path, split: SpiderSplit) -> Path:
     raise FileNotFoundError(f"Spider {split} file not found; tried {', '.join(map(str, candidates))}")
 
 
-def _hardness_of(record: dict[str, Any], source: HardnessSource) -> str:
+def _hardness_of(record: dict[str, Any]) -> str:
     sql = record.get("sql")
-    if source == "auto" and isinstance(sql, dict):
+    if isinstance(sql, dict):
         try:
             return eval_hardness(sql)
         except (KeyError, IndexError, TypeError) as exc:  # malformed parse: fall back to sqlglot
@@ -94,13 +86,10 @@ def _hardness_of(record: dict[str, Any], source: HardnessSource) -> str:
     return spider_hardness(record["query"])
 
 
-def load_spider(
-    root: str | Path = DEFAULT_SPIDER_ROOT, split: SpiderSplit = "dev", hardness: HardnessSource = "auto"
-) -> SpiderLoadResult:
+def load_spider(root: str | Path, split: SpiderSplit) -> SpiderLoadResult:
     """Load a whole Spider split as tasks in file order, skipping (and counting, per database) the
     questions without a database file. `task_id` is `spider-<split>-<index in the file>`, so ids
-    stay stable when questions are skipped. `hardness="sqlglot"` ignores a shipped `sql` parse and
-    always classifies the query via sqlglot."""
+    stay stable when questions are skipped."""
     path = split_file(root, split)
     records = read_json_tolerant(path)
     if not isinstance(records, list):
@@ -116,7 +105,7 @@ def load_spider(
         if not present[db_id]:
             skipped[db_id] += 1
             continue
-        level = _hardness_of(record, hardness)
+        level = _hardness_of(record)
         tasks.append(Task(
             task_id=f"spider-{split}-{index:04d}",
             db_id=db_id,

@@ -149,8 +149,8 @@ def _parse(path: Path, text: str) -> Any:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
 
 
-def read_task_file(path: str | Path) -> tuple[list[Task], list[tuple[int, Task]], list[BadRecord]]:
-    """(tasks, (index, task) of each, bad records) of a task file, checking each record on its
+def read_task_file(path: str | Path) -> tuple[list[tuple[int, Task]], list[BadRecord]]:
+    """((index, task) of each good record, bad records) of a task file, checking each record on its
     own (fields, UTF-8, sizes, identifiers, duplicate ids). Raises FileNotFoundError, or ValueError
     (one line, with the path) for a file that is not a JSON list or nests too deep to be read."""
     path = Path(path)
@@ -186,19 +186,19 @@ def read_task_file(path: str | Path) -> tuple[list[Task], list[tuple[int, Task]]
         else:
             seen.add(task.task_id)
             good.append((index, task))
-    return [t for _, t in good], good, bad
+    return good, bad
 
 
-def check_databases(records: Iterable[tuple[Path, int, Task]], db_root: Path,
+def check_databases(path: Path, records: Iterable[tuple[int, Task]], db_root: Path,
                     gold_check: GoldCheck | None = None) -> list[BadRecord]:
-    """Problems of (file, index, task) records whose task names a database under `db_root`
-    (module doc): db_id, where it resolves, its file, and (with `gold_check`) its gold query, run
-    once per distinct (db_id, query)."""
+    """Problems of the (index, task) records of file `path` whose task names a database under
+    `db_root` (module doc): db_id, where it resolves, its file, and (with `gold_check`) its gold
+    query, run once per distinct (db_id, query)."""
     databases = DatabaseRoot(db_root)
     bad: list[BadRecord] = []
     outcome: dict[tuple[str, str], str | None] = {}  # (db_id, gold) -> problem, one run per distinct query
     start = time.monotonic()
-    for path, index, task in records:
+    for index, task in records:
         def refuse(problem: str) -> None:
             bad.append(BadRecord(path, index, task.task_id, problem))  # noqa: B023 - used at once
 
@@ -221,29 +221,23 @@ def check_databases(records: Iterable[tuple[Path, int, Task]], db_root: Path,
     return bad
 
 
-def load_checked_tasks(paths: Sequence[Path], *, db_root: Path | None, skip_bad_records: bool = False,
-                       gold_check: GoldCheck | None = None) -> tuple[list[list[Task]], list[BadRecord]]:
-    """The tasks of each file of `paths`, checked (module doc); `db_root` None = a family without
-    databases (no database checks). A file named twice is read and checked once. Returns the
-    tasks of each file and the bad records (left out; none unless `skip_bad_records`).
+def load_checked_tasks(path: Path, *, db_root: Path | None, skip_bad_records: bool = False,
+                       gold_check: GoldCheck | None = None) -> tuple[list[Task], list[BadRecord]]:
+    """The tasks of the file at `path`, checked (module doc); `db_root` None = a family without
+    databases (no database checks). Returns the tasks and the bad records (left out; none unless
+    `skip_bad_records`).
 
     Raises `BadRecordsError` on the first bad record unless `skip_bad_records`, which leaves the bad
     records out and logs each (one warning line per record, then a count)."""
-    per_file: dict[Path, tuple[list[tuple[int, Task]], list[BadRecord]]] = {}
-    for path in paths:
-        if path not in per_file:
-            _, indexed, bad = read_task_file(path)
-            per_file[path] = (indexed, bad)
-    bad_all = [b for _, bad in per_file.values() for b in bad]
+    indexed, bad = read_task_file(path)
     if db_root is not None:
-        bad_all += check_databases(((p, i, t) for p, (indexed, _) in per_file.items() for i, t in indexed), db_root,
-                                   gold_check)
-    bad_all.sort(key=lambda b: (paths.index(b.path), b.index))
-    if bad_all and not skip_bad_records:
-        raise BadRecordsError(bad_all)
-    dropped = {(b.path, b.index) for b in bad_all}
-    for b in bad_all:
+        bad += check_databases(path, indexed, db_root, gold_check)
+    bad.sort(key=lambda b: b.index)
+    if bad and not skip_bad_records:
+        raise BadRecordsError(bad)
+    for b in bad:
         logger.warning("skipped %s", b.line())
-    if bad_all:
-        logger.warning("%s: left out %d bad records", SKIP_FLAG, len(bad_all))
-    return [[t for i, t in per_file[p][0] if (p, i) not in dropped] for p in paths], bad_all
+    if bad:
+        logger.warning("%s: left out %d bad records", SKIP_FLAG, len(bad))
+    dropped = {b.index for b in bad}
+    return [t for i, t in indexed if i not in dropped], bad

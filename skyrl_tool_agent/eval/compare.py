@@ -13,9 +13,8 @@ from typing import Any
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
-#: (results key, label) compared overall, in display order.
+#: (results key, label) compared overall after the family's accuracy (`eval.vocabulary`), in display order.
 METRICS: tuple[tuple[str, str], ...] = (
-    ("execution_accuracy", "execution accuracy"),
     ("exact_match", "exact match"),
     ("valid_sql_rate", "valid SQL rate"),
     ("format_ok_rate", "format ok rate"),
@@ -160,7 +159,7 @@ def comparison_rows(base: Mapping[str, Any], current: Mapping[str, Any]) -> list
     family's words (`eval.vocabulary`: execution accuracy and the SQL-only metrics for SQL)."""
     b_words, c_words = vocabulary_of(base), vocabulary_of(current)
     rows = [ComparisonRow(c_words.accuracy_label, _num(base.get(b_words.accuracy)), _num(current.get(c_words.accuracy)))]
-    rows += [ComparisonRow(label, _num(base.get(key)), _num(current.get(key))) for key, label in METRICS[1:]
+    rows += [ComparisonRow(label, _num(base.get(key)), _num(current.get(key))) for key, label in METRICS
              if (key in base or key in current) and (c_words.sql or key not in SQL_ONLY)]
     b_pass, c_pass = base.get("pass_at_k") or {}, current.get("pass_at_k") or {}
     for k in sorted({*b_pass, *c_pass}, key=int):
@@ -197,7 +196,7 @@ def run_labels(base_path: str | Path, current_path: str | Path) -> tuple[str, st
     return (str(b), str(c)) if b.resolve() != c.resolve() else (f"{b} (baseline)", f"{c} (this run)")
 
 
-def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, seed: int = 0) -> Any:
+def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> Any:
     """The execution accuracy's change on the questions both runs scored, paired by question (each
     side's `success_rate`, so avg@k), with its 95% paired-bootstrap interval; None when the
     baseline has no per-question outcomes or no question is shared."""
@@ -210,7 +209,7 @@ def paired_change(base: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
              if str(r.get("task_id")) in rates and (rate := success_rate(r)) is not None]
     if not pairs:
         return None
-    return paired_bootstrap([b for b, _ in pairs], [a for _, a in pairs], seed=seed)
+    return paired_bootstrap([b for b, _ in pairs], [a for _, a in pairs])
 
 
 def _first_sample_categories(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str | None, bool]] | None:
@@ -250,8 +249,7 @@ class AnatomyRow:
     change: Any  # stats.PairedDelta | None
 
 
-def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *,
-                       seed: int = 0) -> list[AnatomyRow] | None:
+def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[AnatomyRow] | None:
     """Each error category's rate on both sides (shared questions, first samples) and its paired
     change (`anatomy.anatomy_changes`); None when either side has no anatomy or nothing is shared."""
     from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS, anatomy_changes
@@ -265,7 +263,7 @@ def anatomy_comparison(baseline: Mapping[str, Any], records: Sequence[Mapping[st
     before, after = [base[t][0] for t in shared], [current[t][0] for t in shared]
     before_scored = [0 if base[t][1] else None for t in shared]  # None: never scored, left out
     after_scored = [0 if current[t][1] else None for t in shared]
-    changes = anatomy_changes(before, before_scored, after, after_scored, seed=seed)
+    changes = anatomy_changes(before, before_scored, after, after_scored)
     return [AnatomyRow(c, LABELS[c], sum(1 for x, s in zip(before, before_scored) if x == c and s is not None),
                        sum(1 for x, s in zip(after, after_scored) if x == c and s is not None), changes.get(c))
             for c in CATEGORIES]

@@ -24,7 +24,8 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.anatomy import anatomy_counts, classify_episodes
-from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, is_exact_match
+from skyrl_tool_agent.eval.compare import sorted_difficulties
+from skyrl_tool_agent.eval.metrics import evaluation_breakdown, evaluation_metrics, group_by, is_exact_match
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
 from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.rollout.agents import make_agent
@@ -36,7 +37,6 @@ logger = logging.getLogger(__name__)
 
 ORACLE = "oracle"
 OPENAI = "openai"  # a model behind an OpenAI-compatible endpoint
-DIFFICULTY_ORDER = ("easy", "medium", "hard", "extra")
 
 
 @dataclass(frozen=True)
@@ -200,29 +200,34 @@ def run_evaluation(
     start = time.monotonic()
     trajectories, weave_info = asyncio.run(_run_episodes(runner, options, policy_name))
     seconds = time.monotonic() - start
-    categories = (classify_episodes(trajectories, {t.task_id: t.gold_sql for t in tasks}, runtime.db_root)
-                  if vocabulary(options.family).sql else None)
-    results = compute_results(tasks, trajectories, num_samples=options.num_samples, skipped=skipped,
-                              family=options.family, categories=categories)
-    results.update({  # metadata last: it may name the policy (a task family's oracle is an agent)
+    run = scored_run(tasks, trajectories, runtime.db_root, family=options.family, num_samples=options.num_samples,
+                     skipped=skipped)
+    run.results.update({  # metadata last: it may name the policy (a task family's oracle is an agent)
         "name": options.name, "policy": policy_name, "model_path": options.model_path, "step": options.step,
         "temperature": options.sampling.temperature, "top_p": options.sampling.top_p, "max_turns": settings.max_turns,
         "seconds": seconds, "episodes_per_s": len(trajectories) / seconds if seconds > 0 else 0.0,
         "weave": weave_info, **(metadata or {}),
     })
     if served is not None:
-        results["endpoint"] = {**policy.describe(), **served, **agent.summary()}
-    return EvaluationRun(results, build_records(tasks, trajectories, family=options.family, categories=categories),
-                         trajectories)
+        run.results["endpoint"] = {**policy.describe(), **served, **agent.summary()}
+    return run
+
+
+def scored_run(tasks: Sequence[Task], trajectories: Sequence[Trajectory], db_root: Path, *, family: str = "sql",
+               num_samples: int = 1, skipped: int = 0) -> EvaluationRun:
+    """Finished episodes of `tasks` as `compute_results` and `build_records`, with each episode's
+    error category (`anatomy`, on the databases under `db_root`) for a SQL family."""
+    categories = (classify_episodes(trajectories, {t.task_id: t.gold_sql for t in tasks}, db_root)
+                  if vocabulary(family).sql else None)
+    results = compute_results(tasks, trajectories, num_samples=num_samples, skipped=skipped, family=family,
+                              categories=categories)
+    return EvaluationRun(results, build_records(tasks, trajectories, family=family, categories=categories),
+                         list(trajectories))
 
 
 def difficulty_of(task: Task) -> str:
     """The reporting bucket: Spider's official hardness (easy/medium/hard/extra) when known."""
     return task.spider_hardness or task.difficulty
-
-
-def _difficulty_rank(name: str) -> tuple[int, str]:
-    return (DIFFICULTY_ORDER.index(name) if name in DIFFICULTY_ORDER else len(DIFFICULTY_ORDER), name)
 
 
 def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *, num_samples: int = 1,
@@ -236,7 +241,7 @@ def compute_results(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *
     results["skipped"] = skipped
     results["num_samples"] = num_samples
     by_difficulty = evaluation_breakdown(trajectories, gold, lambda t: difficulty_of(by_id[t.task_id]), num_samples)
-    results["by_difficulty"] = {k: by_difficulty[k] for k in sorted(by_difficulty, key=_difficulty_rank)}
+    results["by_difficulty"] = {k: by_difficulty[k] for k in sorted_difficulties(by_difficulty)}
     results["by_db"] = evaluation_breakdown(trajectories, gold, lambda t: t.result.db_id, num_samples)
     words = vocabulary(family)
     if not words.sql:
@@ -259,12 +264,8 @@ def build_records(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *,
     `error_category` from `categories`) and its pass counts; another family names the reference
     `ground_truth` and has no db_id."""
     words = vocabulary(family)
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    category_of: dict[int, str | None] = {}
-    for i, traj in enumerate(trajectories):
-        groups[traj.task_id].append(traj)
-        if categories is not None:
-            category_of[id(traj)] = categories[i]
+    groups = group_by(trajectories, lambda t: t.task_id)
+    category_of = {id(t): c for t, c in zip(trajectories, categories)} if categories is not None else {}
     records = []
     for task in tasks:
         samples = []

@@ -27,7 +27,7 @@ from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.rollout.collector import Collect, CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
-__all__ = ["GreedyRun", "anatomy_record", "greedy_evaluation", "probe_record", "progress_counter",
+__all__ = ["GreedyRun", "greedy_evaluation", "probe_record", "progress_counter",
            "sampled_evaluation", "training_evaluation"]
 
 
@@ -48,17 +48,10 @@ def greedy_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], s
     trajectories = run(tasks, 1, GREEDY, settings, on_episode_done)
     record = evaluation_record(trajectories)
     if runtime is not None and vocabulary(runtime.family.name).sql:  # a rank without servers has none to read
-        record.update(anatomy_record(trajectories, tasks, runtime.db_root, record["solved"]))
+        categories = classify_episodes(trajectories, {t.task_id: t.gold_sql for t in tasks}, runtime.db_root)
+        scored = sum(1 for s in record["solved"] if s is not None)
+        record.update(error_categories=categories, error_anatomy=anatomy_counts(categories, scored))
     return GreedyRun(record, trajectories)
-
-
-def anatomy_record(trajectories: Sequence[Trajectory], tasks: Sequence[Task], db_root: Any,
-                   solved: Sequence[int | None]) -> dict[str, Any]:
-    """`error_categories` (each episode's, in order: `anatomy.classify_episodes`) and their
-    counts, `error_anatomy` (`anatomy.anatomy_counts`), for a greedy record."""
-    categories = classify_episodes(trajectories, {t.task_id: t.gold_sql for t in tasks}, db_root)
-    scored = sum(1 for s in solved if s is not None)
-    return {"error_categories": categories, "error_anatomy": anatomy_counts(categories, scored)}
 
 
 def sampled_evaluation(policy: Any, runtime: EnvRuntime, tasks: Sequence[Task], k: int, params: SamplingParams,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from math import prod
 from statistics import mean
-from typing import Any
+from typing import Any, TypeVar
 
 from skyrl_tool_agent.rewards.partial import exact_match
 from skyrl_tool_agent.rollout.trajectory import Trajectory
@@ -118,10 +118,13 @@ def reward_term_means(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return {name: mean(v) for name, v in values.items()}
 
 
-def group_by(trajectories: Iterable[Trajectory], key) -> dict[str, list[Trajectory]]:
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajectories:
-        groups[key(t)].append(t)
+T = TypeVar("T")
+
+
+def group_by(items: Iterable[T], key: Callable[[T], Any]) -> dict[Any, list[T]]:
+    groups: dict[Any, list[T]] = defaultdict(list)
+    for item in items:
+        groups[key(item)].append(item)
     return dict(groups)
 
 

@@ -36,27 +36,23 @@ def load_eval_policy(model_path: str | Path | None, model_config: ModelConfig) -
             raise ModelLoadError(f"--model-path {model_path}: no such directory")
         return QwenPolicy.from_config(config.model_copy(update={"name_or_path": str(model_path)}), mode="full")
     weights = resolve_weights_dir(path)
-    adapter_file = weights / "adapter_config.json"
-    if adapter_file.is_file():
-        return _load_adapter(weights, path, config)
-    if not (weights / "config.json").is_file():
+    adapter = (weights / "adapter_config.json").is_file()
+    if not adapter and not (weights / "config.json").is_file():
         if (path / "deepspeed").is_dir():  # distributed.checkpoint's layout: shards, no export (a layer above)
             raise ModelLoadError(f"{path}: a full-mode (ZeRO-3) checkpoint holds shards, not a model: export it "
                                  f"first (skyrl-tool-agent export {path} --output-dir DIR) and give DIR")
         raise ModelLoadError(f"{path}: neither a model (config.json) nor a LoRA adapter (adapter_config.json)")
-    tokenizer_src = weights if has_tokenizer(weights) else Path(resolve_model_path(config))
+    if adapter:
+        base = adapter_base(weights) or resolve_model_path(config)
+        tokenizer_src = next((p for p in (weights, path) if has_tokenizer(p)), None) or base
+    else:
+        tokenizer_src = weights if has_tokenizer(weights) else Path(resolve_model_path(config))
     device = resolve_device(config.device)
     tokenizer = load_tokenizer(str(tokenizer_src), config)
-    model = load_model(str(weights), config, device, mode="full")
-    logger.info("loaded model %s (tokenizer from %s)", weights, tokenizer_src)
-    return QwenPolicy(model, tokenizer, mode="full")
-
-
-def _load_adapter(weights: Path, given: Path, config: ModelConfig) -> QwenPolicy:
-    base = adapter_base(weights) or resolve_model_path(config)
-    tokenizer_src = next((p for p in (weights, given) if has_tokenizer(p)), None) or base
-    device = resolve_device(config.device)
-    tokenizer = load_tokenizer(str(tokenizer_src), config)
-    model = load_with_adapter(weights, base, config, device, merge=True)
-    logger.info("loaded LoRA adapter %s merged into %s", weights, base)
+    if adapter:
+        model = load_with_adapter(weights, base, config, device, merge=True)
+        logger.info("loaded LoRA adapter %s merged into %s", weights, base)
+    else:
+        model = load_model(str(weights), config, device, mode="full")
+        logger.info("loaded model %s (tokenizer from %s)", weights, tokenizer_src)
     return QwenPolicy(model, tokenizer, mode="full")

@@ -35,6 +35,7 @@ from typing import Literal
 from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.config.base import expand_path
 from skyrl_tool_agent.data.batching import fixed_subset
+from skyrl_tool_agent.data.frontier import FRONTIER_FILE, read_frontier
 from skyrl_tool_agent.data.tasks import Task, db_path_for
 from skyrl_tool_agent.data.validation import GOLD_TIMEOUT_S, GoldCheck, load_checked_tasks
 from skyrl_tool_agent.env.families import resolve_family
@@ -207,7 +208,7 @@ class TaskSplits:
         self._check_db_root()
         path = data.resolved_train_file() if name == "train" else data.resolved_dev_file()
         try:
-            [tasks], bad = load_checked_tasks([path], db_root=self.db_root if self.uses_databases else None,
+            tasks, bad = load_checked_tasks(path, db_root=self.db_root if self.uses_databases else None,
                                               skip_bad_records=self.skip_bad_records,
                                               gold_check=gold_check(self.config.env.sql_timeout_s))
         except FileNotFoundError as exc:
@@ -275,7 +276,6 @@ class TaskSplits:
     def frontier(self, pool: list[Task]) -> list[Task]:
         """The pool tasks with mixed sampled outcomes in the embedded model's frontier.json, which
         must have been measured on the weights this run starts from (`data.frontier`)."""
-        from skyrl_tool_agent.data.frontier import FRONTIER_FILE, read_frontier
         from skyrl_tool_agent.policy.manifest import model_weights_sha256
 
         model = self.config.model
@@ -324,8 +324,6 @@ class TaskSplits:
 def train_pool_kind(config: Config) -> Literal["file", "generated", "frontier"]:
     """`training.data.train_pool` resolved: auto takes the frontier when the embedded model has
     a frontier.json (measured by `build-model --frontier`)."""
-    from skyrl_tool_agent.data.frontier import FRONTIER_FILE
-
     model = config.model
     available = model.is_embedded() and (model.resolved_embedded_dir() / FRONTIER_FILE).is_file()
     return config.training.data.resolved_train_pool(frontier_available=available)

@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+#: Every interval's coverage, and the bootstrap's resamples.
+CONFIDENCE, RESAMPLES = 0.95, 10_000
+
 
 @dataclass(frozen=True)
 class PairedDelta:
@@ -30,19 +33,12 @@ class PairedDelta:
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
-    def describe(self) -> str:
-        """'+0.047 [+0.019, +0.075] (95% paired bootstrap, n=320)' (', 3 unscored' when any)."""
-        return (f"{self.delta:+.3f} [{self.low:+.3f}, {self.high:+.3f}] "
-                f"({100 * self.confidence:.0f}% paired bootstrap, n={self.n}"
-                f"{f', {self.unscored} unscored' if self.unscored else ''})")
-
 
 class NothingScored(ValueError):
     """No task was scored on both sides: there is no difference to estimate."""
 
 
-def paired_bootstrap(before: Sequence[float | None], after: Sequence[float | None], *, resamples: int = 10_000,
-                     confidence: float = 0.95, seed: int = 0) -> PairedDelta:
+def paired_bootstrap(before: Sequence[float | None], after: Sequence[float | None], *, seed: int = 0) -> PairedDelta:
     """Percentile interval of mean(after) - mean(before), resampling task indices with replacement.
     `before[i]` and `after[i]` are the same task's outcomes (e.g. 1 = solved; None = never scored:
     the pair is left out). Raises `NothingScored` when no pair is scored on both sides."""
@@ -50,8 +46,6 @@ def paired_bootstrap(before: Sequence[float | None], after: Sequence[float | Non
         raise ValueError(f"paired outcomes need equal lengths, got {len(before)} and {len(after)}")
     if not before:
         raise ValueError("no outcomes to compare")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     pairs = [(x, y) for x, y in zip(before, after) if x is not None and y is not None]
     if not pairs:
         raise NothingScored(f"none of the {len(before)} tasks was scored on both sides")
@@ -59,12 +53,12 @@ def paired_bootstrap(before: Sequence[float | None], after: Sequence[float | Non
     a = np.asarray([y for _, y in pairs], dtype=np.float64)
     diff = a - b
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(diff), size=(resamples, len(diff)))
+    idx = rng.integers(0, len(diff), size=(RESAMPLES, len(diff)))
     means = diff[idx].mean(axis=1)
-    tail = (1 - confidence) / 2
+    tail = (1 - CONFIDENCE) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
     return PairedDelta(n=len(diff), before=float(b.mean()), after=float(a.mean()), delta=float(diff.mean()),
-                       low=float(low), high=float(high), confidence=confidence, unscored=len(before) - len(pairs))
+                       low=float(low), high=float(high), confidence=CONFIDENCE, unscored=len(before) - len(pairs))
 
 
 def paired_delta(before: list[float | None] | None, after: list[float | None] | None) -> dict[str, float] | None:

@@ -61,25 +61,6 @@ def weave_session(project: str, mode: WeaveMode) -> Iterator[WeaveMode]:
             os.environ["WEAVE_DISABLED"] = previous
 
 
-def episode_output(traj: Trajectory) -> dict[str, Any]:
-    """What Weave records for one episode: outcome, final SQL and the conversation."""
-    r = traj.result
-    return {
-        "group_index": traj.group_index,
-        "solved": r.solved,
-        "final_sql": r.final_sql,
-        "reward": r.reward,
-        "components": r.components,
-        "turns": r.turns,
-        "tool_calls": r.tool_calls,
-        "tool_errors": r.tool_errors,
-        "format_errors": r.format_errors,
-        "done_reason": r.done_reason,
-        "error": r.error,
-        "messages": traj.messages,
-    }
-
-
 class PolicyModel(weave.Model):
     """The evaluated policy as a Weave model. Its fields identify it in Weave (policy kind, model
     path, training step, sampling); predictions come from the shared `EpisodeSource`."""
@@ -97,13 +78,14 @@ class PolicyModel(weave.Model):
 
     @weave.op
     async def predict(self, task_id: str, db_id: str, question: str) -> dict[str, Any]:
-        """The task's episodes (num_samples of them). A failed run is returned as {'error': ...}
-        rather than raised: the runner re-raises it once, after the Evaluation."""
+        """The task's episodes (num_samples of them), as the offline report's records have them. A
+        failed run is returned as {'error': ...} rather than raised: the runner re-raises it once,
+        after the Evaluation."""
         try:
             trajectories = await self._source.episodes(task_id)
         except Exception as exc:  # noqa: BLE001 - see docstring
             return {"error": f"{type(exc).__name__}: {exc}", "samples": []}
-        return {"samples": [episode_output(t) for t in trajectories]}
+        return {"samples": [t.to_record() for t in trajectories]}
 
 
 def _samples(output: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
@@ -147,11 +129,6 @@ SCORERS = [execution_match, exact_match, turns]
 FAMILY_SCORERS = [solved, turns]
 
 
-def task_rows(tasks: Sequence[Task]) -> list[dict[str, Any]]:
-    """The Evaluation's dataset rows: the task records (the gold SQL is for the scorers only)."""
-    return [t.model_dump(mode="json") for t in tasks]
-
-
 def object_name(text: str) -> str:
     """`text` as a Weave object name (letters, digits, `-`, `_`, `.`)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "eval"
@@ -163,7 +140,8 @@ async def run_weave_evaluation(
     """Run the `weave.Evaluation` named `name` of `model` over `tasks`; returns Weave's summary
     (per scorer: `correct` true_fraction, means of the numbers; `model_latency`)."""
     name = object_name(name)
-    dataset = weave.Dataset(name=f"{name}-tasks", rows=task_rows(tasks))
+    # The rows are the task records; their gold SQL is for the scorers only.
+    dataset = weave.Dataset(name=f"{name}-tasks", rows=[t.model_dump(mode="json") for t in tasks])
     evaluation = weave.Evaluation(name=name, dataset=dataset, scorers=SCORERS if sql else FAMILY_SCORERS,
                                  evaluation_name=name)
     return await evaluation.evaluate(model.bind(source))

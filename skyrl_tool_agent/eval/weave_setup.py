@@ -20,13 +20,10 @@ def weave_mode(wandb_mode: str = "auto", environ: Mapping[str, str] | None = Non
     """online only with credentials (WANDB_API_KEY) and nothing turning W&B off: the config's
     `training.wandb.mode` (offline/disabled), WANDB_MODE=offline|disabled or WEAVE_DISABLED=true."""
     env = os.environ if environ is None else environ
-    if not env.get("WANDB_API_KEY") or wandb_mode in ("offline", "disabled"):
-        return "disabled"
-    if env.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
-        return "disabled"
-    if env.get("WEAVE_DISABLED", "").lower() in _TRUE:
-        return "disabled"
-    return "online"
+    off = (not env.get("WANDB_API_KEY") or wandb_mode in ("offline", "disabled")
+           or env.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+           or env.get("WEAVE_DISABLED", "").lower() in _TRUE)
+    return "disabled" if off else "online"
 
 
 def prepare_weave(mode: WeaveMode) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 
 from skyrl_tool_agent.config import Config
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.eval.weave_setup import WeaveMode
+from skyrl_tool_agent.eval.metrics import group_by
+from skyrl_tool_agent.eval.weave_setup import WeaveMode, weave_mode
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -29,11 +30,8 @@ class StoredEpisodes:
     """An `EpisodeSource` (`weave_eval`) over episodes already run: each task's, in group order."""
 
     def __init__(self, trajectories: Sequence[Trajectory]) -> None:
-        self._by_task: dict[str, list[Trajectory]] = {}
-        for traj in trajectories:
-            self._by_task.setdefault(traj.task_id, []).append(traj)
-        for group in self._by_task.values():
-            group.sort(key=lambda t: t.group_index)
+        self._by_task = {task_id: sorted(group, key=lambda t: t.group_index)
+                         for task_id, group in group_by(trajectories, lambda t: t.task_id).items()}
 
     async def episodes(self, task_id: str) -> list[Trajectory]:
         return self._by_task.get(task_id, [])
@@ -90,8 +88,6 @@ def training_weave(config: Config, run_logger: Any, eval_tasks: list[Task]) -> A
     """The run's `TrainingWeave`, named after the W&B run (else the output directory)."""
     from skyrl_tool_agent.env.families import resolve_family
     from skyrl_tool_agent.eval.vocabulary import vocabulary
-    from skyrl_tool_agent.eval.weave_setup import weave_mode
-    from skyrl_tool_agent.eval.weave_training import TrainingWeave
 
     t = config.training
     out = t.resolved_output_dir()

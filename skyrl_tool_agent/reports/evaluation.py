@@ -13,7 +13,8 @@ from typing import Any
 from skyrl_tool_agent.eval.compare import AnatomyRow, comparison_rows, comparison_warnings, paired_change
 from skyrl_tool_agent.eval.evaluate import EvaluationRun
 from skyrl_tool_agent.eval.vocabulary import vocabulary_of
-from skyrl_tool_agent.reports.html import TrainingRunView
+from skyrl_tool_agent.reports.html import TrainingRunView, write_report
+from skyrl_tool_agent.reports.tables import print_table
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,6 @@ def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str,
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     write_text_atomically(paths.results, json.dumps(run.results, indent=1, ensure_ascii=False) + "\n")
     if report:
-        from skyrl_tool_agent.reports.html import write_report
-
         write_report(run.results, run.records, paths.report, difficulty_png=paths.difficulty_png, baseline=baseline,
                      rollouts=rollouts, db_root=db_root, errors_png=paths.errors_png if anatomy else None,
                      run=training_run)
@@ -73,29 +72,24 @@ def print_results(results: dict[str, Any], paths: OutputPaths) -> None:
     """The evaluation's table on the console (overall and per difficulty), pass@k, the endpoint's
     requests, why answers are wrong, and where the files went."""
     from rich.console import Console
-    from rich.table import Table
 
     from skyrl_tool_agent.eval.anatomy import LABELS
     from skyrl_tool_agent.eval.metrics import format_rate
 
     words = vocabulary_of(results)
-    table = Table(title=f"{results['name']} — {results['policy']} (n={results['n']}, skipped={results['skipped']}, "
-                        f"{results['seconds']:.1f} s)")
-    sql = ("exact", "valid SQL") if words.sql else ()
-    for col in ("", "n", "scored", "infra err", words.short, *sql, "turns", "tool calls", "tool err"):
-        table.add_column(col, justify="left" if not col else "right")
+    columns = ("", "n", "scored", "infra err", words.short, *(("exact", "valid SQL") if words.sql else ()), "turns",
+               "tool calls", "tool err")
 
-    def row(name: str, m: dict[str, Any]) -> None:  # rates are over the scored episodes; None: nothing scored
+    def row(name: str, m: dict[str, Any]) -> tuple[str, ...]:  # rates: over the scored episodes (None: none scored)
         sql = (format_rate(m["exact_match"]), format_rate(m.get("valid_sql_rate"))) if words.sql else ()
-        table.add_row(name, str(m["n"]), f"{m.get('scored', 0):.0f}", f"{m.get('infra_errors', 0):.0f}",
-                      format_rate(m[words.accuracy]), *sql, format_rate(m["mean_turns"], digits=2),
-                      format_rate(m["mean_tool_calls"], digits=2), format_rate(m["tool_error_rate"]))
+        return (name, str(m["n"]), f"{m.get('scored', 0):.0f}", f"{m.get('infra_errors', 0):.0f}",
+                format_rate(m[words.accuracy]), *sql, format_rate(m["mean_turns"], digits=2),
+                format_rate(m["mean_tool_calls"], digits=2), format_rate(m["tool_error_rate"]))
 
-    row("overall", results)
-    for name, m in results["by_difficulty"].items():
-        row(name, m)
+    print_table(f"{results['name']} — {results['policy']} (n={results['n']}, skipped={results['skipped']}, "
+                f"{results['seconds']:.1f} s)", columns,
+                [row("overall", results), *(row(name, m) for name, m in results["by_difficulty"].items())])
     console = Console()
-    console.print(table)
     for k, v in (results.get("pass_at_k") or {}).items():
         console.print(f"pass@{k}: {format_rate(v)}")
     if endpoint := results.get("endpoint"):
@@ -145,19 +139,11 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run",
-                  console: Any = None) -> None:
+def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run") -> None:
     """A rich table: error category | baseline | this run | change of its rate [95% interval]."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
-    table = Table(title="Why answers are wrong (first sample of each question in both runs)")
-    for col in ("error", base_label, current_label, "change [95% paired bootstrap]"):
-        table.add_column(col, justify="left" if col == "error" else "right")
-    for row in rows:
-        table.add_row(row.label, str(row.base), str(row.current), describe_change(row.change))
-    console.print(table)
+    print_table("Why answers are wrong (first sample of each question in both runs)",
+                ("error", base_label, current_label, "change [95% paired bootstrap]"),
+                [(row.label, str(row.base), str(row.current), describe_change(row.change)) for row in rows])
 
 
 def describe_change(change: Any) -> str:

@@ -31,14 +31,13 @@ from skyrl_tool_agent.reports.html_assets import CSS, JS
 from skyrl_tool_agent.reports.episodes import (
     episode,
     shared_system_prompt,
-    tool_names,
 )
 from skyrl_tool_agent.reports.rollouts import rollouts_view
 from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
 from skyrl_tool_agent.reports.templates import environment, fmt
 from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
-__all__ = ["SUMMARY_METRICS", "TrainingRunView", "render_report", "tool_names", "write_report"]
+__all__ = ["SUMMARY_METRICS", "TrainingRunView", "render_report", "write_report"]
 
 
 @dataclass(frozen=True)
@@ -152,13 +151,12 @@ def _evaluation_view(records: Sequence[Mapping[str, Any]], multi: bool, previewe
 def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *,
                   difficulty_png: Path | None = None, baseline: Mapping[str, Any] | None = None,
                   rollouts: Sequence[Mapping[str, Any]] | None = None, db_root: Path | None = None,
-                  previewer: ResultPreviewer | None = None, errors_png: Path | None = None,
-                  run: TrainingRunView | None = None) -> str:
+                  errors_png: Path | None = None, run: TrainingRunView | None = None) -> str:
     """The report page as a string (module docstring). `baseline`: a results.json to compare with;
-    `db_root` (or a configured `previewer`): for the result rows; `run`: the training run the
-    evaluation belongs to (its state and curves head the page).
+    `db_root`: for the result rows; `run`: the training run the evaluation belongs to (its state and
+    curves head the page).
     """
-    previewer = previewer or ResultPreviewer(db_root)
+    previewer = ResultPreviewer(db_root)
     ev = _evaluation_view(records, int(results.get("num_samples", 1) or 1) > 1, previewer)
     ro = rollouts_view(rollouts, previewer) if rollouts else None
     # A question links to its first sample's episode (from the newly solved/broken lists).

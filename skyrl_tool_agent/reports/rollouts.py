@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import mean
@@ -18,6 +17,7 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.databases import name_problem, shown_name
 from skyrl_tool_agent.data.json_input import JsonNestingError, loads_bounded
 from skyrl_tool_agent.data.validation import IDENTIFIER_MAX_CHARS
+from skyrl_tool_agent.eval.metrics import group_by
 from skyrl_tool_agent.reports.episodes import episode, shared_system_prompt
 from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
 
@@ -131,9 +131,7 @@ def side_by_side(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The GRPO groups of the rollouts (episodes of one task at one step, two or more), each as
     columns of its members: reward, advantage, solved, used in the update, each reward term and
     the final answer, so what set the advantages apart can be read across."""
-    groups: dict[tuple[int, str], list[Mapping[str, Any]]] = defaultdict(list)
-    for record in records:
-        groups[(_step(record), str(record.get("task_id")))].append(record)
+    groups = group_by(records, lambda r: (_step(r), str(r.get("task_id"))))
     out = []
     for (step, task_id), members in sorted(groups.items()):
         if len(members) < 2:
@@ -157,9 +155,7 @@ def side_by_side(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def rollouts_view(records: Sequence[Mapping[str, Any]], previewer: ResultPreviewer) -> dict[str, Any]:
     """The view's data: per-step groups (with their counts and means), the episodes, filter options."""
     system_prompt = shared_system_prompt(r.get("messages") or [] for r in records)
-    by_step: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
-    for record in records:
-        by_step[_step(record)].append(record)
+    by_step = group_by(records, _step)
     groups, items = [], []
     for step in sorted(by_step):
         members = by_step[step]

@@ -4,11 +4,12 @@ during the run), the model card and the optional Hub upload."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skyrl_tool_agent.eval.anatomy import anatomy_deltas
+from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS, anatomy_deltas
 from skyrl_tool_agent.eval.metrics import HEADLINE_KEYS, format_rate
 from skyrl_tool_agent.eval.stats import paired_delta
 from skyrl_tool_agent.eval.vocabulary import vocabulary
@@ -16,9 +17,21 @@ from skyrl_tool_agent.eval.vocabulary import vocabulary
 logger = logging.getLogger(__name__)
 
 
-def print_before_after(summary: Any) -> None:
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A rich table on the console: the first column left-aligned (labels), the others right."""
     from rich.console import Console
     from rich.table import Table
+
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def print_before_after(summary: Any) -> None:
+    from rich.console import Console
 
     words = vocabulary(getattr(summary, "family", "sql"))  # SQL words only for SQL
     n = int(summary.before.get("n", 0))
@@ -27,12 +40,8 @@ def print_before_after(summary: Any) -> None:
                 f"{summary.seconds / 60:.1f} min", summary.before, summary.after,
                 {"execution_accuracy_delta": summary.delta, "avg_at_k_delta": summary.sampled_delta}, words)
     if rows := anatomy_rows(summary.before, summary.after, summary.anatomy_delta):
-        errors = Table(title="Why answers are wrong (greedy, the same tasks)")
-        for col in ("error", "before GRPO", "after GRPO", "change of its rate [95% paired bootstrap]"):
-            errors.add_column(col, justify="left" if col == "error" else "right")
-        for row in rows:
-            errors.add_row(*row)
-        Console().print(errors)
+        print_table("Why answers are wrong (greedy, the same tasks)",
+                    ("error", "before GRPO", "after GRPO", "change of its rate [95% paired bootstrap]"), rows)
     if summary.test:
         test = summary.test
         print_split(f"Test split (in-family, never trained or tuned on), greedy (n={int(test['before'].get('n', 0))})",
@@ -45,15 +54,9 @@ def print_before_after(summary: Any) -> None:
 def print_split(title: str, before: dict[str, Any], after: dict[str, Any], deltas: dict[str, Any], words: Any) -> None:
     """One split's before/after table and the sentences of its changes (`split_record`'s deltas)."""
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table()
-    for col in ("metric", "before GRPO", "after GRPO", "delta"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
-    for row in metric_rows(before, after, words):
-        table.add_row(*row)
     Console().print(title)
-    Console().print(table)
+    print_table(None, ("metric", "before GRPO", "after GRPO", "delta"), metric_rows(before, after, words))
     Console().print(delta_sentence(deltas.get("execution_accuracy_delta"), before, after, label=words.accuracy_label))
     sampled = before.get("sampled")
     if sampled and after.get("sampled"):
@@ -88,8 +91,6 @@ def anatomy_rows(before: dict[str, Any], after: dict[str, Any],
                  deltas: dict[str, dict[str, float]] | None) -> list[tuple[str, str, str, str]]:
     """(label, count before, count after, 'change [low, high]' in points) per error category
     (`eval.anatomy`); none when either evaluation lacks the anatomy."""
-    from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
-
     b, a = before.get("error_anatomy"), after.get("error_anatomy")
     if not b or not a:
         return []

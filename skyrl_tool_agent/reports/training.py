@@ -14,15 +14,9 @@ from typing import Any
 
 from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.eval.evaluate import (
-    EvaluationRun,
-    build_records,
-    compute_results,
-    difficulty_of,
-)
+from skyrl_tool_agent.eval.evaluate import difficulty_of, scored_run
 from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
 from skyrl_tool_agent.env.families import resolve_family
-from skyrl_tool_agent.eval.anatomy import classify_episodes
 from skyrl_tool_agent.reports.html import TrainingRunView
 from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
 from skyrl_tool_agent.reports.rollouts import ROLLOUTS_FILE, load_rollouts
@@ -43,15 +37,12 @@ def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectori
     out = config.training.resolved_output_dir()
     family = resolve_family(config.env.task_family).name
     words = vocabulary(family)
-    categories = (classify_episodes(trajectories, {t.task_id: t.gold_sql for t in eval_tasks}, db_root)
-                  if words.sql else None)
-    results = compute_results(eval_tasks, trajectories, family=family, categories=categories)
+    evaluation = scored_run(eval_tasks, trajectories, db_root, family=family)
+    results = evaluation.results
     results.update(name="evaluation before training" if step == 0 else f"evaluation after step {step}", policy="model",
                    model_path=str(out / "final"), step=step, temperature=0.0,
                    dataset=config.training.data.dataset, split=config.training.eval_split,
                    max_turns=CollectorSettings.from_config(config, evaluation=True).max_turns)
-    evaluation = EvaluationRun(results, build_records(eval_tasks, trajectories, family=family, categories=categories),
-                               list(trajectories))
     # The evaluation before training has per-task outcomes (`solved`), not per-difficulty metrics.
     by_difficulty: dict[str, list[float]] = defaultdict(list)
     for task, solved in zip(eval_tasks, before.get("solved") or []):

@@ -134,10 +134,7 @@ def _check_questions(train: list[Instance], dev: list[Instance]) -> None:
         raise ValueError(f"{len(overlap)} questions in both train and dev, e.g. {sorted(overlap)[0]!r}")
 
 
-def build_builtin(out_dir: str | Path = "data/processed", seed: int = 0,
-                  domains: tuple[Domain, ...] | None = None,
-                  train_per_template: int = TRAIN_PER_TEMPLATE,
-                  dev_per_template: int = DEV_PER_TEMPLATE) -> BuildReport:
+def build_builtin(out_dir: str | Path = "data/processed", seed: int = 0) -> BuildReport:
     """Write `<out_dir>/databases/<db_id>/<db_id>.sqlite`, `train.json` and `dev.json`.
 
     Same seed, same output bytes. Raises ValueError if a template is malformed, a question maps to
@@ -147,12 +144,11 @@ def build_builtin(out_dir: str | Path = "data/processed", seed: int = 0,
 
     started = time.perf_counter()
     out = Path(out_dir)
-    domains = DOMAINS if domains is None else domains
     db_rows: dict[str, dict[str, int]] = {}
     train: list[Instance] = []
     dev: list[Instance] = []
     dropped: Counter[str] = Counter()
-    for domain in domains:
+    for domain in DOMAINS:
         path = db_path_for(out / "databases", domain.db_id)
         db_rows[domain.db_id] = create_database(domain, path, seed)
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -165,7 +161,7 @@ def build_builtin(out_dir: str | Path = "data/processed", seed: int = 0,
                     logger.warning("%s.%s: no usable instance", domain.db_id, template.local_id)
                     dropped["template_unused"] += 1
                     continue
-                t, d = split_template(groups, rng, train_per_template, dev_per_template)
+                t, d = split_template(groups, rng, TRAIN_PER_TEMPLATE, DEV_PER_TEMPLATE)
                 train += t
                 dev += d
         finally:

@@ -1,5 +1,5 @@
 """The built-in dataset on disk: built into the cache on first use (where it is read from:
-`skyrl_tool_agent.config.builtin_paths`, which this module re-exports).
+`skyrl_tool_agent.config.builtin_paths`, whose file names this module re-exports).
 
 `python training/scripts/build_data.py` (`skyrl-tool-agent build-data`) writes the same files.
 """
@@ -10,27 +10,21 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from skyrl_tool_agent.config.builtin_paths import (
     BUILTIN_SEED,
-    CHECKOUT_DATA,
-    CHECKOUT_ROOT,
     DB_DIR,
     DEV_FILE,
     TRAIN_FILE,
     builtin_data_location,
-    cached_data_dir,
     default_output_dir,
-    generator_digest,
-    in_checkout,
     is_complete,
 )
 
-__all__ = [
-    "BUILTIN_SEED", "CHECKOUT_DATA", "CHECKOUT_ROOT", "DB_DIR", "DEV_FILE", "TRAIN_FILE", "build_into",
-    "builtin_data_dir", "cached_data_dir", "ensure_builtin_data", "default_output_dir", "generator_digest", "in_checkout", "is_complete",
-]
+__all__ = ["DB_DIR", "DEV_FILE", "TRAIN_FILE", "build_into", "builtin_data_dir", "default_output_dir",
+           "ensure_builtin_data"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,24 +44,27 @@ def ensure_builtin_data(dataset: str) -> None:
         builtin_data_dir()
 
 
-def build_into(target: Path) -> Path:
-    """Build the built-in data into `target` through a staging directory renamed into place, so a
-    concurrent or interrupted build never leaves a half-written `target`."""
-    from skyrl_tool_agent.data.builtin.generate import build_builtin
+def build_into(target: Path, build: Callable[[Path], object] | None = None,
+               complete: Callable[[Path], bool] = is_complete) -> Path:
+    """Build into `target` through a staging directory renamed into place, so a concurrent or
+    interrupted build never leaves a half-written `target`. `build` writes the staging directory
+    (default: the built-in data); `complete` tells a finished `target`."""
+    if build is None:
+        from skyrl_tool_agent.data.builtin.generate import build_builtin
 
+        logger.info("building the built-in dataset into %s (first use)", target)
+        build = lambda staging: build_builtin(staging, seed=BUILTIN_SEED)  # noqa: E731
     target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("building the built-in dataset into %s (first use)", target)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        build_builtin(staging, seed=BUILTIN_SEED)
-        if target.exists() and not is_complete(target):  # the leftover of something else: ours to replace
+        build(staging)
+        if target.exists() and not complete(target):  # the leftover of something else: ours to replace
             shutil.rmtree(target)
         try:
             os.rename(staging, target)
         except OSError:
-            if not is_complete(target):  # not a concurrent build that finished first
+            if not complete(target):  # not a concurrent build that finished first
                 raise
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -10,7 +10,6 @@ questions the policy has never trained on, drawn from dev's distribution but nev
 
 from __future__ import annotations
 
-import functools
 import logging
 import sqlite3
 from collections import Counter
@@ -24,14 +23,6 @@ from skyrl_tool_agent.data.tasks import Task, db_path_for
 logger = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=None)
-def difficulty_of(gold_sql: str) -> str:
-    """Spider's difficulty of `gold_sql`, parsed once per process: paraphrases share their SQL,
-    and each load of the pool (every run's splits, each evaluation or report that loads them)
-    would otherwise parse its ~5,400 queries again with sqlglot, 5-10 s of CPU."""
-    return to_difficulty(spider_hardness(gold_sql))
-
-
 #: A template's difficulty by its id (`template_difficulty`).
 _TEMPLATE_DIFFICULTY: dict[str, str] = {}
 
@@ -39,13 +30,12 @@ _TEMPLATE_DIFFICULTY: dict[str, str] = {}
 def template_difficulty(instance: Instance) -> str:
     """Spider's difficulty of a built-in template's instance: its template's, parsed from the first
     instance seen. Slots are filled with values, which Spider's hardness does not count (it counts
-    clauses, joins, conditions and nesting), so one parse a template (273) serves the pool's ~5,400
-    queries, each of a ~10,900-question pool's loads (5 s of CPU a process before; every template's
-    instances agree: tests/test_builtin_pool.py)."""
-    known = _TEMPLATE_DIFFICULTY.get(instance.template_id)
-    if known is None:
-        known = _TEMPLATE_DIFFICULTY[instance.template_id] = difficulty_of(instance.gold_sql)
-    return known
+    clauses, joins, conditions and nesting), so one sqlglot parse a template (273) serves the pool's
+    ~5,400 queries, each of a ~10,900-question pool's loads (5 s of CPU a process before; every
+    template's instances agree: tests/test_builtin_pool.py)."""
+    if instance.template_id not in _TEMPLATE_DIFFICULTY:
+        _TEMPLATE_DIFFICULTY[instance.template_id] = to_difficulty(spider_hardness(instance.gold_sql))
+    return _TEMPLATE_DIFFICULTY[instance.template_id]
 
 
 def template_groups(db_root: str | Path, exclude: Sequence[Task], what: str) -> Iterator[tuple[list, bool]]:

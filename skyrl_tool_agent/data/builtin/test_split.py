@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from skyrl_tool_agent.config.builtin_paths import DB_DIR, cache_root, generator_digest
+from skyrl_tool_agent.data.builtin.location import build_into
 from skyrl_tool_agent.data.builtin.pool import template_difficulty, template_groups
 from skyrl_tool_agent.data.builtin.schema import create_database
 from skyrl_tool_agent.data.tasks import Task, db_path_for
@@ -52,18 +50,11 @@ def test_db_root() -> Path:
         return target
     from skyrl_tool_agent.data.builtin.domains import DOMAINS  # late: the domain modules are large
 
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    try:
+    def build(staging: Path) -> None:
         for domain in DOMAINS:
             create_database(domain, db_path_for(staging, domain.db_id), TEST_DB_SEED)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not target.is_dir():  # not a concurrent build that finished first
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    build_into(target, build, complete=Path.is_dir)
     logger.info("built the test split's databases into %s", target)
     return target
 
