@@ -296,13 +296,10 @@ class BackgroundMCPPool:
 
     def run(self, coro: Any, timeout_s: float | None = None) -> Any:
         """Run a coroutine on the pool's loop and wait for its result (from any non-loop thread)."""
-        return self._submit(coro).result(timeout_s)
+        return self.submit(coro).result(timeout_s)
 
     def submit(self, coro: Any) -> Future[Any]:
         """Schedule a coroutine on the pool's loop (from any thread); its future."""
-        return self._submit(coro)
-
-    def _submit(self, coro: Any) -> Future[Any]:
         loop = self._loop
         if loop is None or self._closed:
             coro.close()
@@ -318,16 +315,9 @@ class BackgroundMCPPool:
     def server_pids(self) -> dict[str, list[int | None]]:
         return self._pool.server_pids()
 
-    def call_tool_sync(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
-        """Blocking call from any thread except the pool's own."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("call_tool_sync called on the pool's own loop; await pool.call_tool instead")
-        return self._submit(self._pool.call_tool(name, arguments, timeout_s=timeout_s)).result()
-
     async def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
         """Awaitable from any event loop (including one on another thread)."""
-        future = self._submit(self._pool.call_tool(name, arguments, timeout_s=timeout_s))
-        return await asyncio.wrap_future(future)
+        return await asyncio.wrap_future(self.submit(self._pool.call_tool(name, arguments, timeout_s=timeout_s)))
 
     def close(self) -> None:
         """Stop the servers and the loop thread (idempotent; leaves no child processes)."""
