@@ -31,7 +31,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -182,12 +182,6 @@ def probe_endpoint(endpoint: Endpoint) -> dict[str, Any]:
     raises `EndpointError` (one line) otherwise. A success is remembered for the process. Each
     request goes over its own connection (a failed listing may close it)."""
     return dict(_probe(endpoint))
-
-
-def resolve_endpoint(endpoint: Endpoint) -> Endpoint:
-    """`endpoint`, probed, with `model` the name the server takes (see `probe_endpoint`)."""
-    model = _probe(endpoint)["model"]
-    return endpoint if model == endpoint.model else replace(endpoint, model=model)
 
 
 def _same_model(requested: str, name: str) -> bool:
