@@ -49,6 +49,13 @@ def oracle_episodes(runtime: EnvRuntime, tasks: Sequence[Task], settings: Collec
     return solved
 
 
+def validation_figures(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task],
+                       settings: CollectorSettings) -> dict[str, float]:
+    """A build's validation point: greedy execution accuracy, format rate and turns on held-out `tasks`."""
+    figures = greedy_evaluation(policy, runtime, tasks, settings).record
+    return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns") if k in figures}
+
+
 class RedrawnEpochs:
     """The examples of each epoch with constants redrawn: `self(epoch)` redraws every task's stated
     constants (`redraw.redraw_constants`), runs the oracle on them through the real env and
@@ -132,16 +139,12 @@ def build_embedded_model(
     report["parameters"] = sum(p.numel() for p in model.parameters())
     policy = QwenPolicy(model, tokenizer, mode="full")
 
-    def evaluate(step: int) -> dict[str, float]:
-        figures = greedy_evaluation(policy, runtime, heldout_tasks, eval_settings).record
-        return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns") if k in figures}
-
     def on_step(step: int, loss: float) -> None:
         if progress:
             progress(f"warm start loss {loss:.3f}", step / sft.steps)
 
-    history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=on_step,
-                                  epoch_examples=redrawn)
+    history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, progress=on_step, epoch_examples=redrawn,
+                                  evaluate=lambda _step: validation_figures(policy, runtime, heldout_tasks, eval_settings))
     report["sft"] = {"settings": asdict(sft), "loss": history.loss, "evals": history.evals, "seconds": history.seconds,
                      "planned_steps": history.planned_steps}
     report["total_seconds"] = time.monotonic() - t0
