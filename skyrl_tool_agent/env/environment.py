@@ -122,7 +122,7 @@ class MCPToolEnvironment(BaseTextEnv):
         self.tool_errors = 0
         self.reward: RewardBreakdown | None = None
         #: This episode's tool calls (whatever a server writes is isolated per episode: `mcp.servers`).
-        self.episode_tools = runtime.episode_tools()
+        self.episode_tools = runtime.servers.episode_tools()
 
     # ----------------------------------------------------------------- prompt
     def tool_schemas(self) -> list[dict[str, Any]]:
