@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 class ServerSet:
-    """The run's MCP servers (module docstring): `start` them (or enter `with`), `episode_tools`
+    """The run's MCP servers (module docstring): `start` them, `episode_tools`
     per episode, `close`. `writable_originals` are the paths the servers may write, known (and
     checked: each exists and is named by its server's command line) before any server starts."""
 
@@ -115,12 +115,6 @@ class ServerSet:
             self.pool.close()
         remove_dir(self._scratch)
         self._scratch = None
-
-    def __enter__(self) -> ServerSet:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _check_unique_tools(tools: Sequence[ToolSpec]) -> None:
