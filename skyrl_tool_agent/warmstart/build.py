@@ -111,8 +111,8 @@ def build_embedded_model(
     provenance: dict | None = None,
     redraw_held_out_sql: set[str] | None = None,
 ) -> dict:
-    """Build and save the embedded model into `out_dir` (a temporary sibling renamed into place);
-    returns the build report, also saved as `warmstart.json` with each file's sha256.
+    """Build and save the embedded model into `out_dir` (`save_model_dir`); returns the build report,
+    also saved as `warmstart.json` with each file's sha256.
     `collector_settings`: the oracle episodes'; `eval_settings`: the held-out evaluations'.
     `redraw_held_out_sql`: given, every epoch's constants are redrawn (`RedrawnEpochs`)."""
     t0 = time.monotonic()
@@ -149,15 +149,22 @@ def build_embedded_model(
                      "planned_steps": history.planned_steps}
     report["total_seconds"] = time.monotonic() - t0
 
+    save_model_dir(out_dir, policy, report)
+    return report
+
+
+def save_model_dir(out_dir: Path, policy: QwenPolicy, record: dict[str, Any]) -> None:
+    """The model and tokenizer saved as `out_dir` with `record` as its manifest, each file's sha256 in
+    `record["files"]` (what `verify_manifest` checks before the build is used); written to a
+    temporary sibling renamed into place, so a kill leaves the old directory or the new one."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        report["files"] = tree_hashes(staging)  # what `verify_manifest` checks before the build is used
-        (staging / MANIFEST_FILE).write_text(json.dumps(report, indent=1) + "\n")
+        policy.model.save_pretrained(staging)
+        policy.tokenizer.save_pretrained(staging)
+        record["files"] = tree_hashes(staging)
+        (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
         shutil.rmtree(out_dir, ignore_errors=True)
         staging.rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return report

@@ -27,10 +27,10 @@ from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.eval.metrics import format_rate
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
-from skyrl_tool_agent.warmstart.build import RedrawnEpochs, oracle_conversations
+from skyrl_tool_agent.warmstart.build import RedrawnEpochs, oracle_conversations, save_model_dir
 from skyrl_tool_agent.warmstart.sft import SFTHistory, SFTSettings, conversation_to_ids, supervised_finetune
 
 logger = logging.getLogger(__name__)
@@ -213,16 +213,7 @@ def train_to_plateau(
     record["plateau"] = {"rule": asdict(rule), "tail_gain": tail_gain(history.evals, rule),
                          "stopped": stopped[0] if stopped else "schedule ended"}
     model_dir = out_dir / MODEL_DIR
-    staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR}-", dir=out_dir))
-    try:
-        policy.model.save_pretrained(staging)
-        policy.tokenizer.save_pretrained(staging)
-        record["files"] = tree_hashes(staging)
-        (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        shutil.rmtree(model_dir, ignore_errors=True)
-        staging.rename(model_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    save_model_dir(model_dir, policy, record)
     logger.info("plateau build: %s; model in %s", record["plateau"]["stopped"], model_dir)
     return record
 
