@@ -49,11 +49,12 @@ def oracle_episodes(runtime: EnvRuntime, tasks: Sequence[Task], settings: Collec
     return solved
 
 
-def validation_figures(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task],
-                       settings: CollectorSettings) -> dict[str, float]:
-    """A build's validation point: greedy execution accuracy, format rate and turns on held-out `tasks`."""
+def validation_figures(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings,
+                       *extra: str) -> dict[str, Any]:
+    """A build's validation point: greedy execution accuracy, format rate and turns on held-out
+    `tasks`, and the `extra` figures of the evaluation's record."""
     figures = greedy_evaluation(policy, runtime, tasks, settings).record
-    return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns") if k in figures}
+    return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns", *extra) if k in figures}
 
 
 class RedrawnEpochs:
@@ -143,8 +144,9 @@ def build_embedded_model(
         if progress:
             progress(f"warm start loss {loss:.3f}", step / sft.steps)
 
-    history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, progress=on_step, epoch_examples=redrawn,
-                                  evaluate=lambda _step: validation_figures(policy, runtime, heldout_tasks, eval_settings))
+    history = supervised_finetune(
+        model, examples, tokenizer.pad_token_id, sft, progress=on_step, epoch_examples=redrawn,
+        evaluate=lambda _step: validation_figures(policy, runtime, heldout_tasks, eval_settings))
     report["sft"] = {"settings": asdict(sft), "loss": history.loss, "evals": history.evals, "seconds": history.seconds,
                      "planned_steps": history.planned_steps}
     report["total_seconds"] = time.monotonic() - t0

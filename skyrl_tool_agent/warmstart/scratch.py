@@ -119,9 +119,9 @@ def build_from_scratch(
     # Evaluation marks on the training clock (evaluations are off it); the schedule fit ignores
     # their time, so the cap may end the cosine a little before its tail.
     marks = [] if fixed_steps else [seconds * (i + 1) / (evaluations + 1) for i in range(evaluations)]
-    history = supervised_finetune(model, packed, tokenizer.pad_token_id, sft, progress=progress,
-                                  deadline=deadline, eval_at_seconds=marks, after_eval=after_eval,
-                                  evaluate=lambda _step: validation_figures(policy, runtime, heldout_tasks, eval_settings))
+    history = supervised_finetune(
+        model, packed, tokenizer.pad_token_id, sft, progress=progress, deadline=deadline, eval_at_seconds=marks,
+        after_eval=after_eval, evaluate=lambda _step: validation_figures(policy, runtime, heldout_tasks, eval_settings))
     record: dict[str, Any] = {**(provenance or {}), "shape": asdict(shape), "parameters": parameters,
                               "vocab_size": len(tokenizer), "oracle_episodes": len(examples),
                               "heldout_tasks": len(heldout_tasks), "device": device}
