@@ -254,7 +254,7 @@ class MCPClientPool:
         text = _result_text(result)
         pattern = self._error_patterns.get(group.spec.name)
         is_error = bool(result.is_error) or (pattern is not None and pattern.search(text) is not None)
-        return ToolResult(text=text, is_error=is_error, structured=result.structured_content)
+        return ToolResult(text=text, is_error=is_error)
 
 
 class BackgroundMCPPool:
