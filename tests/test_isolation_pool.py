@@ -95,9 +95,9 @@ def test_interleaved_episodes_never_see_each_others_writes_on_shared_processes(t
         assert "'n': 4" in b_text and "'n': 2" in c_text
         warm = runtime.servers.warm["shop"]
         deadline = time.monotonic() + 120  # the second process starts aside (the calls need not wait for it)
-        while warm.processes() < pool_size and time.monotonic() < deadline:
+        while len(warm.running) < pool_size and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert warm.processes() == pool_size and _server_processes(runtime) == pool_size
+        assert len(warm.running) == pool_size and _server_processes(runtime) == pool_size
         if pool_size == 1:
             assert warm.counts["saved"] >= 2 and warm.counts["restored_saved"] >= 2, warm.counts
         b.close()
