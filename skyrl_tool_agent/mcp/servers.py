@@ -3,7 +3,7 @@
 It starts what the config names and hands each episode its tools (`episode_tools`); the caller
 never learns how a server runs: shared (`pool.BackgroundMCPPool`), a warm pool on per-episode
 copies (`writable_paths`: `warm.WarmServers`) or a process per episode (`stateful`: `EpisodeTools`).
-`close` (or leaving `with`) stops them all.
+`close` stops them all.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_tool_agent.config.env import MCPServerConfig
-from skyrl_tool_agent.mcp.copies import IsolatedServer, isolated_server, remove_dir, scratch_dir
+from skyrl_tool_agent.mcp.copies import IsolatedServer, isolated_server
 from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPClientPool, MCPConfigError, MCPPoolClosed
 from skyrl_tool_agent.mcp.reaper import run_reaper
 from skyrl_tool_agent.mcp.specs import ToolResult, ToolSpec
@@ -66,7 +66,8 @@ class ServerSet:
             if isolated is not None and not isolated.stateful:
                 continue  # its own warm pool, below
             if isolated is not None:
-                self._scratch = self._scratch or scratch_dir()
+                # the runtime's own copies: removed by `close`, and with the run however it ends
+                self._scratch = self._scratch or run_reaper().new_dir("servers-")
                 server = isolated.copy_into(self._scratch / server.name)  # the listing instance: its own copy too
             specs.append(server)
         self.pool = BackgroundMCPPool(specs, call_timeout_s=self.call_timeout_s,
@@ -113,7 +114,8 @@ class ServerSet:
                 logger.warning("closing the warm servers of %r failed: %r", servers.name, exc)
         if self._owns_pool and self.pool is not None:
             self.pool.close()
-        remove_dir(self._scratch)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         self._scratch = None
 
 
