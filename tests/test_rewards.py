@@ -240,8 +240,6 @@ def test_cache_hits_over_a_grpo_group(db: Path) -> None:
     verdicts = [execution_match(pred, GOLD, db, cache=cache) for pred in group]
     assert verdicts == [False, True, False, True, False, True, True, False]
     assert (cache.misses, cache.hits) == (1, 7)
-    cache.clear()
-    assert (len(cache), cache.hits, cache.misses) == (0, 0, 0)
 
 
 def test_cache_is_a_bounded_lru(tmp_path: Path) -> None:
