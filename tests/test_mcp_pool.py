@@ -79,7 +79,7 @@ async def call_until_served(pool: MCPClientPool, arguments: dict, within_s: floa
 async def test_routing_results_and_tool_errors(dbs: tuple[Path, Path]) -> None:
     before = children()
     async with MCPClientPool([spec(dbs[0])], call_timeout_s=5) as pool:
-        tools = await pool.list_tools()
+        tools = pool.tools
         assert {t.name for t in tools} == {"list_tables", "describe_table", "sample_rows", "get_schema", "execute_sql"}
         assert all(t.server == "sqlite" and t.input_schema["type"] == "object" for t in tools)
 

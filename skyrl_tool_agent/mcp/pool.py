@@ -200,10 +200,6 @@ class MCPClientPool:
         """Tools of all servers (listed once at start)."""
         return list(self._tools)
 
-    async def list_tools(self) -> list[ToolSpec]:
-        """Tools of all servers, as listed at start (no I/O)."""
-        return self.tools
-
     def server_pids(self) -> dict[str, list[int | None]]:
         """Current process id of every slot, per server (None while restarting); for tests/diagnostics."""
         return {name: [slot.pid() for slot in group.slots] for name, group in self._groups.items()}
