@@ -133,18 +133,16 @@ class EpisodeTools:
     """One episode's tool calls, each routed as its server runs (module docstring); a stateful
     server's process starts at the episode's first call to it. `close`/`aclose` end the episode."""
 
-    def __init__(self, shared: BackgroundMCPPool, isolated: Sequence[IsolatedServer], *,
-                 call_timeout_s: float, warm: Mapping[str, WarmServers] | None = None,
-                 tools: Sequence[ToolSpec] | None = None) -> None:
+    def __init__(self, shared: BackgroundMCPPool, isolated: Sequence[IsolatedServer], *, call_timeout_s: float,
+                 warm: Mapping[str, WarmServers], tools: Sequence[ToolSpec]) -> None:
         self.shared = shared
         self.isolated = tuple(s for s in isolated if s.stateful)  # a process per episode
-        self.warm = dict(warm or {})
-        listed = list(tools) if tools is not None else shared.list_tools()
+        self.warm = dict(warm)
         #: Tool name -> the warm servers that serve it.
-        self.warm_tools: dict[str, WarmServers] = {t.name: self.warm[t.server] for t in listed if t.server in self.warm}
+        self.warm_tools: dict[str, WarmServers] = {t.name: self.warm[t.server] for t in tools if t.server in self.warm}
         #: Tools routed to the episode's own servers (the names the runtime lists for them).
         self.isolated_tools: dict[str, IsolatedServer] = {
-            t.name: s for t in listed for s in self.isolated if t.server == s.spec.name}
+            t.name: s for t in tools for s in self.isolated if t.server == s.spec.name}
         self.call_timeout_s = call_timeout_s
         self._states: dict[str, _EpisodeState] = {}
         self._pools: dict[str, MCPClientPool] = {}  # the stateful servers it called, by name
