@@ -125,10 +125,6 @@ class MCPToolEnvironment(BaseTextEnv):
         self.episode_tools = runtime.servers.episode_tools()
 
     # ----------------------------------------------------------------- prompt
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        """The tools the MCP servers actually list, as OpenAI/Qwen function dicts."""
-        return [tool_to_openai(t.name, t.description or "", t.input_schema) for t in self.runtime.tools]
-
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Prepend a system message listing the tools (Qwen2.5 format) to the task prompt; a system
         message in `prompt` is kept as the instruction part. With `skyrl_sql` there is no tool
@@ -145,7 +141,8 @@ class MCPToolEnvironment(BaseTextEnv):
                 schema = self.runtime.database_schema(self.db_id)
                 first_user["content"] = f"Schema:\n{schema}\n{first_user['content']}"
         if self.style != "skyrl_sql":
-            system = system_prompt_with_tools(self.tool_schemas(), system)
+            tools = [tool_to_openai(t.name, t.description or "", t.input_schema) for t in self.runtime.tools]
+            system = system_prompt_with_tools(tools, system)
         full = [{"role": "system", "content": system}, *messages]
         self.chat_history = list(full)
         return full, {"db_id": self.db_id, "max_turns": self.max_turns, "tools": [t.name for t in self.runtime.tools],
