@@ -214,7 +214,8 @@ class MCPToolEnvironment(BaseTextEnv):
         """The reward of the episode as it stands (blocking: the queries run); `step` and a caller
         that ends an episode itself (the collector, at its token budget) score by this one rule."""
         settings = self.runtime.settings
-        self.runtime.check_originals()  # a changed original is an infrastructure fault, never a score
+        if self.runtime.originals is not None:  # a changed original is an infrastructure fault, never a score
+            self.runtime.originals.check()
         episode = Episode(
             answer=self.final_sql,
             ground_truth=self.gold_sql,

@@ -224,11 +224,6 @@ class EnvRuntime:
             out.pop("db_id")
         return tool, out
 
-    def check_originals(self) -> None:
-        """Before scoring: `OriginalDataChanged` if data the reward reads changed during the run."""
-        if self.originals is not None:
-            self.originals.check()
-
     def database_schema(self, db_id: str) -> str:
         """The get_schema tool's text for `db_id` (cached; for `schema_in_prompt`)."""
         text = self._schemas.get(db_id)
