@@ -186,7 +186,7 @@ class MCPToolEnvironment(BaseTextEnv):
             metadata.update(
                 done_reason=plan.done_reason,
                 final_sql=self.final_sql,
-                reward_components=self.reward.as_dict(),
+                reward_components=dict(self.reward.terms),
                 **self.get_metrics(),
             )
             return BaseTextEnvStepOutput(observations=[], reward=self.reward.total, done=True, metadata=metadata)
