@@ -258,17 +258,12 @@ class BackgroundMCPPool:
     and also runs at interpreter exit."""
 
     def __init__(self, servers: Sequence[MCPServerConfig], **pool_kwargs: Any) -> None:
-        self._pool = MCPClientPool(servers, **pool_kwargs)
+        self.pool = MCPClientPool(servers, **pool_kwargs)  # touch it only from the pool's loop (`run`, `submit`)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tools: list[ToolSpec] | None = None
         self._lock = threading.Lock()
         self._closed = False
-
-    @property
-    def pool(self) -> MCPClientPool:
-        """The wrapped pool (only touch it from the runner's loop, e.g. via `run()`)."""
-        return self._pool
 
     def start(self) -> BackgroundMCPPool:
         """Start the loop thread and the servers (idempotent); raises what MCPClientPool.start raises."""
@@ -283,11 +278,11 @@ class BackgroundMCPPool:
             self._loop, self._thread = loop, thread
             atexit.register(self.close)
         try:
-            self.run(self._pool.start())
+            self.run(self.pool.start())
         except BaseException:
             self.close()
             raise
-        self._tools = self._pool.tools
+        self._tools = self.pool.tools
         return self
 
     def run(self, coro: Any, timeout_s: float | None = None) -> Any:
@@ -309,11 +304,11 @@ class BackgroundMCPPool:
         return list(self._tools)
 
     def server_pids(self) -> dict[str, list[int | None]]:
-        return self._pool.server_pids()
+        return self.pool.server_pids()
 
     async def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
         """Awaitable from any event loop (including one on another thread)."""
-        return await asyncio.wrap_future(self.submit(self._pool.call_tool(name, arguments, timeout_s=timeout_s)))
+        return await asyncio.wrap_future(self.submit(self.pool.call_tool(name, arguments, timeout_s=timeout_s)))
 
     def close(self) -> None:
         """Stop the servers and the loop thread (idempotent; leaves no child processes)."""
@@ -326,7 +321,7 @@ class BackgroundMCPPool:
         if loop is None or thread is None:
             return
         try:
-            asyncio.run_coroutine_threadsafe(self._pool.close(), loop).result(timeout=30)
+            asyncio.run_coroutine_threadsafe(self.pool.close(), loop).result(timeout=30)
         except Exception as exc:  # noqa: BLE001 - closing must not raise
             logger.warning("closing the MCP pool failed: %r", exc)
         finally:
