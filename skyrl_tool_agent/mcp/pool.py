@@ -202,7 +202,7 @@ class MCPClientPool:
 
     def server_pids(self) -> dict[str, list[int | None]]:
         """Current process id of every slot, per server (None while restarting); for tests/diagnostics."""
-        return {name: [slot.pid() for slot in group.slots] for name, group in self._groups.items()}
+        return {name: [slot.pid for slot in group.slots] for name, group in self._groups.items()}
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_s: float | None = None) -> ToolResult:
         """Call tool `name`; see the module docstring for what is a result and what raises."""
