@@ -67,7 +67,6 @@ class RedrawnEpochs:
                  seed: int, held_out_sql: set[str], retries: int = 3) -> None:
         self.runtime, self.tasks, self.settings, self.tokenizer = runtime, list(tasks), settings, tokenizer
         self.seed, self.held_out_sql, self.retries = seed, held_out_sql, retries
-        self.last_tasks: list[Task] = []  # the tasks of the last epoch built (what its examples are of)
 
     def draw(self, epoch: int) -> list[Task]:
         """Every task, its constants redrawn for `epoch` where it can be (class docstring)."""
@@ -89,7 +88,6 @@ class RedrawnEpochs:
     def __call__(self, epoch: int) -> list[tuple[list[int], list[int]]]:
         t0 = time.monotonic()
         tasks = self.draw(epoch)
-        self.last_tasks = tasks
         conversations = oracle_conversations(self.runtime, tasks, self.settings)
         logger.info("epoch %d: %d of %d tasks redrawn, %d oracle episodes in %.0f s", epoch,
                     sum(t.task_id.endswith("~redrawn") for t in tasks), len(tasks), len(conversations),
