@@ -91,11 +91,9 @@ def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bin
         return list(tools)
     out = []
     for tool in tools:
-        schema = dict(tool.input_schema)
-        props = dict(schema.get("properties") or {})
-        if "db_id" in props:
-            props.pop("db_id")
-            schema["properties"] = props
+        schema = tool.input_schema
+        if "db_id" in (schema.get("properties") or {}):
+            schema = {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "db_id"}}
             if "required" in schema:
                 schema["required"] = [r for r in schema["required"] if r != "db_id"]
             tool = tool.model_copy(update={"input_schema": schema})
