@@ -311,9 +311,7 @@ class OpenAIChatAgent(Agent):
         return list(await asyncio.gather(*(self._turn(r) for r in requests)))
 
     def _request_seed(self, request: TurnRequest) -> int | None:
-        if self.params.greedy:
-            return None
-        return (self.seed * 1_000_003 + request.seq * 1_009 + request.turn) % 2**31
+        return None if self.params.greedy else (self.seed * 1_000_003 + request.seq * 1_009 + request.turn) % 2**31
 
     async def _turn(self, request: TurnRequest) -> AgentTurn:
         client, slots = self._session()
