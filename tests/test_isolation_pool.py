@@ -73,7 +73,7 @@ def test_interleaved_episodes_never_see_each_others_writes_on_shared_processes(t
     before = database.read_bytes()
     runtime = _runtime(db_root, database, pool_size=pool_size)
     try:
-        a, b, c = runtime.episode_tools(), runtime.episode_tools(), runtime.episode_tools()
+        a, b, c = runtime.servers.episode_tools(), runtime.servers.episode_tools(), runtime.servers.episode_tools()
         assert "'n': 2" in _paris(a)
         _move_to_paris(a, 2)  # a: 3 in Paris
         assert "'n': 2" in _paris(b)  # b: the original
@@ -95,9 +95,9 @@ def test_interleaved_episodes_never_see_each_others_writes_on_shared_processes(t
         assert "'n': 4" in b_text and "'n': 2" in c_text
         warm = runtime.servers.warm["shop"]
         deadline = time.monotonic() + 120  # the second process starts aside (the calls need not wait for it)
-        while warm.processes() < pool_size and time.monotonic() < deadline:
+        while len(warm.running) < pool_size and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert warm.processes() == pool_size and _server_processes(runtime) == pool_size
+        assert len(warm.running) == pool_size and _server_processes(runtime) == pool_size
         if pool_size == 1:
             assert warm.counts["saved"] >= 2 and warm.counts["restored_saved"] >= 2, warm.counts
         b.close()
@@ -130,7 +130,7 @@ def test_dot_slash_on_the_command_line_runs_on_the_copy(tmp_path, server_exe):
     before = database.read_bytes()
     runtime = _runtime(db_root, database, pool_size=1, written="./dbs/shop/shop.sqlite", cwd=str(tmp_path))
     try:
-        tools = runtime.episode_tools()
+        tools = runtime.servers.episode_tools()
         _move_to_paris(tools, 2)
         assert "'n': 3" in _paris(tools)
         tools.close()
@@ -156,7 +156,7 @@ TRAINER = textwrap.dedent("""
     # (mcp-server-sqlite's read_query takes only text that starts with SELECT)
     forever = "SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c)"
     for _ in range(2):  # two episodes, each busy in a query that never ends
-        tools = runtime.episode_tools()
+        tools = runtime.servers.episode_tools()
         assert tools.call_sync([("ping", {})]) == [("pong", False)]
         threading.Thread(target=tools.call_sync, args=([("read_query", {"query": forever})],), daemon=True).start()
     deadline = time.monotonic() + 120
@@ -267,7 +267,7 @@ def test_non_protocol_stdout_is_counted_not_logged_line_by_line(tmp_path, caplog
     caplog.set_level(logging.INFO)
     runtime = _misbehaving_runtime(tmp_path, "garbage-serve")
     try:
-        tools = runtime.episode_tools()
+        tools = runtime.servers.episode_tools()
         assert tools.call_sync([("echo", {"text": "hi"})]) == [("hi", False)]
     finally:
         runtime.close()
@@ -337,7 +337,7 @@ def test_a_stateful_server_starts_per_episode_only_when_the_episode_calls_it(tmp
 
     try:
         listing = calc_processes()  # one per server, listing its tools
-        tools = runtime.episode_tools()
+        tools = runtime.servers.episode_tools()
         assert tools.call_sync([("add", {"a": 2, "b": 3})]) == [("5", False)]
         assert calc_processes() == listing + 1
         tools.close()
@@ -357,12 +357,12 @@ def test_files_a_server_writes_beside_a_writable_file_are_the_episodes_own(tmp_p
                                     "env.schema_in_prompt=false", "env.isolation_pool_size=1"]).env
     runtime = EnvRuntime(config, db_root)
     try:
-        a, b = runtime.episode_tools(), runtime.episode_tools()
+        a, b = runtime.servers.episode_tools(), runtime.servers.episode_tools()
         assert a.call_sync([("leave_note", {"text": "from a"})]) == [("ok", False)]
         assert b.call_sync([("read_notes", {})]) == [("none", False)]
         assert a.call_sync([("read_notes", {})]) == [("from a\n", False)]
         a.close()
-        c = runtime.episode_tools()
+        c = runtime.servers.episode_tools()
         assert c.call_sync([("read_notes", {})]) == [("none", False)]
         b.close()
         c.close()

@@ -220,14 +220,14 @@ def test_a_turn_the_server_cannot_produce_leaves_the_episode_unscored(server, co
 
 def test_model_may_be_named_as_the_server_reports_it(server):
     """`transformers serve DIR` answers as `DIR@main`; `--model DIR@main` or `--model <DIR's name>` serve too."""
-    from skyrl_tool_agent.rollout.openai_agent import probe_endpoint, resolve_endpoint
+    from skyrl_tool_agent.rollout.openai_agent import probe_endpoint
 
     server.wait_ready()
     reported = probe_endpoint(Endpoint(server.url, server.model))["served_model"]
     assert reported == f"{server.model}@main"
     for name in (reported, Path(server.model).name):
         endpoint = Endpoint(server.url, name)
-        assert resolve_endpoint(endpoint).model == server.model, name
+        assert probe_endpoint(endpoint)["model"] == server.model, name
         assert probe_endpoint(endpoint)["models"] is None  # no hub cache: the listing failed (HTTP 500)
 
 

@@ -103,10 +103,8 @@ def test_each_epoch_trains_on_new_constants_and_every_example_still_executes(run
     same examples (a resumed build)."""
     tasks = TRAIN[::50][:24]
     build = epochs(runtime, tasks)
-    first = build(0)
-    first_tasks = build.last_tasks
-    second = build(1)
-    second_tasks = build.last_tasks
+    first, first_tasks = build(0), build.draw(0)  # a draw is a function of (seed, epoch): what build trained on
+    second, second_tasks = build(1), build.draw(1)
     assert len(first) == len(second) == len(tasks)  # the oracle solved every redrawn task
     moved = [(a, b) for a, b in zip(first_tasks, second_tasks) if a.gold_sql != b.gold_sql]
     assert len(moved) >= len(tasks) // 2
@@ -121,7 +119,7 @@ def test_each_epoch_trains_on_new_constants_and_every_example_still_executes(run
     for task in second_tasks:
         text = json.dumps(conversations[task.task_id])
         assert json.dumps(task.gold_sql)[1:-1] in text and json.dumps(task.question)[1:-1] in text
-    assert build(1) == second and build.last_tasks == second_tasks  # the same epoch, the same draw
+    assert build(1) == second and build.draw(1) == second_tasks  # the same epoch, the same draw
 
 
 def test_a_redraw_never_becomes_a_held_out_query(runtime) -> None:

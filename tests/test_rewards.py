@@ -172,7 +172,7 @@ def test_partial_credit_is_bounded_and_total_on_garbage() -> None:
 def test_score_perfect_episode_is_exactly_one(db: Path) -> None:
     result = score_answer(GOLD, GOLD, db, format_ok=True, rubric=Rubric.default())
     assert result.total == 1.0 and result.solved
-    assert result.as_dict() == {"execution": 1.0, "format": 1.0, "syntax": 1.0, "partial": 1.0}
+    assert result.terms == {"execution": 1.0, "format": 1.0, "syntax": 1.0, "partial": 1.0}
 
 
 def test_score_no_answer_is_zero(db: Path) -> None:
@@ -240,8 +240,6 @@ def test_cache_hits_over_a_grpo_group(db: Path) -> None:
     verdicts = [execution_match(pred, GOLD, db, cache=cache) for pred in group]
     assert verdicts == [False, True, False, True, False, True, True, False]
     assert (cache.misses, cache.hits) == (1, 7)
-    cache.clear()
-    assert (len(cache), cache.hits, cache.misses) == (0, 0, 0)
 
 
 def test_cache_is_a_bounded_lru(tmp_path: Path) -> None:

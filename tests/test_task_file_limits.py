@@ -89,7 +89,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundMCPPool
 
 def timed_call(pool: BackgroundMCPPool, name: str, **arguments: object) -> tuple[str, bool, float]:
     start = time.monotonic()
-    result = pool.call_tool_sync(name, arguments)
+    result = pool.run(pool.pool.call_tool(name, arguments))
     return result.text, result.is_error, time.monotonic() - start
 
 

@@ -122,13 +122,9 @@ class MCPToolEnvironment(BaseTextEnv):
         self.tool_errors = 0
         self.reward: RewardBreakdown | None = None
         #: This episode's tool calls (whatever a server writes is isolated per episode: `mcp.servers`).
-        self.episode_tools = runtime.episode_tools()
+        self.episode_tools = runtime.servers.episode_tools()
 
     # ----------------------------------------------------------------- prompt
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        """The tools the MCP servers actually list, as OpenAI/Qwen function dicts."""
-        return [tool_to_openai(t.name, t.description or "", t.input_schema) for t in self.runtime.tools]
-
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Prepend a system message listing the tools (Qwen2.5 format) to the task prompt; a system
         message in `prompt` is kept as the instruction part. With `skyrl_sql` there is no tool
@@ -145,7 +141,8 @@ class MCPToolEnvironment(BaseTextEnv):
                 schema = self.runtime.database_schema(self.db_id)
                 first_user["content"] = f"Schema:\n{schema}\n{first_user['content']}"
         if self.style != "skyrl_sql":
-            system = system_prompt_with_tools(self.tool_schemas(), system)
+            tools = [tool_to_openai(t.name, t.description or "", t.input_schema) for t in self.runtime.tools]
+            system = system_prompt_with_tools(tools, system)
         full = [{"role": "system", "content": system}, *messages]
         self.chat_history = list(full)
         return full, {"db_id": self.db_id, "max_turns": self.max_turns, "tools": [t.name for t in self.runtime.tools],
@@ -189,7 +186,7 @@ class MCPToolEnvironment(BaseTextEnv):
             metadata.update(
                 done_reason=plan.done_reason,
                 final_sql=self.final_sql,
-                reward_components=self.reward.as_dict(),
+                reward_components=dict(self.reward.terms),
                 **self.get_metrics(),
             )
             return BaseTextEnvStepOutput(observations=[], reward=self.reward.total, done=True, metadata=metadata)
@@ -217,7 +214,8 @@ class MCPToolEnvironment(BaseTextEnv):
         """The reward of the episode as it stands (blocking: the queries run); `step` and a caller
         that ends an episode itself (the collector, at its token budget) score by this one rule."""
         settings = self.runtime.settings
-        self.runtime.check_originals()  # a changed original is an infrastructure fault, never a score
+        if self.runtime.originals is not None:  # a changed original is an infrastructure fault, never a score
+            self.runtime.originals.check()
         episode = Episode(
             answer=self.final_sql,
             ground_truth=self.gold_sql,

@@ -24,7 +24,7 @@ from skyrl_tool_agent.config.errors import UserInputError
 from skyrl_tool_agent.config.overrides import validation_message
 from skyrl_tool_agent.env.families import TaskFamily, family_system_prompt, resolve_family
 from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPConfigError, ToolSpec
-from skyrl_tool_agent.mcp.servers import EpisodeTools, ServerSet
+from skyrl_tool_agent.mcp.servers import ServerSet
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
 from skyrl_tool_agent.rewards.originals import OriginalData
 from skyrl_tool_agent.rewards.rubric import Rubric
@@ -91,11 +91,9 @@ def offered_tools(tools: Sequence[ToolSpec], names: Sequence[str] | None, *, bin
         return list(tools)
     out = []
     for tool in tools:
-        schema = dict(tool.input_schema)
-        props = dict(schema.get("properties") or {})
-        if "db_id" in props:
-            props.pop("db_id")
-            schema["properties"] = props
+        schema = tool.input_schema
+        if "db_id" in (schema.get("properties") or {}):
+            schema = {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "db_id"}}
             if "required" in schema:
                 schema["required"] = [r for r in schema["required"] if r != "db_id"]
             tool = tool.model_copy(update={"input_schema": schema})
@@ -224,15 +222,6 @@ class EnvRuntime:
             out.pop("db_id")
         return tool, out
 
-    def episode_tools(self) -> EpisodeTools:
-        """The tools of one new episode (its own servers start at its first call to one)."""
-        return self.servers.episode_tools()
-
-    def check_originals(self) -> None:
-        """Before scoring: `OriginalDataChanged` if data the reward reads changed during the run."""
-        if self.originals is not None:
-            self.originals.check()
-
     def database_schema(self, db_id: str) -> str:
         """The get_schema tool's text for `db_id` (cached; for `schema_in_prompt`)."""
         text = self._schemas.get(db_id)
@@ -241,7 +230,7 @@ class EnvRuntime:
                 raise EnvDataError("env.schema_in_prompt needs a server listing a get_schema tool (or "
                                    "env.tool_map.get_schema); none does")
             name, arguments = self.family_call("get_schema", {"db_id": db_id})
-            tools = self.episode_tools()  # the tool may be a server that writes: its own episode
+            tools = self.servers.episode_tools()  # the tool may be a server that writes: its own episode
             try:
                 ((result_text, is_error),) = tools.call_sync([(name, arguments)])
             finally:
@@ -291,10 +280,8 @@ def close_runtimes() -> list[str]:
 
 def _plain(value: Any) -> Any:
     """omegaconf containers (SkyRL passes DictConfig) -> plain python; anything else unchanged."""
-    try:
-        from omegaconf import OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        return value
+    from omegaconf import OmegaConf
+
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 

@@ -30,10 +30,6 @@ SYSTEM_PROMPT = (
 )
 
 
-def reminder(turns_left: int) -> str:
-    return f"<reminder>You have {turns_left} turns left to complete the task.</reminder>"
-
-
 def observation(errors: Sequence[str], results: Sequence[str], turns_left: int) -> str:
     """One turn's observation: skyrl-gym's invalid-action sentence when the turn had format errors,
     then each tool result, then the turn reminder.
@@ -43,4 +39,5 @@ def observation(errors: Sequence[str], results: Sequence[str], turns_left: int) 
     parts = [INVALID_ACTION] if errors else []
     parts.extend(results)
     body = "\n".join(parts)
-    return f"\n\n<observation>{body}\n{reminder(turns_left)}</observation>\n\n"
+    reminder = f"<reminder>You have {turns_left} turns left to complete the task.</reminder>"
+    return f"\n\n<observation>{body}\n{reminder}</observation>\n\n"

@@ -128,18 +128,11 @@ def validate_arguments(
     return errors
 
 
+#: Decoded JSON values' type names, bool before int (a bool is an int in Python); anything else is "object".
+_TYPE_NAMES = ((type(None), "null"), (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+               (list, "array"))
+
+
 def json_type_name(value: Any) -> str:
     """The JSON type name of a decoded JSON value (for messages)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
+    return next((name for kind, name in _TYPE_NAMES if isinstance(value, kind)), "object")

@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,7 @@ class StopOnSignals:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._restore()
 
 

@@ -29,11 +29,9 @@ class OutputDirInUse(UserInputError):
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:  # someone else's process: alive
         return True
-    except OSError:
+    except OSError:  # ProcessLookupError: gone
         return False
     return True
 
@@ -73,10 +71,7 @@ def acquire_output_dir(out: Path) -> Path:
                     "to finish or choose another --output-dir; two runs in one directory would mix their "
                     "metrics and checkpoints") from None
             logger.warning("taking over the stale run lock %s (owner %s is gone)", path, owner)
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+            path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(me) + "\n")

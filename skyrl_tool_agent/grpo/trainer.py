@@ -8,7 +8,6 @@ Evaluations and checkpoints on cadence.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -42,8 +41,7 @@ from skyrl_tool_agent.memory.sizing import plan_for
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.weights import base_model, is_sharded, sampling_dtype
-from skyrl_tool_agent.rollout.agents import PolicyAgent
-from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
+from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -146,10 +144,8 @@ class GRPOTrainer:
                 on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """`group_size` episodes per task of the policy through the env, drawn with `params`
         (`settings`: the training ones unless given)."""
-        agent = PolicyAgent(self.policy, params)
-        collector = TrajectoryCollector(self.runtime, agent, tokenizer=agent.tokenizer,
-                                        settings=settings or self.collector_settings)
-        return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
+        return collect_episodes(self.policy, self.runtime, tasks, group_size, params,
+                                settings or self.collector_settings, on_episode_done)
 
     def evaluate(self) -> dict[str, Any]:
         """The run's evaluation of `eval_tasks` (`eval.greedy.training_evaluation`: greedy with
@@ -309,13 +305,8 @@ class GRPOTrainer:
             "reward/std": pstdev(scored_rewards) if scored_rewards else None,
             **{f"reward/{name}": value for name, value in reward_term_means(trajectories).items()},
             "train/execution_accuracy": summary["execution_accuracy"],
-            "train/loss": update_stats.get("loss", 0.0),
-            "train/pg_loss": update_stats.get("pg_loss", 0.0),
-            "train/kl": update_stats.get("kl", 0.0),
-            "train/entropy": update_stats.get("entropy", 0.0),
-            "train/clip_frac": update_stats.get("clip_frac", 0.0),
-            "train/grad_norm": update_stats.get("grad_norm", 0.0),
-            "train/optimizer_steps": update_stats.get("optimizer_steps", 0.0),
+            **{f"train/{key}": update_stats.get(key, 0.0)
+               for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "optimizer_steps")},
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/groups_dropped": decided.groups_dropped,
             "train/groups_infra_error": decided.infra_groups,

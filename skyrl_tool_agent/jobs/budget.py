@@ -92,17 +92,12 @@ class JobBudget:
 
 def process_start() -> float:
     """This process's start on the `time.monotonic()` clock (now when the system does not say)."""
-    return time.monotonic() - process_age_s()
-
-
-def process_age_s() -> float:
-    """Seconds since this process started (0 when the system does not say)."""
     try:
         import psutil
 
-        return max(0.0, time.time() - psutil.Process().create_time())
+        return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
     except Exception:  # noqa: BLE001 - no process table: the clock starts now
-        return 0.0
+        return time.monotonic()
 
 
 def start_line(budget: JobBudget, *, eval_tasks: int, eval_split: str, episodes_per_task: int,

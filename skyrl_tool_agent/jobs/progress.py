@@ -32,7 +32,6 @@ def setup_logging(level: int = logging.INFO) -> None:
     else:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
-    if not sys.stdout.isatty():
         os.environ.setdefault("COLUMNS", str(LOG_COLUMNS))  # read by each rich Console made from here on
     logging.basicConfig(level=level, handlers=[handler])
     for noisy in ("httpx", "mcp", "urllib3", "transformers", "peft", "wandb", "asyncio"):

@@ -67,11 +67,9 @@ class SpeedrunPlan:
             raise UserInputError(f"--build-share must be between 0 and 1, got {self.build_share:g}")
         if reason := self.shape.check():
             raise UserInputError(f"model shape: {reason}")
-        for name in ("sft_batch_size", "build_evaluations", "points"):
+        for name in ("sft_batch_size", "build_evaluations", "points", "rl_pool_tasks"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.rl_pool_tasks < 1:
-            raise UserInputError("--rl-pool-tasks must be at least 1")
         if self.pool_tasks is not None and self.rl_pool_tasks >= self.pool_tasks:
             raise UserInputError(f"--rl-pool-tasks {self.rl_pool_tasks} leaves nothing of --pool-tasks "
                                  f"{self.pool_tasks} for the build")

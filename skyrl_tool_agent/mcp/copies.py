@@ -18,7 +18,6 @@ from pathlib import Path
 
 from skyrl_tool_agent.config.env import MCPServerConfig
 from skyrl_tool_agent.config.errors import UserInputError
-from skyrl_tool_agent.mcp.reaper import run_reaper
 
 #: SQLite keeps committed pages beside the database in these files; a copy takes them along.
 _SQLITE_SIDECARS = ("-wal", "-journal")
@@ -123,7 +122,6 @@ class IsolatedServer:
         """Copy the writable paths into `directory` and return the spec pointed at the copies."""
         copies = self.paths_in(directory)
         for (_, original), target in zip(self.writable, copies, strict=True):
-            target.parent.mkdir(parents=True, exist_ok=True)
             copy_state(original, target)
         return point_at(self.spec, [(w, o, c) for (w, o), c in zip(self.writable, copies, strict=True)], self.base)
 
@@ -189,14 +187,3 @@ def isolated_server(server: MCPServerConfig) -> IsolatedServer:
                 "or cwd, so each episode's copy cannot be handed to it: pass the path to the server in its command "
                 f"line (e.g. --db-path {written})")
     return IsolatedServer(server, tuple(writable), base.resolve(), stateful=server.stateful)
-
-
-def scratch_dir() -> Path:
-    """A private directory for the runtime's own copies, under the run's directory (removed by the
-    caller, and with the run however it ends)."""
-    return run_reaper().new_dir("servers-")
-
-
-def remove_dir(path: Path | None) -> None:
-    if path is not None and path.exists():
-        shutil.rmtree(path, ignore_errors=True)

@@ -200,13 +200,9 @@ class MCPClientPool:
         """Tools of all servers (listed once at start)."""
         return list(self._tools)
 
-    async def list_tools(self) -> list[ToolSpec]:
-        """Tools of all servers, as listed at start (no I/O)."""
-        return self.tools
-
     def server_pids(self) -> dict[str, list[int | None]]:
         """Current process id of every slot, per server (None while restarting); for tests/diagnostics."""
-        return {name: [slot.pid() for slot in group.slots] for name, group in self._groups.items()}
+        return {name: [slot.pid for slot in group.slots] for name, group in self._groups.items()}
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_s: float | None = None) -> ToolResult:
         """Call tool `name`; see the module docstring for what is a result and what raises."""
@@ -254,7 +250,7 @@ class MCPClientPool:
         text = _result_text(result)
         pattern = self._error_patterns.get(group.spec.name)
         is_error = bool(result.is_error) or (pattern is not None and pattern.search(text) is not None)
-        return ToolResult(text=text, is_error=is_error, structured=result.structured_content)
+        return ToolResult(text=text, is_error=is_error)
 
 
 class BackgroundMCPPool:
@@ -262,17 +258,12 @@ class BackgroundMCPPool:
     and also runs at interpreter exit."""
 
     def __init__(self, servers: Sequence[MCPServerConfig], **pool_kwargs: Any) -> None:
-        self._pool = MCPClientPool(servers, **pool_kwargs)
+        self.pool = MCPClientPool(servers, **pool_kwargs)  # touch it only from the pool's loop (`run`, `submit`)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tools: list[ToolSpec] | None = None
         self._lock = threading.Lock()
         self._closed = False
-
-    @property
-    def pool(self) -> MCPClientPool:
-        """The wrapped pool (only touch it from the runner's loop, e.g. via `run()`)."""
-        return self._pool
 
     def start(self) -> BackgroundMCPPool:
         """Start the loop thread and the servers (idempotent); raises what MCPClientPool.start raises."""
@@ -287,22 +278,19 @@ class BackgroundMCPPool:
             self._loop, self._thread = loop, thread
             atexit.register(self.close)
         try:
-            self.run(self._pool.start())
+            self.run(self.pool.start())
         except BaseException:
             self.close()
             raise
-        self._tools = self._pool.tools
+        self._tools = self.pool.tools
         return self
 
     def run(self, coro: Any, timeout_s: float | None = None) -> Any:
         """Run a coroutine on the pool's loop and wait for its result (from any non-loop thread)."""
-        return self._submit(coro).result(timeout_s)
+        return self.submit(coro).result(timeout_s)
 
     def submit(self, coro: Any) -> Future[Any]:
         """Schedule a coroutine on the pool's loop (from any thread); its future."""
-        return self._submit(coro)
-
-    def _submit(self, coro: Any) -> Future[Any]:
         loop = self._loop
         if loop is None or self._closed:
             coro.close()
@@ -316,18 +304,11 @@ class BackgroundMCPPool:
         return list(self._tools)
 
     def server_pids(self) -> dict[str, list[int | None]]:
-        return self._pool.server_pids()
-
-    def call_tool_sync(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
-        """Blocking call from any thread except the pool's own."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("call_tool_sync called on the pool's own loop; await pool.call_tool instead")
-        return self._submit(self._pool.call_tool(name, arguments, timeout_s=timeout_s)).result()
+        return self.pool.server_pids()
 
     async def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
         """Awaitable from any event loop (including one on another thread)."""
-        future = self._submit(self._pool.call_tool(name, arguments, timeout_s=timeout_s))
-        return await asyncio.wrap_future(future)
+        return await asyncio.wrap_future(self.submit(self.pool.call_tool(name, arguments, timeout_s=timeout_s)))
 
     def close(self) -> None:
         """Stop the servers and the loop thread (idempotent; leaves no child processes)."""
@@ -340,7 +321,7 @@ class BackgroundMCPPool:
         if loop is None or thread is None:
             return
         try:
-            asyncio.run_coroutine_threadsafe(self._pool.close(), loop).result(timeout=30)
+            asyncio.run_coroutine_threadsafe(self.pool.close(), loop).result(timeout=30)
         except Exception as exc:  # noqa: BLE001 - closing must not raise
             logger.warning("closing the MCP pool failed: %r", exc)
         finally:

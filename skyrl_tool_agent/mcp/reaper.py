@@ -130,20 +130,6 @@ class RunReaper:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=prefix, dir=self.run_dir))
 
-    def close(self) -> None:
-        """Stop the watchdog now (it kills what is still registered and removes the run directory);
-        not needed at exit, which the watchdog sees by itself."""
-        if os.getpid() != self.pid:
-            return
-        with self._lock:
-            pipe, self._pipe = self._pipe, None
-        if pipe is not None:
-            try:
-                pipe.close()
-            except OSError:
-                pass
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-
 
 _REAPER: RunReaper | None = None
 _REAPER_LOCK = threading.Lock()

@@ -3,7 +3,7 @@
 It starts what the config names and hands each episode its tools (`episode_tools`); the caller
 never learns how a server runs: shared (`pool.BackgroundMCPPool`), a warm pool on per-episode
 copies (`writable_paths`: `warm.WarmServers`) or a process per episode (`stateful`: `EpisodeTools`).
-`close` (or leaving `with`) stops them all.
+`close` stops them all.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_tool_agent.config.env import MCPServerConfig
-from skyrl_tool_agent.mcp.copies import IsolatedServer, isolated_server, remove_dir, scratch_dir
+from skyrl_tool_agent.mcp.copies import IsolatedServer, isolated_server
 from skyrl_tool_agent.mcp.pool import BackgroundMCPPool, MCPClientPool, MCPConfigError, MCPPoolClosed
 from skyrl_tool_agent.mcp.reaper import run_reaper
 from skyrl_tool_agent.mcp.specs import ToolResult, ToolSpec
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 class ServerSet:
-    """The run's MCP servers (module docstring): `start` them (or enter `with`), `episode_tools`
+    """The run's MCP servers (module docstring): `start` them, `episode_tools`
     per episode, `close`. `writable_originals` are the paths the servers may write, known (and
     checked: each exists and is named by its server's command line) before any server starts."""
 
@@ -66,7 +66,8 @@ class ServerSet:
             if isolated is not None and not isolated.stateful:
                 continue  # its own warm pool, below
             if isolated is not None:
-                self._scratch = self._scratch or scratch_dir()
+                # the runtime's own copies: removed by `close`, and with the run however it ends
+                self._scratch = self._scratch or run_reaper().new_dir("servers-")
                 server = isolated.copy_into(self._scratch / server.name)  # the listing instance: its own copy too
             specs.append(server)
         self.pool = BackgroundMCPPool(specs, call_timeout_s=self.call_timeout_s,
@@ -113,14 +114,9 @@ class ServerSet:
                 logger.warning("closing the warm servers of %r failed: %r", servers.name, exc)
         if self._owns_pool and self.pool is not None:
             self.pool.close()
-        remove_dir(self._scratch)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         self._scratch = None
-
-    def __enter__(self) -> ServerSet:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _check_unique_tools(tools: Sequence[ToolSpec]) -> None:
@@ -137,18 +133,16 @@ class EpisodeTools:
     """One episode's tool calls, each routed as its server runs (module docstring); a stateful
     server's process starts at the episode's first call to it. `close`/`aclose` end the episode."""
 
-    def __init__(self, shared: BackgroundMCPPool, isolated: Sequence[IsolatedServer], *,
-                 call_timeout_s: float, warm: Mapping[str, WarmServers] | None = None,
-                 tools: Sequence[ToolSpec] | None = None) -> None:
+    def __init__(self, shared: BackgroundMCPPool, isolated: Sequence[IsolatedServer], *, call_timeout_s: float,
+                 warm: Mapping[str, WarmServers], tools: Sequence[ToolSpec]) -> None:
         self.shared = shared
         self.isolated = tuple(s for s in isolated if s.stateful)  # a process per episode
-        self.warm = dict(warm or {})
-        listed = list(tools) if tools is not None else shared.list_tools()
+        self.warm = dict(warm)
         #: Tool name -> the warm servers that serve it.
-        self.warm_tools: dict[str, WarmServers] = {t.name: self.warm[t.server] for t in listed if t.server in self.warm}
+        self.warm_tools: dict[str, WarmServers] = {t.name: self.warm[t.server] for t in tools if t.server in self.warm}
         #: Tools routed to the episode's own servers (the names the runtime lists for them).
         self.isolated_tools: dict[str, IsolatedServer] = {
-            t.name: s for t in listed for s in self.isolated if t.server == s.spec.name}
+            t.name: s for t in tools for s in self.isolated if t.server == s.spec.name}
         self.call_timeout_s = call_timeout_s
         self._states: dict[str, _EpisodeState] = {}
         self._pools: dict[str, MCPClientPool] = {}  # the stateful servers it called, by name

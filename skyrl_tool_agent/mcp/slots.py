@@ -115,7 +115,7 @@ class ServerSlot:
         self._task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._suspected: ClientSession | None = None  # out of rotation until its ping answers
-        self._pid: int | None = None  # the current process, from spawn until it is reaped
+        self.pid: int | None = None  # the current process, from spawn until it is reaped
 
     @property
     def ready(self) -> bool:
@@ -149,7 +149,7 @@ class ServerSlot:
         self._broken.set()
 
     def _kill(self) -> None:
-        if (pid := self._pid) is not None:
+        if (pid := self.pid) is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # the server leads its own group (mcp.transport)
 
@@ -180,10 +180,6 @@ class ServerSlot:
             if self._suspected is session:
                 self._suspected = None
             self.group.changed()  # wake calls waiting for a slot
-
-    def pid(self) -> int | None:
-        """Process id of the current server, or None while none runs."""
-        return self._pid
 
     def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV_VARS if k in os.environ}
@@ -219,7 +215,7 @@ class ServerSlot:
         try:
             async with server_transport(self.spec.command, list(self.spec.args), env=self._env(), cwd=self.spec.cwd,
                                         output=output) as (read_stream, write_stream):
-                self._pid = output.pid
+                self.pid = output.pid
                 watched = _EofWatchingStream(read_stream, lambda: self.mark_broken("server output ended"))
                 async with ClientSession(watched, write_stream) as session:
                     try:
@@ -248,7 +244,7 @@ class ServerSlot:
         except OSError as exc:  # the command itself cannot run
             raise _StartFailed(f"cannot run {self.spec.command!r}: {exc.strerror or exc}") from None
         finally:
-            self._pid = None
+            self.pid = None
         if failure is not None:
             if failure.startswith("no answer"):
                 output.returncode = None  # killed by us: its code says nothing

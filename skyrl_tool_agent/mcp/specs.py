@@ -26,7 +26,6 @@ class ToolResult:
 
     text: str
     is_error: bool = False
-    structured: dict[str, Any] | None = None
 
 
 class MCPPoolError(Exception):

@@ -95,13 +95,9 @@ class ServerOutput:
 
     def describe(self) -> str:
         """How the process ended and what it printed: the detail of a one-line start failure."""
-        parts = []
-        if self.returncode is not None:
-            parts.append(f"exit code {self.returncode}")
-        if self.stderr_tail:
-            parts.append("its stderr ends: " + " | ".join(_shown(line) for line in self.stderr_tail))
-        else:
-            parts.append("nothing on stderr")
+        parts = [] if self.returncode is None else [f"exit code {self.returncode}"]
+        parts.append(("its stderr ends: " + " | ".join(_shown(line) for line in self.stderr_tail)) if self.stderr_tail
+                     else "nothing on stderr")
         if self.bad_lines:
             parts.append(f"{self.bad_lines} non-protocol line(s) on stdout, the first {_shown(self.first_bad_line or '')}")
         return "; ".join(parts)

@@ -106,9 +106,6 @@ class WarmServers:
         self.running.append(proc)
         return proc.pool.tools
 
-    def processes(self) -> int:
-        return len(self.running)
-
     async def _acquire(self, state: _EpisodeState) -> _WarmProcess:
         condition = self._condition()
         async with condition:

@@ -141,8 +141,7 @@ def plan_run(s: mm.Setup, *, device_bytes: int, fraction: float, demand: int, ma
     else:
         top = min(update_cap or UPDATE_SATURATION_TOKENS, max(row, UPDATE_SATURATION_TOKENS // row * row))
         updates = list(range(max(row, top // row * row), 0, -row))
-    prefills = [p for p in (prefill_default, prefill_default // 2, prefill_default // 4, prefill_default // 8,
-                            prefill_default // 16, prefill_default // 32) if p >= MIN_PREFILL_TOKENS] or [prefill_default]
+    prefills = [p for p in (prefill_default // 2**k for k in range(6)) if p >= MIN_PREFILL_TOKENS] or [prefill_default]
     snapshots = [False, True] if s.mode == "lora" else [False]  # full mode samples a gathered (or plain) copy
     smallest = dict(update_tokens=updates[-1], prefill_tokens=prefills[-1], through_modules=snapshots[-1])
 
@@ -151,13 +150,12 @@ def plan_run(s: mm.Setup, *, device_bytes: int, fraction: float, demand: int, ma
                                **{**smallest, **choice})  # type: ignore[arg-type]
 
     most = fits()
-    if most < 1 and not explain:
-        raise PlanError("nothing fits")
     if most < 1:
         raise PlanError(_nothing_fits(s, device_bytes=device_bytes, fraction=fraction, capacity=capacity,
                                       max_total_tokens=max_total_tokens, smallest=smallest, demand=demand,
                                       update_tokens=update_tokens, prefill_default=prefill_default,
-                                      stop_check_interval=stop_check_interval, overhead_bytes=overhead_bytes))
+                                      stop_check_interval=stop_check_interval, overhead_bytes=overhead_bytes)
+                        if explain else "nothing fits")
     slots = min(demand, most)
     choice = dict(smallest)
     choice["update_tokens"] = next(u for u in updates if fits(**{**choice, "update_tokens": u}) >= slots)

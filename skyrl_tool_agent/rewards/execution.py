@@ -96,10 +96,8 @@ def _canon_value(value: Any, float_tolerant: bool) -> Any:
     """Canonical, hashable form of one cell (see the module docstring)."""
     if value is None or isinstance(value, str):
         return value
-    if isinstance(value, bool):
+    if isinstance(value, int):  # a bool too: True == 1
         return int(value)
-    if isinstance(value, int):
-        return value
     if isinstance(value, float):
         if math.isnan(value):
             return _NAN

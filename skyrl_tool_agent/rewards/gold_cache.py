@@ -64,12 +64,6 @@ class GoldResultCache:
             self.put(db_path, sql, result, identity=identity)
         return result
 
-    def clear(self) -> None:
-        """Drop all entries and reset the counters."""
-        with self._lock:
-            self._data.clear()
-            self.hits = self.misses = 0
-
     def __len__(self) -> int:
         with self._lock:
             return len(self._data)

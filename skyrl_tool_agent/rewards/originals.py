@@ -44,10 +44,6 @@ class OriginalData:
             f: (_stat_key(f), _sha256(f)) for f in dict.fromkeys(files)}
         self._changed: dict[Path, str] = {}
 
-    @property
-    def files(self) -> list[Path]:
-        return list(self._files)
-
     def _recheck(self, path: Path, *, full: bool) -> str | None:
         """Why `path` no longer holds its original bytes, or None."""
         stat, original = self._files[path]

@@ -89,22 +89,17 @@ def _predicate_key(pred: exp.Expression) -> str:
 def _components_of(tree: exp.Expression) -> dict[str, set[str]]:
     parts: dict[str, set[str]] = {name: set() for name in COMPONENTS}
     for select in tree.find_all(exp.Select):
-        for item in select.expressions:
-            parts["select"].add(_bare(item))
+        parts["select"].update(map(_bare, select.expressions))
         if select.args.get("distinct"):
             parts["distinct"].add("distinct")
         where = select.args.get("where")
-        for pred in _conjuncts(where.this if where else None):
-            parts["conditions"].add(_predicate_key(pred))
+        parts["conditions"].update(map(_predicate_key, _conjuncts(where.this if where else None)))
         for join in select.args.get("joins") or []:
-            for pred in _conjuncts(join.args.get("on")):
-                parts["conditions"].add(_predicate_key(pred))
+            parts["conditions"].update(map(_predicate_key, _conjuncts(join.args.get("on"))))
         having = select.args.get("having")
-        for pred in _conjuncts(having.this if having else None):
-            parts["having"].add(_predicate_key(pred))
+        parts["having"].update(map(_predicate_key, _conjuncts(having.this if having else None)))
         group = select.args.get("group")
-        for item in group.expressions if group else []:
-            parts["group_by"].add(_bare(item))
+        parts["group_by"].update(map(_bare, group.expressions if group else []))
     for order in tree.find_all(exp.Order):
         for item in order.expressions:
             if isinstance(item, exp.Ordered):
@@ -116,16 +111,11 @@ def _components_of(tree: exp.Expression) -> dict[str, set[str]]:
     for offset in tree.find_all(exp.Offset):
         if offset.expression is not None:
             parts["limit"].add(f"offset {_bare(offset.expression)}")
-    for table in tree.find_all(exp.Table):
-        if table.name:
-            parts["tables"].add(table.name)
-    for column in tree.find_all(exp.Column):
-        if column.name:
-            parts["columns"].add(column.name)
-    for _star in tree.find_all(exp.Star):
+    parts["tables"].update(table.name for table in tree.find_all(exp.Table) if table.name)
+    parts["columns"].update(column.name for column in tree.find_all(exp.Column) if column.name)
+    if tree.find(exp.Star) is not None:
         parts["columns"].add("*")
-    for agg in tree.find_all(exp.AggFunc):
-        parts["aggregates"].add(_bare(agg))
+    parts["aggregates"].update(map(_bare, tree.find_all(exp.AggFunc)))
     for setop in tree.find_all(exp.SetOperation):
         word = type(setop).__name__.lower()
         if isinstance(setop, exp.Union) and not setop.args.get("distinct", True):

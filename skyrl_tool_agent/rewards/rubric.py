@@ -77,10 +77,6 @@ class RewardBreakdown:
     solved: bool = False  # the answer returns the gold result (whatever the terms)
     pred_error: str | None = None  # why the answer failed to run, if it did
 
-    def as_dict(self) -> dict[str, float]:
-        """Each term's value by name, for logs and metrics (`reward_components`)."""
-        return dict(self.terms)
-
 
 class Rubric:
     """Weighted reward terms and the one formula that combines them (module docstring)."""

@@ -49,37 +49,22 @@ def _scope_tables(select: exp.Select) -> list[exp.Table]:
     return [t for t in select.find_all(exp.Table) if t.parent_select is select]
 
 
-def _quoted_name_to_literal(node: exp.Expression) -> exp.Expression:
-    """Turn an unqualified quoted column (``"Bob"``) used as a value into a string literal."""
-    if (
-        isinstance(node, exp.Column)
-        and not node.table
-        and isinstance(node.this, exp.Identifier)
-        and node.this.quoted
-    ):
-        return exp.Literal.string(node.this.this)
-    return node
+def _literalise(node: exp.Expression | None) -> None:
+    """An unqualified quoted column (``"Bob"``) used as a value becomes a string literal, in place."""
+    if isinstance(node, exp.Column) and not node.table and isinstance(node.this, exp.Identifier) and node.this.quoted:
+        node.replace(exp.Literal.string(node.this.this))
 
 
 def _literalise_quoted_values(tree: exp.Expression) -> None:
     for cmp in list(tree.find_all(*_COMPARISONS)):
-        left, right = cmp.this, cmp.expression
-        if isinstance(left, exp.Column) and isinstance(right, exp.Column):
-            new_right = _quoted_name_to_literal(right)
-            if new_right is not right:
-                right.replace(new_right)
+        if isinstance(cmp.this, exp.Column) and isinstance(cmp.expression, exp.Column):
+            _literalise(cmp.expression)
     for node in list(tree.find_all(exp.In)):
         for item in list(node.expressions):
-            new_item = _quoted_name_to_literal(item)
-            if new_item is not item:
-                item.replace(new_item)
+            _literalise(item)
     for node in list(tree.find_all(exp.Between)):
-        for key in ("low", "high"):
-            bound = node.args.get(key)
-            if bound is not None:
-                new_bound = _quoted_name_to_literal(bound)
-                if new_bound is not bound:
-                    bound.replace(new_bound)
+        _literalise(node.args.get("low"))
+        _literalise(node.args.get("high"))
 
 
 def _resolve_aliases(tree: exp.Expression) -> None:

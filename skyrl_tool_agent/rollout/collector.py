@@ -292,7 +292,7 @@ class TrajectoryCollector:
         if not env.done:  # ended by the token budget: score what we have (no answer)
             env.reward = await asyncio.to_thread(env.score)
             done_reason = done_reason or "max_tokens"
-            metadata = {"done_reason": done_reason, "reward_components": env.reward.as_dict(), **env.get_metrics()}
+            metadata = {"done_reason": done_reason, "reward_components": dict(env.reward.terms), **env.get_metrics()}
             if traj.turn_rewards:
                 traj.turn_rewards[-1] = env.reward.total
         traj.result = self._result(task, env, metadata)
@@ -308,7 +308,7 @@ class TrajectoryCollector:
             task_id=task.task_id,
             db_id=task.db_id,
             reward=reward.total if reward else 0.0,
-            components=reward.as_dict() if reward else {},
+            components=dict(reward.terms) if reward else {},
             solved=bool(reward and reward.solved),
             turns=env.turns,
             tool_calls=env.tool_calls,

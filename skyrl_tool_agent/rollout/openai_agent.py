@@ -31,7 +31,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -184,12 +184,6 @@ def probe_endpoint(endpoint: Endpoint) -> dict[str, Any]:
     return dict(_probe(endpoint))
 
 
-def resolve_endpoint(endpoint: Endpoint) -> Endpoint:
-    """`endpoint`, probed, with `model` the name the server takes (see `probe_endpoint`)."""
-    model = _probe(endpoint)["model"]
-    return endpoint if model == endpoint.model else replace(endpoint, model=model)
-
-
 def _same_model(requested: str, name: str) -> bool:
     """Whether `requested` names the served `name`: the same, either with a `@revision`, or `name`'s last path part."""
     def bare(x: str) -> str:
@@ -317,9 +311,7 @@ class OpenAIChatAgent(Agent):
         return list(await asyncio.gather(*(self._turn(r) for r in requests)))
 
     def _request_seed(self, request: TurnRequest) -> int | None:
-        if self.params.greedy:
-            return None
-        return (self.seed * 1_000_003 + request.seq * 1_009 + request.turn) % 2**31
+        return None if self.params.greedy else (self.seed * 1_000_003 + request.seq * 1_009 + request.turn) % 2**31
 
     async def _turn(self, request: TurnRequest) -> AgentTurn:
         client, slots = self._session()

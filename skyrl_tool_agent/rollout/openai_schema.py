@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 SERVER_ERROR = "server_error"  # HTTP 5xx after the retries
 TOO_LARGE = "too_large"  # a body or a turn's text over its cap
 MALFORMED = "malformed"  # not JSON, not a chat completion, an unknown content coding
-PROTOCOL_REASONS = (SERVER_ERROR, TOO_LARGE, MALFORMED)
 
 #: The smallest caps (see the module doc).
 MIN_TURN_CHARS = 64 * 1024
@@ -31,7 +30,7 @@ BYTES_PER_CHAR = 8
 
 
 class ProtocolError(Exception):
-    """An answer no turn can be made of; `reason` is one of `PROTOCOL_REASONS`."""
+    """An answer no turn can be made of; `reason` is one of the three above."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

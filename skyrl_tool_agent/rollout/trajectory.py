@@ -25,9 +25,6 @@ class EpisodeResult:
     error: str | None = None
     retries: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass
 class Trajectory:
@@ -63,5 +60,5 @@ class Trajectory:
             "turn_rewards": self.turn_rewards,
             "policy_tokens": self.num_policy_tokens,
             **({"agent_meta": self.agent_meta} if self.agent_meta else {}),
-            **self.result.as_dict(),
+            **asdict(self.result),
         }

@@ -49,6 +49,14 @@ def oracle_episodes(runtime: EnvRuntime, tasks: Sequence[Task], settings: Collec
     return solved
 
 
+def validation_figures(policy: QwenPolicy, runtime: EnvRuntime, tasks: Sequence[Task], settings: CollectorSettings,
+                       *extra: str) -> dict[str, Any]:
+    """A build's validation point: greedy execution accuracy, format rate and turns on held-out
+    `tasks`, and the `extra` figures of the evaluation's record."""
+    figures = greedy_evaluation(policy, runtime, tasks, settings).record
+    return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns", *extra) if k in figures}
+
+
 class RedrawnEpochs:
     """The examples of each epoch with constants redrawn: `self(epoch)` redraws every task's stated
     constants (`redraw.redraw_constants`), runs the oracle on them through the real env and
@@ -59,7 +67,6 @@ class RedrawnEpochs:
                  seed: int, held_out_sql: set[str], retries: int = 3) -> None:
         self.runtime, self.tasks, self.settings, self.tokenizer = runtime, list(tasks), settings, tokenizer
         self.seed, self.held_out_sql, self.retries = seed, held_out_sql, retries
-        self.last_tasks: list[Task] = []  # the tasks of the last epoch built (what its examples are of)
 
     def draw(self, epoch: int) -> list[Task]:
         """Every task, its constants redrawn for `epoch` where it can be (class docstring)."""
@@ -81,7 +88,6 @@ class RedrawnEpochs:
     def __call__(self, epoch: int) -> list[tuple[list[int], list[int]]]:
         t0 = time.monotonic()
         tasks = self.draw(epoch)
-        self.last_tasks = tasks
         conversations = oracle_conversations(self.runtime, tasks, self.settings)
         logger.info("epoch %d: %d of %d tasks redrawn, %d oracle episodes in %.0f s", epoch,
                     sum(t.task_id.endswith("~redrawn") for t in tasks), len(tasks), len(conversations),
@@ -104,8 +110,8 @@ def build_embedded_model(
     provenance: dict | None = None,
     redraw_held_out_sql: set[str] | None = None,
 ) -> dict:
-    """Build and save the embedded model into `out_dir` (a temporary sibling renamed into place);
-    returns the build report, also saved as `warmstart.json` with each file's sha256.
+    """Build and save the embedded model into `out_dir` (`save_model_dir`); returns the build report,
+    also saved as `warmstart.json` with each file's sha256.
     `collector_settings`: the oracle episodes'; `eval_settings`: the held-out evaluations'.
     `redraw_held_out_sql`: given, every epoch's constants are redrawn (`RedrawnEpochs`)."""
     t0 = time.monotonic()
@@ -132,29 +138,33 @@ def build_embedded_model(
     report["parameters"] = sum(p.numel() for p in model.parameters())
     policy = QwenPolicy(model, tokenizer, mode="full")
 
-    def evaluate(step: int) -> dict[str, float]:
-        figures = greedy_evaluation(policy, runtime, heldout_tasks, eval_settings).record
-        return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns") if k in figures}
-
     def on_step(step: int, loss: float) -> None:
         if progress:
             progress(f"warm start loss {loss:.3f}", step / sft.steps)
 
-    history = supervised_finetune(model, examples, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=on_step,
-                                  epoch_examples=redrawn)
+    history = supervised_finetune(
+        model, examples, tokenizer.pad_token_id, sft, progress=on_step, epoch_examples=redrawn,
+        evaluate=lambda _step: validation_figures(policy, runtime, heldout_tasks, eval_settings))
     report["sft"] = {"settings": asdict(sft), "loss": history.loss, "evals": history.evals, "seconds": history.seconds,
                      "planned_steps": history.planned_steps}
     report["total_seconds"] = time.monotonic() - t0
 
+    save_model_dir(out_dir, policy, report)
+    return report
+
+
+def save_model_dir(out_dir: Path, policy: QwenPolicy, record: dict[str, Any]) -> None:
+    """The model and tokenizer saved as `out_dir` with `record` as its manifest, each file's sha256 in
+    `record["files"]` (what `verify_manifest` checks before the build is used); written to a
+    temporary sibling renamed into place, so a kill leaves the old directory or the new one."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        report["files"] = tree_hashes(staging)  # what `verify_manifest` checks before the build is used
-        (staging / MANIFEST_FILE).write_text(json.dumps(report, indent=1) + "\n")
+        policy.model.save_pretrained(staging)
+        policy.tokenizer.save_pretrained(staging)
+        record["files"] = tree_hashes(staging)
+        (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
         shutil.rmtree(out_dir, ignore_errors=True)
         staging.rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return report

@@ -20,6 +20,7 @@ from skyrl_tool_agent.config import ModelConfig
 from skyrl_tool_agent.data.frontier import Frontier
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
+from skyrl_tool_agent.eval.greedy import progress_counter
 from skyrl_tool_agent.eval.metrics import solved_outcome
 from skyrl_tool_agent.policy.manifest import model_weights_sha256
 from skyrl_tool_agent.policy.qwen import QwenPolicy
@@ -37,16 +38,10 @@ def measure_frontier(model_dir: Path, runtime: EnvRuntime, tasks: Sequence[Task]
     as unsolved and is logged. `on_episode(done, total)` reports progress."""
     policy = QwenPolicy.from_config(ModelConfig(embedded_dir=str(model_dir)), mode="full")
     torch.manual_seed(seed)
-    total, done, unscored = len(tasks) * samples, 0, 0
-
-    def episode_done(_trajectory: object) -> None:
-        nonlocal done
-        done += 1
-        if on_episode is not None:
-            on_episode(done, total)
-
+    total, unscored = len(tasks) * samples, 0
     t0 = time.monotonic()
-    trajectories = collect_episodes(policy, runtime, tasks, samples, params, settings, episode_done)
+    trajectories = collect_episodes(policy, runtime, tasks, samples, params, settings,
+                                    progress_counter(on_episode, total))
     counts: dict[str, int] = {}
     for i, task in enumerate(tasks):
         outcomes = [solved_outcome(t) for t in trajectories[i * samples:(i + 1) * samples]]

@@ -23,14 +23,13 @@ from typing import Any
 import torch
 
 from skyrl_tool_agent.config import ModelConfig
-from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.eval.metrics import format_rate
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
+from skyrl_tool_agent.policy.manifest import MANIFEST_FILE
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
-from skyrl_tool_agent.warmstart.build import RedrawnEpochs, oracle_conversations
+from skyrl_tool_agent.warmstart.build import RedrawnEpochs, oracle_conversations, save_model_dir, validation_figures
 from skyrl_tool_agent.warmstart.sft import SFTHistory, SFTSettings, conversation_to_ids, supervised_finetune
 
 logger = logging.getLogger(__name__)
@@ -174,10 +173,6 @@ def train_to_plateau(
     logger.info("plateau build: %d oracle episodes of %d pool tasks in %.0f s; %d held-out tasks",
                 len(examples), len(train_tasks), time.monotonic() - t0, len(heldout_tasks))
 
-    def evaluate(_step: int) -> dict[str, Any]:
-        figures = greedy_evaluation(policy, runtime, heldout_tasks, eval_settings).record
-        return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns", "solved") if k in figures}
-
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def after_eval(history: SFTHistory, state: Callable[[], dict[str, Any]]) -> bool:
@@ -194,9 +189,10 @@ def train_to_plateau(
         history = SFTHistory(loss=[tuple(x) for x in resume["history"]["loss"]], evals=resume["history"]["evals"],
                              seconds=resume["history"]["seconds"])
     else:
-        history = supervised_finetune(policy.model, examples, policy.tokenizer.pad_token_id, sft, evaluate=evaluate,
-                                      progress=progress, resume=resume, after_eval=after_eval,
-                                      epoch_examples=redrawn)
+        history = supervised_finetune(
+            policy.model, examples, policy.tokenizer.pad_token_id, sft, progress=progress, resume=resume,
+            evaluate=lambda _step: validation_figures(policy, runtime, heldout_tasks, eval_settings, "solved"),
+            after_eval=after_eval, epoch_examples=redrawn)
 
     record: dict[str, Any] = {**(provenance or {})}
     start_manifest = start_dir / MANIFEST_FILE
@@ -213,16 +209,7 @@ def train_to_plateau(
     record["plateau"] = {"rule": asdict(rule), "tail_gain": tail_gain(history.evals, rule),
                          "stopped": stopped[0] if stopped else "schedule ended"}
     model_dir = out_dir / MODEL_DIR
-    staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR}-", dir=out_dir))
-    try:
-        policy.model.save_pretrained(staging)
-        policy.tokenizer.save_pretrained(staging)
-        record["files"] = tree_hashes(staging)
-        (staging / MANIFEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        shutil.rmtree(model_dir, ignore_errors=True)
-        staging.rename(model_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    save_model_dir(model_dir, policy, record)
     logger.info("plateau build: %s; model in %s", record["plateau"]["stopped"], model_dir)
     return record
 

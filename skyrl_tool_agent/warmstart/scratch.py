@@ -21,11 +21,11 @@ from typing import Any
 
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.greedy import greedy_evaluation
 from skyrl_tool_agent.policy.embedded import new_tiny_qwen2
 from skyrl_tool_agent.policy.manifest import MANIFEST_FILE, tree_hashes
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.warmstart.build import validation_figures
 from skyrl_tool_agent.warmstart.plateau import PlateauRule, stop_reason, tail_gain
 from skyrl_tool_agent.warmstart.sft import PackedExamples, SFTHistory, SFTSettings, supervised_finetune
 
@@ -105,10 +105,6 @@ def build_from_scratch(
     logger.info("model from nothing: %s, %.1fM parameters, %d oracle episodes, %.0f s to train",
                 asdict(shape), parameters / 1e6, len(examples), seconds)
 
-    def evaluate(_step: int) -> dict[str, Any]:
-        figures = greedy_evaluation(policy, runtime, heldout_tasks, eval_settings).record
-        return {k: figures[k] for k in ("execution_accuracy", "format_ok_rate", "mean_turns") if k in figures}
-
     stopped: list[str] = []
 
     def after_eval(history: SFTHistory, state: Callable[[], dict[str, Any]]) -> bool:
@@ -123,8 +119,9 @@ def build_from_scratch(
     # Evaluation marks on the training clock (evaluations are off it); the schedule fit ignores
     # their time, so the cap may end the cosine a little before its tail.
     marks = [] if fixed_steps else [seconds * (i + 1) / (evaluations + 1) for i in range(evaluations)]
-    history = supervised_finetune(model, packed, tokenizer.pad_token_id, sft, evaluate=evaluate, progress=progress,
-                                  deadline=deadline, eval_at_seconds=marks, after_eval=after_eval)
+    history = supervised_finetune(
+        model, packed, tokenizer.pad_token_id, sft, progress=progress, deadline=deadline, eval_at_seconds=marks,
+        after_eval=after_eval, evaluate=lambda _step: validation_figures(policy, runtime, heldout_tasks, eval_settings))
     record: dict[str, Any] = {**(provenance or {}), "shape": asdict(shape), "parameters": parameters,
                               "vocab_size": len(tokenizer), "oracle_episodes": len(examples),
                               "heldout_tasks": len(heldout_tasks), "device": device}

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from skyrl_tool_agent.data.loader import rng_state_from_json, rng_state_to_json
 from skyrl_tool_agent.env.chat_format import IM_END, render_conversation, render_observation
 from skyrl_tool_agent.policy.prefix import batch_logprobs
 
@@ -103,16 +104,6 @@ class SFTHistory:
     evals: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
     planned_steps: int = 0  # where the cosine schedule ends (fewer than asked when a time budget binds)
-
-
-def _rng_state_to_list(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _rng_state_from_list(state: list) -> tuple:
-    version, internal, gauss = state
-    return (int(version), tuple(int(x) for x in internal), gauss)
 
 
 #: On CUDA, per-step losses stay on the device and are read back this often (and at evaluations
@@ -247,14 +238,14 @@ def supervised_finetune(
         if epoch_examples is not None and epochs > 1:  # the epoch it stopped in, rebuilt as it was
             data = PackedExamples.pack(epoch_examples(epochs - 1), pad_id, device, settings.max_length)
         step, planned, order = int(resume["step"]), int(resume["planned"]), [int(i) for i in resume["order"]]
-        rng.setstate(_rng_state_from_list(resume["rng"]))
+        rng.setstate(rng_state_from_json(resume["rng"]))
         history = SFTHistory(loss=[(int(s_), float(v)) for s_, v in resume["history"]["loss"]],
                              evals=list(resume["history"]["evals"]))
         start -= float(resume["history"]["seconds"])  # the training clock goes on where it stopped
 
     def state() -> dict[str, Any]:
         return {"step": step + 1, "planned": planned, "order": list(order), "epochs": epochs,
-                "rng": _rng_state_to_list(rng.getstate()),
+                "rng": rng_state_to_json(rng.getstate()),
                 "optimizer": optimizer.state_dict(),
                 "history": {"loss": [list(x) for x in history.loss], "evals": history.evals,
                             "seconds": clock() - start - eval_seconds}}
