@@ -8,6 +8,7 @@ Evaluations and checkpoints on cadence.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -41,7 +42,8 @@ from skyrl_tool_agent.memory.sizing import plan_for
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.weights import base_model, is_sharded, sampling_dtype
-from skyrl_tool_agent.rollout.collector import CollectorSettings, collect_episodes
+from skyrl_tool_agent.rollout.agents import PolicyAgent
+from skyrl_tool_agent.rollout.collector import CollectorSettings, TrajectoryCollector
 from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -144,8 +146,10 @@ class GRPOTrainer:
                 on_episode_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """`group_size` episodes per task of the policy through the env, drawn with `params`
         (`settings`: the training ones unless given)."""
-        return collect_episodes(self.policy, self.runtime, tasks, group_size, params,
-                                settings or self.collector_settings, on_episode_done)
+        agent = PolicyAgent(self.policy, params)
+        collector = TrajectoryCollector(self.runtime, agent, tokenizer=agent.tokenizer,
+                                        settings=settings or self.collector_settings)
+        return asyncio.run(collector.collect(tasks, group_size, on_episode_done=on_episode_done))
 
     def evaluate(self) -> dict[str, Any]:
         """The run's evaluation of `eval_tasks` (`eval.greedy.training_evaluation`: greedy with
