@@ -303,9 +303,6 @@ class BackgroundMCPPool:
             raise MCPPoolClosed("the MCP pool is not started")
         return list(self._tools)
 
-    def server_pids(self) -> dict[str, list[int | None]]:
-        return self.pool.server_pids()
-
     async def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
         """Awaitable from any event loop (including one on another thread)."""
         return await asyncio.wrap_future(self.submit(self.pool.call_tool(name, arguments, timeout_s=timeout_s)))
