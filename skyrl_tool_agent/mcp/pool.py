@@ -149,7 +149,7 @@ class MCPClientPool:
             with anyio.fail_after(self.startup_timeout_s + 5.0):
                 for slot in slots:
                     await slot.first_attempt_done.wait()
-            failed = [f"{s.spec.name}[{s.index}]: {s.last_error or 'not ready'}" for s in slots if not s.ready]
+            failed = [f"{s.spec.name}[{s.index}]: {s.last_error or 'not ready'}" for s in slots if s.session is None]
             if failed:
                 raise MCPConfigError("MCP servers failed to start: " + "; ".join(failed))
             self._build_routes()

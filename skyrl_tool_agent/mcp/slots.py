@@ -117,10 +117,6 @@ class ServerSlot:
         self._suspected: ClientSession | None = None  # out of rotation until its ping answers
         self.pid: int | None = None  # the current process, from spawn until it is reaped
 
-    @property
-    def ready(self) -> bool:
-        return self.session is not None
-
     def start(self) -> None:
         name = f"mcp-slot-{self.spec.name}-{self.index}"
         self._task = asyncio.get_running_loop().create_task(self._supervise(), name=name)
