@@ -271,7 +271,8 @@ class TrajectoryCollector:
                 traj.result = self._result(task, env, {"done_reason": "error"}, error=reply.infra_error)
                 return traj
             if record:
-                ids = reply.token_ids if reply.token_ids is not None else self._encode(reply.text) + self._end_of_turn()
+                end = [self.tokenizer.convert_tokens_to_ids(IM_END)]
+                ids = reply.token_ids if reply.token_ids is not None else self._encode(reply.text) + end
                 logps = reply.logprobs if reply.logprobs is not None else [0.0] * len(ids)
                 traj.token_ids += ids
                 traj.loss_mask += [1] * len(ids)
@@ -295,9 +296,6 @@ class TrajectoryCollector:
                 traj.turn_rewards[-1] = env.reward.total
         traj.result = self._result(task, env, metadata)
         return traj
-
-    def _end_of_turn(self) -> list[int]:
-        return [self.tokenizer.convert_tokens_to_ids(IM_END)]
 
     @staticmethod
     def _result(task: Task, env: MCPToolEnvironment, metadata: dict[str, Any],
