@@ -303,10 +303,6 @@ class BackgroundMCPPool:
             raise MCPPoolClosed("the MCP pool is not started")
         return list(self._tools)
 
-    async def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
-        """Awaitable from any event loop (including one on another thread)."""
-        return await asyncio.wrap_future(self.submit(self.pool.call_tool(name, arguments, timeout_s=timeout_s)))
-
     def close(self) -> None:
         """Stop the servers and the loop thread (idempotent; leaves no child processes)."""
         with self._lock:
