@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception,
+    retry_if_exception_type,
     stop_after_attempt,
     wait_exponential,
 )
@@ -147,10 +147,6 @@ def error_detail(response: BoundedResponse) -> str:
         if error is not None:
             return " ".join(str(error).split())[:300]
     return json.dumps(body)[:300]
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (_RetryableStatus, httpx.TransportError))
 
 
 def message_text(message: AssistantMessage | dict[str, Any]) -> str:
@@ -340,7 +336,8 @@ class OpenAIChatAgent(Agent):
 
         try:
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retryable), reraise=True, before_sleep=self._count_retry,
+                retry=retry_if_exception_type((_RetryableStatus, httpx.TransportError)), reraise=True,
+                before_sleep=self._count_retry,
                 stop=stop_after_attempt(self.endpoint.max_retries + 1),
                 wait=wait_exponential(multiplier=self.endpoint.backoff_s, max=MAX_BACKOFF_S),
             ):
