@@ -95,7 +95,6 @@ class BadRecordsError(UserInputError):
     def __init__(self, bad: Sequence[BadRecord]) -> None:
         more = f" (and {len(bad) - 1} more bad records)" if len(bad) > 1 else ""
         super().__init__(f"{bad[0].line()}{more}; fix the data, or pass {SKIP_FLAG} to leave bad records out")
-        self.bad = list(bad)
 
 
 def _non_utf8_field(item: Any) -> str | None:
