@@ -13,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from skyrl_tool_agent.grpo.advantages import group_advantages, informative_group_mask, scale_by_batch
+from skyrl_tool_agent.grpo.advantages import batch_scaled_advantages, group_advantages, informative_group_mask
 from skyrl_tool_agent.grpo.masking import masked_max, masked_mean, masked_sum
 
 REWARDS = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.2, 0.9, 0.1], [0.3, 0.3, 0.3, 0.3]]
@@ -93,22 +93,15 @@ def test_informative_group_mask() -> None:
     assert informative_group_mask(near, atol=1e-6).tolist() == [False, True]
 
 
-def test_scale_by_batch() -> None:
-    adv = _t([[1.0, -1.0, 3.0], [0.0, 2.0, -5.0]])
-    flat = [x for row in adv.tolist() for x in row]
-    scaled = scale_by_batch(adv, eps=0.0)
-    assert scaled.flatten().tolist() == pytest.approx([x / statistics.stdev(flat) for x in flat])
-    # std from a reference (raw rewards: TRL's scale_rewards="batch")
-    rewards = _t([[1.0, 0.0, 0.0, 1.0]])
-    by_ref = scale_by_batch(adv, eps=0.0, reference=rewards)
-    assert by_ref.flatten().tolist() == pytest.approx([x / statistics.stdev([1, 0, 0, 1]) for x in flat])
-    # masked statistics: only the first row counts
-    mask = torch.tensor([[True, True, True], [False, False, False]])
-    masked = scale_by_batch(adv, eps=0.0, mask=mask)
-    assert masked[0, 0].item() == pytest.approx(1.0 / statistics.stdev([1.0, -1.0, 3.0]))
+def test_batch_scaled_advantages() -> None:
+    rewards = _t([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    flat = [x for row in rewards.tolist() for x in row]
+    scaled = batch_scaled_advantages(rewards, "grpo", eps=0.0)  # group-centred, over the batch's std
+    assert scaled[0].tolist() == pytest.approx([x / statistics.stdev(flat) for x in (0.5, -0.5, -0.5, 0.5)])
+    assert scaled[1].eq(0).all()  # a uniform group stays exactly 0
+    assert torch.equal(scaled, batch_scaled_advantages(rewards, "dr_grpo", eps=0.0))
     # zero spread: returned unchanged, not divided by eps
-    const = torch.full((2, 3), 0.0)
-    assert scale_by_batch(const).eq(0).all()
+    assert batch_scaled_advantages(torch.full((2, 3), 0.5)).eq(0).all()
 
 
 # ---------------------------------------------------------------- masking helpers

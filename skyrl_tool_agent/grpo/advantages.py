@@ -28,11 +28,9 @@ __all__ = [
     "discounted_returns",
     "group_advantages",
     "informative_group_mask",
-    "scale_by_batch",
     "turn_of_token",
     "turn_token_advantages",
 ]
-
 
 
 def _check_rewards(rewards: Tensor) -> None:
@@ -85,36 +83,15 @@ def group_advantages(
     return adv.masked_fill(uniform.unsqueeze(1), 0.0)
 
 
-def scale_by_batch(
-    advantages: Tensor,
-    eps: float = 1e-6,
-    mask: Tensor | None = None,
-    reference: Tensor | None = None,
-) -> Tensor:
-    """Divide advantages by one batch-wide std (`std + eps`), instead of (or after) per-group scaling.
-
-    The std is taken over `reference` when given, else over `advantages`, restricted to `mask`
-    (same shape as that source; all entries when None). Pass the raw rewards as `reference` to get
-    TRL's ``scale_rewards="batch"`` (group-centred rewards over the batch std of rewards, as in
-    "Tricks or Traps", Liu et al. 2025). Where the std is 0 (nothing to scale) the advantages are
-    returned unchanged.
-    """
-    source = advantages if reference is None else reference
-    values = source.reshape(-1) if mask is None else source[mask.bool().expand_as(source)]
-    values = values.float()
-    if values.numel() > 1:
-        std = values.std().to(advantages.dtype)
-    else:
-        std = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
-    return torch.where(std > 0, advantages / (std + eps), advantages)
-
-
 def batch_scaled_advantages(rewards: Tensor, estimator: AdvantageEstimator = "grpo", eps: float = 1e-6) -> Tensor:
-    """TRL's ``scale_rewards="batch"``: rewards `[N, G]` centred within each group (``rloo``:
-    times G / (G - 1)), then divided by the std of all the batch's rewards instead of each group's
-    own std (so ``grpo`` and ``dr_grpo`` give the same values). Uniform groups stay exactly 0."""
+    """TRL's ``scale_rewards="batch"`` ("Tricks or Traps", Liu et al. 2025): rewards `[N, G]` centred
+    within each group (``rloo``: times G / (G - 1)), then divided by `std + eps` of all the batch's
+    rewards instead of each group's own std (so ``grpo`` and ``dr_grpo`` give the same values).
+    Uniform groups stay exactly 0; a batch whose rewards have no spread is returned centred, unscaled."""
     centred = group_advantages(rewards, "rloo" if estimator == "rloo" else "dr_grpo")
-    return scale_by_batch(centred, eps=eps, reference=rewards)
+    values = rewards.reshape(-1).float()
+    std = values.std().to(centred.dtype) if values.numel() > 1 else torch.zeros((), dtype=centred.dtype)
+    return torch.where(std > 0, centred / (std + eps), centred)
 
 
 def turn_of_token(loss_mask: Tensor) -> Tensor:
