@@ -48,19 +48,13 @@ def informative_group_mask(rewards: Tensor, atol: float = 0.0) -> Tensor:
     return spread > atol
 
 
-def group_advantages(
-    rewards: Tensor,
-    estimator: AdvantageEstimator = "grpo",
-    eps: float = 1e-6,
-    unbiased_std: bool = True,
-) -> Tensor:
+def group_advantages(rewards: Tensor, estimator: AdvantageEstimator = "grpo", eps: float = 1e-6) -> Tensor:
     """Per-completion advantages `[N, G]` from rewards `[N, G]`, normalised within each group.
 
     `estimator` picks the formula (module docstring). For ``grpo`` the std is the unbiased (G - 1)
-    sample std by default, as TRL's GRPOTrainer uses; pass `unbiased_std=False` for the population
-    std. Groups whose rewards are all equal get exactly 0 (never NaN, also for G = 1), since
-    `r - mean` can be a rounding error away from 0 and dividing it by `eps` would blow it up.
-    ``rloo`` needs G >= 2.
+    sample std, as TRL's GRPOTrainer uses. Groups whose rewards are all equal get exactly 0 (never
+    NaN, also for G = 1), since `r - mean` can be a rounding error away from 0 and dividing it by
+    `eps` would blow it up. ``rloo`` needs G >= 2.
     """
     _check_rewards(rewards)
     rewards = rewards.float() if not rewards.is_floating_point() else rewards
@@ -68,7 +62,7 @@ def group_advantages(
     mean = rewards.mean(dim=1, keepdim=True)
     centred = rewards - mean
     if estimator == "grpo":
-        std = rewards.std(dim=1, keepdim=True, unbiased=unbiased_std) if group_size > 1 else torch.zeros_like(mean)
+        std = rewards.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
         adv = centred / (std + eps)
     elif estimator == "dr_grpo":
         adv = centred
