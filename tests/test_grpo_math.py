@@ -13,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from skyrl_tool_agent.grpo.advantages import group_advantages, informative_group_mask, scale_by_batch
+from skyrl_tool_agent.grpo.advantages import batch_scaled_advantages, group_advantages, informative_group_mask
 from skyrl_tool_agent.grpo.masking import masked_max, masked_mean, masked_sum
 
 REWARDS = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.2, 0.9, 0.1], [0.3, 0.3, 0.3, 0.3]]
@@ -26,18 +26,15 @@ def _t(rows: list[list[float]]) -> torch.Tensor:
 # ---------------------------------------------------------------- group advantages
 
 
-@pytest.mark.parametrize("unbiased", [True, False])
-def test_grpo_advantages_match_hand_computed(unbiased: bool) -> None:
+def test_grpo_advantages_match_hand_computed() -> None:
     eps = 1e-6
-    adv = group_advantages(_t(REWARDS), "grpo", eps=eps, unbiased_std=unbiased)
-    std_fn = statistics.stdev if unbiased else statistics.pstdev
+    adv = group_advantages(_t(REWARDS), "grpo", eps=eps)
     for i, row in enumerate(REWARDS[:2]):
-        mean, std = statistics.fmean(row), std_fn(row)
+        mean, std = statistics.fmean(row), statistics.stdev(row)
         for j, r in enumerate(row):
             assert adv[i, j].item() == pytest.approx((r - mean) / (std + eps), rel=1e-9)
     # [1, 0, 0, 1]: unbiased std = sqrt(1/3), so the advantages are +-0.5 * sqrt(3) (eps aside).
-    if unbiased:
-        assert adv[0, 0].item() == pytest.approx(0.5 * math.sqrt(3), rel=1e-5)
+    assert adv[0, 0].item() == pytest.approx(0.5 * math.sqrt(3), rel=1e-5)
 
 
 def test_dr_grpo_is_centred_reward() -> None:
@@ -93,22 +90,15 @@ def test_informative_group_mask() -> None:
     assert informative_group_mask(near, atol=1e-6).tolist() == [False, True]
 
 
-def test_scale_by_batch() -> None:
-    adv = _t([[1.0, -1.0, 3.0], [0.0, 2.0, -5.0]])
-    flat = [x for row in adv.tolist() for x in row]
-    scaled = scale_by_batch(adv, eps=0.0)
-    assert scaled.flatten().tolist() == pytest.approx([x / statistics.stdev(flat) for x in flat])
-    # std from a reference (raw rewards: TRL's scale_rewards="batch")
-    rewards = _t([[1.0, 0.0, 0.0, 1.0]])
-    by_ref = scale_by_batch(adv, eps=0.0, reference=rewards)
-    assert by_ref.flatten().tolist() == pytest.approx([x / statistics.stdev([1, 0, 0, 1]) for x in flat])
-    # masked statistics: only the first row counts
-    mask = torch.tensor([[True, True, True], [False, False, False]])
-    masked = scale_by_batch(adv, eps=0.0, mask=mask)
-    assert masked[0, 0].item() == pytest.approx(1.0 / statistics.stdev([1.0, -1.0, 3.0]))
+def test_batch_scaled_advantages() -> None:
+    rewards = _t([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    flat = [x for row in rewards.tolist() for x in row]
+    scaled = batch_scaled_advantages(rewards, "grpo", eps=0.0)  # group-centred, over the batch's std
+    assert scaled[0].tolist() == pytest.approx([x / statistics.stdev(flat) for x in (0.5, -0.5, -0.5, 0.5)])
+    assert scaled[1].eq(0).all()  # a uniform group stays exactly 0
+    assert torch.equal(scaled, batch_scaled_advantages(rewards, "dr_grpo", eps=0.0))
     # zero spread: returned unchanged, not divided by eps
-    const = torch.full((2, 3), 0.0)
-    assert scale_by_batch(const).eq(0).all()
+    assert batch_scaled_advantages(torch.full((2, 3), 0.5)).eq(0).all()
 
 
 # ---------------------------------------------------------------- masking helpers
@@ -119,7 +109,6 @@ def test_masked_reductions() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert masked_sum(x, mask).item() == 7.0
     assert masked_mean(x, mask).item() == pytest.approx(7 / 3)
-    assert masked_mean(x, mask, dim=1).tolist() == pytest.approx([1.5, 4.0])
     assert masked_max(x, mask).item() == 4.0
     assert masked_max(x, torch.zeros_like(mask)).item() == 0.0
     assert masked_mean(x, torch.zeros_like(mask)).item() == 0.0  # empty mask: 0, not NaN

@@ -206,7 +206,8 @@ def test_background_pool_from_threads_and_other_loops(dbs: tuple[Path, Path]) ->
 
         async def on_another_loop() -> list[str]:
             results = await asyncio.gather(
-                *(pool.call_tool("execute_sql", {"sql": f"SELECT {i} AS v"}) for i in range(20))
+                *(asyncio.wrap_future(pool.submit(pool.pool.call_tool("execute_sql", {"sql": f"SELECT {i} AS v"})))
+                  for i in range(20))
             )
             return [r.text for r in results]
 

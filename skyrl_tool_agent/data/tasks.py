@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
@@ -68,20 +68,30 @@ def field_problem(exc: ValidationError) -> str:
     return f"field '{name}': {error.get('msg', kind)}"
 
 
+def parse_task_list(path: Path, text: str) -> list[Any]:
+    """The JSON list of a task file; ValueError (one line, with the path, and the record when it can
+    tell) when it is not JSON, is nested too deep to parse (Python's parser would end in a
+    RecursionError) or is not a list."""
+    try:
+        raw = loads_bounded(text)
+    except JsonNestingError as exc:
+        where = f"record {exc.element}" if exc.element is not None else f"character {exc.offset:,}"
+        raise ValueError(f"{path}: {where}: JSON nested more than {exc.limit} levels deep (a task record has 2); "
+                         "the file cannot be read past it") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, list):
+        raise ValueError(f"{path}: expected a JSON list of task objects")
+    return raw
+
+
 def load_tasks(path: str | Path) -> list[Task]:
     """Read a task file (JSON list). Raises FileNotFoundError / ValueError with the path in the
     message (and the record's index for a bad record). `data.validation` checks files in full."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
-    try:
-        raw = loads_bounded(path.read_text(encoding="utf-8"))
-    except JsonNestingError as exc:  # Python's parser would end in a RecursionError
-        raise ValueError(f"{path}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, list):
-        raise ValueError(f"{path}: expected a JSON list of task objects")
+    raw = parse_task_list(path, path.read_text(encoding="utf-8"))
     tasks = []
     for index, item in enumerate(raw):
         try:

@@ -27,7 +27,6 @@ error.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import unicodedata
@@ -42,8 +41,7 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.config.base import default_of
 from skyrl_tool_agent.config.env import EnvConfig
 from skyrl_tool_agent.data.databases import DatabaseRoot, UnservedDatabaseError, shown_name
-from skyrl_tool_agent.data.json_input import JsonNestingError, loads_bounded
-from skyrl_tool_agent.data.tasks import Task, field_problem
+from skyrl_tool_agent.data.tasks import Task, field_problem, parse_task_list
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +93,6 @@ class BadRecordsError(UserInputError):
     def __init__(self, bad: Sequence[BadRecord]) -> None:
         more = f" (and {len(bad) - 1} more bad records)" if len(bad) > 1 else ""
         super().__init__(f"{bad[0].line()}{more}; fix the data, or pass {SKIP_FLAG} to leave bad records out")
-        self.bad = list(bad)
 
 
 def _non_utf8_field(item: Any) -> str | None:
@@ -136,19 +133,6 @@ def _field_problem(task: Task) -> str | None:
     return None
 
 
-def _parse(path: Path, text: str) -> Any:
-    """The JSON of a task file; ValueError (one line, with the path, and the record when it can
-    tell) when it is not JSON or is nested too deep to parse."""
-    try:
-        return loads_bounded(text)
-    except JsonNestingError as exc:
-        where = f"record {exc.element}" if exc.element is not None else f"character {exc.offset:,}"
-        raise ValueError(f"{path}: {where}: JSON nested more than {exc.limit} levels deep (a task record has 2); "
-                         "the file cannot be read past it") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-
-
 def read_task_file(path: str | Path) -> tuple[list[tuple[int, Task]], list[BadRecord]]:
     """((index, task) of each good record, bad records) of a task file, checking each record on its
     own (fields, UTF-8, sizes, identifiers, duplicate ids). Raises FileNotFoundError, or ValueError
@@ -156,9 +140,7 @@ def read_task_file(path: str | Path) -> tuple[list[tuple[int, Task]], list[BadRe
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
-    raw = _parse(path, path.read_bytes().decode("utf-8", errors="surrogateescape"))
-    if not isinstance(raw, list):
-        raise ValueError(f"{path}: expected a JSON list of task objects")
+    raw = parse_task_list(path, path.read_bytes().decode("utf-8", errors="surrogateescape"))
     good: list[tuple[int, Task]] = []
     bad: list[BadRecord] = []
     seen: set[str] = set()

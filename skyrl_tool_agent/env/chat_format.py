@@ -67,14 +67,10 @@ def system_prompt_with_tools(tools: Sequence[Mapping[str, Any]], system_prompt: 
     return system_prompt + _TOOLS_HEADER + "".join(lines) + _TOOLS_FOOTER
 
 
-def render_message(role: str, content: str) -> str:
-    """One ChatML block: `<|im_start|>role\\ncontent<|im_end|>\\n`."""
-    return f"{IM_START}{role}\n{content}{IM_END}\n"
-
-
 def render_conversation(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-    """Render OpenAI-style messages as Qwen2.5 ChatML (the same text Qwen's template produces)."""
-    text = "".join(render_message(m["role"], m["content"]) for m in messages)
+    """Render OpenAI-style messages as Qwen2.5 ChatML (the same text Qwen's template produces): one
+    `<|im_start|>role\\ncontent<|im_end|>\\n` block each."""
+    text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
     return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
 
 

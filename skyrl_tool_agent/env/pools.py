@@ -278,13 +278,6 @@ def close_runtimes() -> list[str]:
     return faults
 
 
-def _plain(value: Any) -> Any:
-    """omegaconf containers (SkyRL passes DictConfig) -> plain python; anything else unchanged."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
 _LOCATION_KEYS = ("db_root", "db_path")
 
 
@@ -294,8 +287,11 @@ def _as_mapping(env_config: Any) -> dict[str, Any]:
         data: dict[str, Any] = {}
     elif isinstance(env_config, EnvConfig):
         data = env_config.model_dump()
-    elif hasattr(env_config, "items"):  # dict or omegaconf DictConfig
-        data = {str(k): _plain(v) for k, v in env_config.items()}
+    elif hasattr(env_config, "items"):  # dict or omegaconf DictConfig (SkyRL passes one): plain values
+        from omegaconf import OmegaConf
+
+        data = {str(k): OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+                for k, v in env_config.items()}
     else:
         raise TypeError(f"env_config must be EnvConfig, a mapping or None, not {type(env_config).__name__}")
     return {k: v for k, v in data.items() if not (k in _LOCATION_KEYS and v is None)}

@@ -28,11 +28,9 @@ __all__ = [
     "discounted_returns",
     "group_advantages",
     "informative_group_mask",
-    "scale_by_batch",
     "turn_of_token",
     "turn_token_advantages",
 ]
-
 
 
 def _check_rewards(rewards: Tensor) -> None:
@@ -50,19 +48,13 @@ def informative_group_mask(rewards: Tensor, atol: float = 0.0) -> Tensor:
     return spread > atol
 
 
-def group_advantages(
-    rewards: Tensor,
-    estimator: AdvantageEstimator = "grpo",
-    eps: float = 1e-6,
-    unbiased_std: bool = True,
-) -> Tensor:
+def group_advantages(rewards: Tensor, estimator: AdvantageEstimator = "grpo", eps: float = 1e-6) -> Tensor:
     """Per-completion advantages `[N, G]` from rewards `[N, G]`, normalised within each group.
 
     `estimator` picks the formula (module docstring). For ``grpo`` the std is the unbiased (G - 1)
-    sample std by default, as TRL's GRPOTrainer uses; pass `unbiased_std=False` for the population
-    std. Groups whose rewards are all equal get exactly 0 (never NaN, also for G = 1), since
-    `r - mean` can be a rounding error away from 0 and dividing it by `eps` would blow it up.
-    ``rloo`` needs G >= 2.
+    sample std, as TRL's GRPOTrainer uses. Groups whose rewards are all equal get exactly 0 (never
+    NaN, also for G = 1), since `r - mean` can be a rounding error away from 0 and dividing it by
+    `eps` would blow it up. ``rloo`` needs G >= 2.
     """
     _check_rewards(rewards)
     rewards = rewards.float() if not rewards.is_floating_point() else rewards
@@ -70,7 +62,7 @@ def group_advantages(
     mean = rewards.mean(dim=1, keepdim=True)
     centred = rewards - mean
     if estimator == "grpo":
-        std = rewards.std(dim=1, keepdim=True, unbiased=unbiased_std) if group_size > 1 else torch.zeros_like(mean)
+        std = rewards.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
         adv = centred / (std + eps)
     elif estimator == "dr_grpo":
         adv = centred
@@ -85,36 +77,15 @@ def group_advantages(
     return adv.masked_fill(uniform.unsqueeze(1), 0.0)
 
 
-def scale_by_batch(
-    advantages: Tensor,
-    eps: float = 1e-6,
-    mask: Tensor | None = None,
-    reference: Tensor | None = None,
-) -> Tensor:
-    """Divide advantages by one batch-wide std (`std + eps`), instead of (or after) per-group scaling.
-
-    The std is taken over `reference` when given, else over `advantages`, restricted to `mask`
-    (same shape as that source; all entries when None). Pass the raw rewards as `reference` to get
-    TRL's ``scale_rewards="batch"`` (group-centred rewards over the batch std of rewards, as in
-    "Tricks or Traps", Liu et al. 2025). Where the std is 0 (nothing to scale) the advantages are
-    returned unchanged.
-    """
-    source = advantages if reference is None else reference
-    values = source.reshape(-1) if mask is None else source[mask.bool().expand_as(source)]
-    values = values.float()
-    if values.numel() > 1:
-        std = values.std().to(advantages.dtype)
-    else:
-        std = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
-    return torch.where(std > 0, advantages / (std + eps), advantages)
-
-
 def batch_scaled_advantages(rewards: Tensor, estimator: AdvantageEstimator = "grpo", eps: float = 1e-6) -> Tensor:
-    """TRL's ``scale_rewards="batch"``: rewards `[N, G]` centred within each group (``rloo``:
-    times G / (G - 1)), then divided by the std of all the batch's rewards instead of each group's
-    own std (so ``grpo`` and ``dr_grpo`` give the same values). Uniform groups stay exactly 0."""
+    """TRL's ``scale_rewards="batch"`` ("Tricks or Traps", Liu et al. 2025): rewards `[N, G]` centred
+    within each group (``rloo``: times G / (G - 1)), then divided by `std + eps` of all the batch's
+    rewards instead of each group's own std (so ``grpo`` and ``dr_grpo`` give the same values).
+    Uniform groups stay exactly 0; a batch whose rewards have no spread is returned centred, unscaled."""
     centred = group_advantages(rewards, "rloo" if estimator == "rloo" else "dr_grpo")
-    return scale_by_batch(centred, eps=eps, reference=rewards)
+    values = rewards.reshape(-1).float()
+    std = values.std().to(centred.dtype) if values.numel() > 1 else torch.zeros((), dtype=centred.dtype)
+    return torch.where(std > 0, centred / (std + eps), centred)
 
 
 def turn_of_token(loss_mask: Tensor) -> Tensor:

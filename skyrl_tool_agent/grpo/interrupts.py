@@ -28,8 +28,6 @@ class TrainingInterrupted(Exception):
         super().__init__(f"interrupted by {signal_name} after step {step}"
                          + (f": checkpoint saved in {checkpoint}" if checkpoint else ""))
         self.signal_name = signal_name
-        self.step = step
-        self.checkpoint = checkpoint
 
     @property
     def exit_code(self) -> int:

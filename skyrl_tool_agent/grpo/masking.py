@@ -19,17 +19,15 @@ def _as_weights(mask: Tensor, like: Tensor) -> Tensor:
     return mask.to(dtype)
 
 
-def masked_sum(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
-    """Sum of `x` over the positions where `mask` is set (all dimensions when `dim` is None)."""
-    weighted = x * _as_weights(mask, x)
-    return weighted.sum() if dim is None else weighted.sum(dim=dim)
+def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
+    """Sum of `x` over the positions where `mask` is set."""
+    return (x * _as_weights(mask, x)).sum()
 
 
-def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
-    """Mean of `x` over the masked positions; 0 where nothing is masked in."""
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of `x` over the masked positions; 0 when nothing is masked in."""
     weights = _as_weights(mask, x).expand_as(x)
-    count = weights.sum() if dim is None else weights.sum(dim=dim)
-    return masked_sum(x, weights, dim) / count.clamp(min=1.0)
+    return masked_sum(x, weights) / weights.sum().clamp(min=1.0)
 
 
 def masked_max(x: Tensor, mask: Tensor) -> Tensor:

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from skyrl_tool_agent.config import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -24,16 +26,6 @@ LOCK_FILE = ".run.lock"
 
 class OutputDirInUse(UserInputError):
     """Another live run holds the output directory."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except PermissionError:  # someone else's process: alive
-        return True
-    except OSError:  # ProcessLookupError: gone
-        return False
-    return True
 
 
 def _owner(path: Path) -> dict[str, Any] | None:
@@ -52,7 +44,7 @@ def _stale(owner: dict[str, Any] | None, path: Path) -> bool:
             return True
     if owner.get("host") != socket.gethostname():
         return False  # another machine's run (shared file system): its pid means nothing here
-    return not _pid_alive(owner["pid"])
+    return not psutil.pid_exists(owner["pid"])  # someone else's process counts as alive
 
 
 def acquire_output_dir(out: Path) -> Path:

@@ -100,11 +100,8 @@ class GRPOTrainer:
         #: are logged (the main job rewrites its curves, table and report; signals are caught by then).
         self.after_measurement: Callable[[], None] | None = None
         self._clock_started: float | None = None  # monotonic time at which the clock read 0, while training
-        g = config.grpo
-        # Lockstep turns (deterministic): generation batches (hence sampling RNG use) do not depend on
-        # tool latency, so a resumed run samples exactly what an uninterrupted one would.
         self.collector_settings = CollectorSettings.from_config(config)
-        self.sampling = SamplingParams.of(g)
+        self.sampling = SamplingParams.of(config.grpo)
 
     # ---------------------------------------------------------------- resume
     def resume(self, path: str | None) -> bool:

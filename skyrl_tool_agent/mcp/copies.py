@@ -154,11 +154,9 @@ def _repoint(text: str, pairs: Sequence[tuple[str, Path, Path]], base: Path) -> 
     return text
 
 
-def point_at(spec: MCPServerConfig, pairs: Sequence[tuple[str, Path, Path]],
-             base: Path | None = None) -> MCPServerConfig:
+def point_at(spec: MCPServerConfig, pairs: Sequence[tuple[str, Path, Path]], base: Path) -> MCPServerConfig:
     """`spec` with every argument, env value and cwd naming an original path pointed at its copy
-    instead (paths compared after normalisation, a relative one against `base`, else the cwd)."""
-    base = base or Path.cwd()
+    instead (paths compared after normalisation, a relative one against `base`)."""
     return spec.model_copy(update={
         "args": [_repoint(a, pairs, base) for a in spec.args],
         "env": {k: _repoint(v, pairs, base) for k, v in spec.env.items()},

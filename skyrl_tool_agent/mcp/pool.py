@@ -149,7 +149,7 @@ class MCPClientPool:
             with anyio.fail_after(self.startup_timeout_s + 5.0):
                 for slot in slots:
                     await slot.first_attempt_done.wait()
-            failed = [f"{s.spec.name}[{s.index}]: {s.last_error or 'not ready'}" for s in slots if not s.ready]
+            failed = [f"{s.spec.name}[{s.index}]: {s.last_error or 'not ready'}" for s in slots if s.session is None]
             if failed:
                 raise MCPConfigError("MCP servers failed to start: " + "; ".join(failed))
             self._build_routes()
@@ -302,13 +302,6 @@ class BackgroundMCPPool:
         if self._tools is None:
             raise MCPPoolClosed("the MCP pool is not started")
         return list(self._tools)
-
-    def server_pids(self) -> dict[str, list[int | None]]:
-        return self.pool.server_pids()
-
-    async def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
-        """Awaitable from any event loop (including one on another thread)."""
-        return await asyncio.wrap_future(self.submit(self.pool.call_tool(name, arguments, timeout_s=timeout_s)))
 
     def close(self) -> None:
         """Stop the servers and the loop thread (idempotent; leaves no child processes)."""

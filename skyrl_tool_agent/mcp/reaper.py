@@ -60,9 +60,8 @@ def _owner_alive(run: Path) -> bool:
         return False
 
 
-def sweep_dead_runs(root: Path | None = None) -> list[Path]:
+def sweep_dead_runs(root: Path) -> list[Path]:
     """Remove the run directories under `root` whose owner is dead; the ones removed."""
-    root = root or runs_root()
     removed = []
     if not root.is_dir():
         return removed

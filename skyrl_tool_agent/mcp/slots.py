@@ -11,7 +11,6 @@ The process runs through `mcp.transport`. A server that does not start is one li
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -25,7 +24,7 @@ from mcp_types import Tool
 
 from mcp_tools.call_lanes import CLIENT_DEADLINE_ENV_VAR
 from skyrl_tool_agent.config.env import MCPServerConfig
-from skyrl_tool_agent.mcp.transport import ServerOutput, server_transport
+from skyrl_tool_agent.mcp.transport import ServerOutput, killpg, server_transport
 
 logger = logging.getLogger(__name__)
 
@@ -117,10 +116,6 @@ class ServerSlot:
         self._suspected: ClientSession | None = None  # out of rotation until its ping answers
         self.pid: int | None = None  # the current process, from spawn until it is reaped
 
-    @property
-    def ready(self) -> bool:
-        return self.session is not None
-
     def start(self) -> None:
         name = f"mcp-slot-{self.spec.name}-{self.index}"
         self._task = asyncio.get_running_loop().create_task(self._supervise(), name=name)
@@ -150,8 +145,7 @@ class ServerSlot:
 
     def _kill(self) -> None:
         if (pid := self.pid) is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)  # the server leads its own group (mcp.transport)
+            killpg(pid, signal.SIGKILL)  # the server leads its own group (mcp.transport)
 
     @property
     def in_rotation(self) -> bool:

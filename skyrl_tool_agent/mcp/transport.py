@@ -118,7 +118,7 @@ async def _wait_exit(process: Process, timeout: float) -> bool:
     return process.returncode is not None
 
 
-def _killpg(pgid: int, sig: int) -> None:
+def killpg(pgid: int, sig: int) -> None:
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
@@ -129,11 +129,11 @@ async def _stop(process: Process) -> None:
         if process.stdin is not None:
             await process.stdin.aclose()
     if await _wait_exit(process, EXIT_GRACE_S):
-        _killpg(process.pid, signal.SIGKILL)  # children it left behind
+        killpg(process.pid, signal.SIGKILL)  # children it left behind
         return
-    _killpg(process.pid, signal.SIGTERM)
+    killpg(process.pid, signal.SIGTERM)
     if not await _wait_exit(process, EXIT_GRACE_S):
-        _killpg(process.pid, signal.SIGKILL)
+        killpg(process.pid, signal.SIGKILL)
         await _wait_exit(process, EXIT_GRACE_S)
 
 

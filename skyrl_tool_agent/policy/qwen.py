@@ -40,11 +40,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Generation:
-    """One sampled continuation: exact ids, their sampling log-probs, and why it stopped."""
+    """One sampled continuation: exact ids and their sampling log-probs."""
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (end-of-turn token) or "length"
 
 
 class QwenPolicy:
@@ -163,7 +162,7 @@ class QwenPolicy:
         if seeds is None:
             seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
         results = engine.generate(prompts, params, max_new_tokens=max_new_tokens, seeds=seeds)
-        return [Generation(i, lp, "stop" if s else "length") for i, lp, s in results]
+        return [Generation(i, lp) for i, lp, _ in results]
 
     def _hf_generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                      max_new_tokens: int) -> list[Generation]:
@@ -185,7 +184,7 @@ class QwenPolicy:
         results = []
         for ids, row_logprobs in zip(new_ids.tolist(), logprobs.tolist()):
             end = next((j + 1 for j, t in enumerate(ids) if t in self.stop_token_ids), None)
-            results.append(Generation(ids[:end], row_logprobs[:end], "length" if end is None else "stop"))
+            results.append(Generation(ids[:end], row_logprobs[:end]))
         return results
 
     # -------------------------------------------------------------- training

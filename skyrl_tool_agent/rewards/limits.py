@@ -100,8 +100,7 @@ def database_fault(error: BaseException, probe: str | Path | None = None, timeou
 
 
 def run_bounded(db_path: str | Path, sql: str, *, timeout_s: float, max_rows: int | None,
-                max_columns: int | None = None, max_chars: int | None = None,
-                expect_columns: int | None = None) -> QueryResult:
+                max_chars: int | None = None, expect_columns: int | None = None) -> QueryResult:
     """`run_query` on a fresh sandboxed connection to `db_path` under the limits above (`timeout_s`:
     CPU seconds); returns or raises SandboxError within about
     `CPU_CLOCK_WALL_FACTOR * timeout_s + WALL_CLOCK_GRACE_S`."""
@@ -115,8 +114,8 @@ def run_bounded(db_path: str | Path, sql: str, *, timeout_s: float, max_rows: in
             conn = open_readonly(db_path)
             conns.append(conn)
             try:
-                outcome.append(run_query(conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_columns=max_columns,
-                                         max_chars=max_chars, expect_columns=expect_columns, clock="cpu"))
+                outcome.append(run_query(conn, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=max_chars,
+                                         expect_columns=expect_columns, clock="cpu"))
             finally:
                 conn.close()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller

@@ -143,9 +143,7 @@ def sql_components(sql: str) -> dict[str, set[str]]:
         return {}
 
 
-def _f1(pred: set[str], gold: set[str]) -> float:
-    if not pred and not gold:
-        return 1.0
+def _f1(pred: set[str], gold: set[str]) -> float:  # never both empty: partial_credit skips those
     return 2.0 * len(pred & gold) / (len(pred) + len(gold))
 
 

@@ -147,11 +147,6 @@ class Rubric:
         raw = sum(t.weight * values[t.name] for t in self.terms if not (t.only_when_wrong and correct))
         return min(1.0, max(0.0, raw / self.normaliser))
 
-    def evaluate(self, episode: Episode) -> dict[str, float]:
-        """Each term's value on `episode` (its comparison or verdict already made)."""
-        return {term.name: episode.verdict if term.name == self.verdict_term and episode.verdict is not None
-                else _term_value(term, episode) for term in self.terms}
-
     def score(self, episode: Episode, *, cache: GoldResultCache | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
               keep_distinct: bool = True) -> RewardBreakdown:
         """Run the answer against the gold query once (``execution.compare_execution``), then every
@@ -168,7 +163,8 @@ class Rubric:
             comparison = compare_execution(episode.answer or "", episode.ground_truth, episode.db_path,
                                            timeout_s=timeout_s, cache=cache, keep_distinct=keep_distinct)
             episode = replace(episode, comparison=comparison)
-        values = self.evaluate(episode)
+        values = {term.name: episode.verdict if term.name == self.verdict_term and episode.verdict is not None
+                  else _term_value(term, episode) for term in self.terms}
         comparison = episode.comparison
         return RewardBreakdown(
             total=self.combine(values, answered=episode.answered, correct=episode.correct),

@@ -76,19 +76,18 @@ class PolicyAgent(Agent):
             # One submission: a lockstep batch is admitted whole, however the engine's thread is scheduled.
             turns = [EpisodeTurn(r.token_ids or [], r.max_new_tokens, r.seq, seed) for r, seed in zip(requests, seeds)]
             futures = [asyncio.wrap_future(f) for f in self.engine.submit_all(turns, self.params)]
-            results = [(ids, logps, "stop" if stopped else "length") for ids, logps, stopped in await asyncio.gather(*futures)]
+            results = [(ids, logps) for ids, logps, _ in await asyncio.gather(*futures)]
         else:
             generations = await asyncio.to_thread(self.policy.generate, [r.token_ids or [] for r in requests],
                                                   self.params, max_new_tokens=max(r.max_new_tokens for r in requests),
                                                   seeds=seeds)
-            results = [(g.token_ids, g.logprobs, g.finish_reason) for g in generations]
+            results = [(g.token_ids, g.logprobs) for g in generations]
         return [self._turn(request, *result) for request, result in zip(requests, results)]
 
-    def _turn(self, request: TurnRequest, token_ids: list[int], logprobs: list[float], finish_reason: str) -> AgentTurn:
+    def _turn(self, request: TurnRequest, token_ids: list[int], logprobs: list[float]) -> AgentTurn:
         ids, logps = token_ids[: request.max_new_tokens], logprobs[: request.max_new_tokens]
-        finish = finish_reason if len(ids) == len(token_ids) else "length"
         text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
-        return AgentTurn(text=text, token_ids=ids, logprobs=logps, finish_reason=finish)
+        return AgentTurn(text=text, token_ids=ids, logprobs=logps)
 
     def end_episode(self, seq: int) -> None:
         """The collector's episode `seq` has ended: its engine slot is released now, so memory

@@ -268,12 +268,11 @@ class TrajectoryCollector:
                 traj.agent_meta.append({"turn": turn, **reply.meta})
             if reply.infra_error is not None:  # no turn to play: unscored, never a wrong answer
                 logger.warning("episode %s/%d not scored: %s", task.task_id, index, reply.infra_error)
-                traj.result = EpisodeResult(task.task_id, task.db_id, turns=env.turns, tool_calls=env.tool_calls,
-                                            tool_errors=env.tool_errors, format_errors=env.format_errors,
-                                            done_reason="error", error=reply.infra_error)
+                traj.result = self._result(task, env, {"done_reason": "error"}, error=reply.infra_error)
                 return traj
             if record:
-                ids = reply.token_ids if reply.token_ids is not None else self._encode(reply.text) + self._end_of_turn()
+                end = [self.tokenizer.convert_tokens_to_ids(IM_END)]
+                ids = reply.token_ids if reply.token_ids is not None else self._encode(reply.text) + end
                 logps = reply.logprobs if reply.logprobs is not None else [0.0] * len(ids)
                 traj.token_ids += ids
                 traj.loss_mask += [1] * len(ids)
@@ -298,11 +297,9 @@ class TrajectoryCollector:
         traj.result = self._result(task, env, metadata)
         return traj
 
-    def _end_of_turn(self) -> list[int]:
-        return [self.tokenizer.convert_tokens_to_ids(IM_END)]
-
     @staticmethod
-    def _result(task: Task, env: MCPToolEnvironment, metadata: dict[str, Any]) -> EpisodeResult:
+    def _result(task: Task, env: MCPToolEnvironment, metadata: dict[str, Any],
+                error: str | None = None) -> EpisodeResult:
         reward = env.reward
         return EpisodeResult(
             task_id=task.task_id,
@@ -316,6 +313,7 @@ class TrajectoryCollector:
             format_errors=env.format_errors,
             done_reason=metadata.get("done_reason", "max_turns"),
             final_sql=env.final_sql,
+            error=error,
         )
 
 

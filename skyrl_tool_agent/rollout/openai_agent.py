@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception,
+    retry_if_exception_type,
     stop_after_attempt,
     wait_exponential,
 )
@@ -147,10 +147,6 @@ def error_detail(response: BoundedResponse) -> str:
         if error is not None:
             return " ".join(str(error).split())[:300]
     return json.dumps(body)[:300]
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (_RetryableStatus, httpx.TransportError))
 
 
 def message_text(message: AssistantMessage | dict[str, Any]) -> str:
@@ -340,7 +336,8 @@ class OpenAIChatAgent(Agent):
 
         try:
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retryable), reraise=True, before_sleep=self._count_retry,
+                retry=retry_if_exception_type((_RetryableStatus, httpx.TransportError)), reraise=True,
+                before_sleep=self._count_retry,
                 stop=stop_after_attempt(self.endpoint.max_retries + 1),
                 wait=wait_exponential(multiplier=self.endpoint.backoff_s, max=MAX_BACKOFF_S),
             ):
@@ -378,9 +375,8 @@ class OpenAIChatAgent(Agent):
             if completion.usage is not None:
                 self.stats["prompt_tokens"] += completion.usage.prompt_tokens or 0
                 self.stats["completion_tokens"] += completion.usage.completion_tokens or 0
-            finish = "length" if choice.finish_reason == "length" else "stop"
             meta = {"attempts": attempts} if attempts > 1 else {}
-            return AgentTurn(text=text, finish_reason=finish, meta=meta)
+            return AgentTurn(text=text, meta=meta)
         if status in TURN_STATUSES:
             return self._failed_turn(request, f"HTTP {status}: {error_detail(response)}", attempts)
         if status in SERVER_STATUSES:
@@ -397,11 +393,11 @@ class OpenAIChatAgent(Agent):
         self.stats["failed_turns"] += 1
         logger.warning("episode %s/%d turn %d: %s after %d attempt(s); the turn counts as a format error",
                        request.task.task_id, request.group_index, request.turn, error, attempts)
-        return AgentTurn(text="", finish_reason="error", meta={"endpoint_error": error, "attempts": attempts})
+        return AgentTurn(text="", meta={"endpoint_error": error, "attempts": attempts})
 
     def _unscored_turn(self, error: ProtocolError, attempts: int) -> AgentTurn:
         """An answer no turn can be made of: the collector ends the episode unscored (and logs it, once)."""
         self.stats["failed_turns"] += 1
         self.protocol_errors[error.reason] += 1
-        return AgentTurn(text="", finish_reason="error", meta={"endpoint_error": error.detail, "attempts": attempts},
+        return AgentTurn(text="", meta={"endpoint_error": error.detail, "attempts": attempts},
                          infra_error=f"served model, {error} (after {attempts} attempt(s))")

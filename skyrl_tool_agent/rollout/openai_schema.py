@@ -71,7 +71,6 @@ class AssistantMessage(_Read):
 
 class Choice(_Read):
     message: AssistantMessage
-    finish_reason: StrictStr | None = None
 
 
 _Count = Annotated[StrictInt, Field(ge=0)]

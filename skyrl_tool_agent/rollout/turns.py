@@ -32,7 +32,6 @@ class AgentTurn:
     text: str
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
-    finish_reason: str = "stop"
     meta: dict[str, Any] = field(default_factory=dict)
     # Set when no turn could be had for a reason that says nothing about the policy (a served model's
     # 5xx after retries, an answer over its caps): the collector ends the episode unscored.
