@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +225,6 @@ class RunSummary:
     steps: int
     seconds: float
     output_dir: Path
-    history: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str = ""
     #: Execution-accuracy change on the eval tasks with its paired-bootstrap 95% interval.
     delta: dict[str, float] | None = None
