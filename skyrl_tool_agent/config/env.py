@@ -40,13 +40,6 @@ def substitute(text: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
-def _check_placeholders(text: str) -> None:
-    for name in _PLACEHOLDER.findall(text):
-        if name not in PLACEHOLDERS:
-            known = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
-            raise ValueError(f"unknown placeholder '${{{name}}}' (known: {known})")
-
-
 class MCPServerConfig(Section):
     """One MCP server, started as a stdio subprocess."""
 
@@ -111,8 +104,10 @@ class MCPServerConfig(Section):
     @classmethod
     def _known_placeholders(cls, value: str | list[str] | dict[str, str] | None) -> object:
         texts = [value] if isinstance(value, str) else value.values() if isinstance(value, dict) else value or []
-        for text in texts:
-            _check_placeholders(text)
+        for name in (name for text in texts for name in _PLACEHOLDER.findall(text)):
+            if name not in PLACEHOLDERS:
+                known = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
+                raise ValueError(f"unknown placeholder '${{{name}}}' (known: {known})")
         return value
 
     def resolved(self, db_root: str | Path, *, sql_timeout_s: float) -> MCPServerConfig:
