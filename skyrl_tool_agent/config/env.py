@@ -142,10 +142,6 @@ DEFAULT_TERMS: tuple[tuple[str, float], ...] = (("execution", 1.0), ("format", 0
 _OLD_WEIGHT_KEYS = ("execution_weight", "format_weight", "syntax_weight", "partial_weight")
 
 
-def _default_terms() -> list[RewardTermConfig]:
-    return [RewardTermConfig(name=name, weight=weight) for name, weight in DEFAULT_TERMS]
-
-
 class RewardTermConfig(Section):
     """One term of the episode reward: a built-in by name, or your own function."""
 
@@ -179,7 +175,7 @@ class RewardConfig(Section):
     an answer 0 (`rewards.rubric`, whose rules are checked when the run is built)."""
 
     terms: list[RewardTermConfig] = knob(
-        default_factory=_default_terms,
+        default_factory=lambda: [RewardTermConfig(name=name, weight=weight) for name, weight in DEFAULT_TERMS],
         description="The reward's terms, each logged as reward/<name>. README (Rewards) shows how to "
         "add one of your own.",
         min_length=1,
