@@ -34,11 +34,7 @@ import pytest
 from skyrl_tool_agent.config import load_config
 from skyrl_tool_agent.data.tasks import Task
 from skyrl_tool_agent.env.pools import EnvRuntime
-from skyrl_tool_agent.eval.evaluate import (
-    EvalOptions,
-    collector_settings,
-    run_evaluation,
-)
+from skyrl_tool_agent.eval.evaluate import EvalOptions, run_evaluation
 from skyrl_tool_agent.eval.policies import load_eval_policy
 from skyrl_tool_agent.policy.sampling_params import GREEDY, SamplingParams
 from skyrl_tool_agent.eval.splits import load_eval_tasks
@@ -152,7 +148,7 @@ def local_run(server, config, tasks, runtime):
     """The local model on the same tasks, greedy (runs while the server loads)."""
     policy = load_eval_policy(None, config.model)
     start = time.monotonic()
-    run = run_evaluation(tasks.tasks, runtime, policy, collector_settings(config, evaluation=True), EvalOptions())
+    run = run_evaluation(tasks.tasks, runtime, policy, CollectorSettings.from_config(config, evaluation=True), EvalOptions())
     return run, time.monotonic() - start
 
 

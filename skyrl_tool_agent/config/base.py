@@ -81,10 +81,7 @@ _SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)\.\s")
 
 def choices(field: FieldInfo) -> tuple[Any, ...]:
     """The allowed values of a Literal field (also inside `X | None`), else ()."""
-    annotation = field.annotation
-    if typing.get_origin(annotation) is typing.Literal:
-        return typing.get_args(annotation)
-    for arg in typing.get_args(annotation):
+    for arg in (field.annotation, *typing.get_args(field.annotation)):
         if typing.get_origin(arg) is typing.Literal:
             return typing.get_args(arg)
     return ()

@@ -40,13 +40,6 @@ def substitute(text: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
-def _check_placeholders(text: str) -> None:
-    for name in _PLACEHOLDER.findall(text):
-        if name not in PLACEHOLDERS:
-            known = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
-            raise ValueError(f"unknown placeholder '${{{name}}}' (known: {known})")
-
-
 class MCPServerConfig(Section):
     """One MCP server, started as a stdio subprocess."""
 
@@ -111,8 +104,10 @@ class MCPServerConfig(Section):
     @classmethod
     def _known_placeholders(cls, value: str | list[str] | dict[str, str] | None) -> object:
         texts = [value] if isinstance(value, str) else value.values() if isinstance(value, dict) else value or []
-        for text in texts:
-            _check_placeholders(text)
+        for name in (name for text in texts for name in _PLACEHOLDER.findall(text)):
+            if name not in PLACEHOLDERS:
+                known = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
+                raise ValueError(f"unknown placeholder '${{{name}}}' (known: {known})")
         return value
 
     def resolved(self, db_root: str | Path, *, sql_timeout_s: float) -> MCPServerConfig:
@@ -145,10 +140,6 @@ DEFAULT_TERMS: tuple[tuple[str, float], ...] = (("execution", 1.0), ("format", 0
 
 #: The fixed reward weights that `reward.terms` replaced (a stale config gets the new spelling).
 _OLD_WEIGHT_KEYS = ("execution_weight", "format_weight", "syntax_weight", "partial_weight")
-
-
-def _default_terms() -> list[RewardTermConfig]:
-    return [RewardTermConfig(name=name, weight=weight) for name, weight in DEFAULT_TERMS]
 
 
 class RewardTermConfig(Section):
@@ -184,7 +175,7 @@ class RewardConfig(Section):
     an answer 0 (`rewards.rubric`, whose rules are checked when the run is built)."""
 
     terms: list[RewardTermConfig] = knob(
-        default_factory=_default_terms,
+        default_factory=lambda: [RewardTermConfig(name=name, weight=weight) for name, weight in DEFAULT_TERMS],
         description="The reward's terms, each logged as reward/<name>. README (Rewards) shows how to "
         "add one of your own.",
         min_length=1,

@@ -4,7 +4,6 @@ and one-line rendering of pydantic errors naming the file or the override respon
 from __future__ import annotations
 
 import difflib
-import types
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -109,12 +108,9 @@ def find_model(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation (`M`, `M | None`, `list[M]`), else None."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    origin = typing.get_origin(annotation)
-    if origin is not None or isinstance(annotation, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = find_model(arg)
-            if found is not None:
-                return found
+    for arg in typing.get_args(annotation):  # () for an annotation that is not generic
+        if (found := find_model(arg)) is not None:
+            return found
     return None
 
 

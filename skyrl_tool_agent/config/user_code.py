@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["importable_from", "load_module_file"]
+__all__ = ["importable_from", "load_module_file", "load_module"]
 
 
 @contextlib.contextmanager
@@ -52,3 +53,11 @@ def load_module_file(path: Path) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def load_module(where: str, home: Path | None = None) -> ModuleType:
+    """The module `where` names: a ``.py`` file (relative to `home`, else the working directory)
+    loaded by `load_module_file`, else an importable module's name."""
+    if not where.endswith(".py"):
+        return importlib.import_module(where)
+    return load_module_file(((home or Path.cwd()) / Path(where).expanduser()).resolve())

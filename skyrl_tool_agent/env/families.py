@@ -17,7 +17,6 @@ The family's MCP servers and reward terms are ordinary config (`env.mcp_servers`
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from skyrl_tool_agent.config.env import TASK_FAMILIES
 from skyrl_tool_agent.config.errors import UserInputError
-from skyrl_tool_agent.config.user_code import importable_from, load_module_file
+from skyrl_tool_agent.config.user_code import importable_from, load_module
 from skyrl_tool_agent.env.chat_format import DEFAULT_SYSTEM_PROMPT
 from skyrl_tool_agent.rewards.terms import BUILTIN_TERMS
 
@@ -87,8 +86,7 @@ def family_oracle(family: TaskFamily) -> object | None:
     module_name, _, attr = family.oracle.partition(":")
     try:
         with importable_from(family.home):
-            module = (load_module_file((family.home or Path.cwd()) / module_name) if module_name.endswith(".py")
-                      else importlib.import_module(module_name))
+            module = load_module(module_name, family.home)
         return getattr(module, attr)()
     except Exception as exc:  # noqa: BLE001 - the family's own module
         raise UserInputError(f"task family {family.name!r}: cannot build its oracle {family.oracle} "
@@ -102,8 +100,7 @@ def resolve_family(value: str) -> TaskFamily:
     target = TASK_FAMILIES.get(value, value)
     module_name, _, attr = target.rpartition(":")
     try:
-        module = (load_module_file(Path(module_name).expanduser().resolve()) if module_name.endswith(".py")
-                  else importlib.import_module(module_name))
+        module = load_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any failure in the user's module is a config error
         raise UserInputError(f"env.task_family {value!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
     family = getattr(module, attr, None)

@@ -73,30 +73,20 @@ __all__ = [
     "skeleton",
 ]
 
-#: Every category, in the order the classifier tries them (module docstring).
-CATEGORIES: tuple[str, ...] = (
-    "no_answer",
-    "tool_misuse",
-    "not_executable",
-    "literal_only",
-    "wrong_table_or_join",
-    "wrong_column",
-    "empty_result",
-    "wrong_aggregate_or_condition",
-    "other",
-)
-#: How tables and pictures name them.
+#: Every category, in the order the classifier tries them (module docstring), and how tables and
+#: pictures name it.
 LABELS: dict[str, str] = {
     "no_answer": "no answer",
     "tool_misuse": "tool misuse",
     "not_executable": "not executable",
     "literal_only": "literal only (wrong constant)",
-    "empty_result": "empty result",
-    "wrong_column": "wrong column",
     "wrong_table_or_join": "wrong table or join",
+    "wrong_column": "wrong column",
+    "empty_result": "empty result",
     "wrong_aggregate_or_condition": "wrong aggregate or condition",
     "other": "other",
 }
+CATEGORIES: tuple[str, ...] = tuple(LABELS)
 _PLACEHOLDER_COLUMN = "_c"
 
 

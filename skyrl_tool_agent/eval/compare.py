@@ -173,10 +173,8 @@ def comparison_rows(base: Mapping[str, Any], current: Mapping[str, Any]) -> list
 
 def comparison_warnings(base: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Why the two runs may not be comparable (different questions, dataset or sampling)."""
-    out = []
-    for key in ("family", "dataset", "split"):
-        if base.get(key) != current.get(key):
-            out.append(f"{key} differs: {base.get(key)} vs {current.get(key)}")
+    out = [f"{key} differs: {base.get(key)} vs {current.get(key)}"
+           for key in ("family", "dataset", "split") if base.get(key) != current.get(key)]
     if base.get("task_ids_sha1") and current.get("task_ids_sha1") and base["task_ids_sha1"] != current["task_ids_sha1"]:
         out.append(f"different question sets (n={base.get('n')} vs n={current.get('n')})")
     if base.get("num_samples", 1) != current.get("num_samples", 1):

@@ -74,10 +74,6 @@ class EvaluationRun:
     trajectories: list[Trajectory] = field(repr=False)
 
 
-#: Episode limits as in training (`grpo.*`), concurrency from `env.collector` (see `CollectorSettings.from_config`).
-collector_settings = CollectorSettings.from_config
-
-
 def policy_kind(policy: Any) -> str:
     """How results.json names the evaluated policy."""
     if isinstance(policy, Endpoint):

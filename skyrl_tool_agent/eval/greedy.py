@@ -12,6 +12,7 @@ each other and with the evaluate command's.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from statistics import mean
 from dataclasses import dataclass
@@ -75,13 +76,8 @@ def progress_counter(report: Callable[[int, int], None] | None, total: int) -> C
     """An `on_episode_done` that tells `report` (done, `total`) as each episode finishes (None: no report)."""
     if report is None:
         return None
-    done = [0]
-
-    def episode_done(_: Trajectory) -> None:
-        done[0] += 1
-        report(done[0], total)
-
-    return episode_done
+    done = itertools.count(1)
+    return lambda _trajectory: report(next(done), total)
 
 
 #: Offsets of the run's seed for its measurements' draws: the sampled evaluation's and the probe's

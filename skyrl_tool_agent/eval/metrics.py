@@ -129,10 +129,8 @@ def group_by(items: Iterable[T], key: Callable[[T], Any]) -> dict[Any, list[T]]:
 
 
 # ------------------------------------------------------------------ evaluation (evaluate.py)
-@lru_cache(maxsize=65536)
-def _exact(pred_sql: str, gold_sql: str) -> bool:
-    # Cached: the same (prediction, gold) pair is scored overall, per difficulty and per database.
-    return exact_match(pred_sql, gold_sql)
+# Cached: the same (prediction, gold) pair is scored overall, per difficulty and per database.
+_exact = lru_cache(maxsize=65536)(exact_match)
 
 
 def is_exact_match(pred_sql: str | None, gold_sql: str) -> bool:

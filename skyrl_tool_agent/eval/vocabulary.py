@@ -23,22 +23,20 @@ class Vocabulary:
     accuracy_label: str  # "execution accuracy"
     short: str  # the table's column ("EX")
     truth_key: str  # the per-question record's key for the reference ("gold_sql")
-    truth_label: str  # "gold SQL"
-    answer_label: str  # "final SQL"
 
     @property
     def sql(self) -> bool:
         return self.family == "sql"
 
 
-SQL_WORDS = Vocabulary("sql", "execution_accuracy", "execution accuracy", "EX", "gold_sql", "gold SQL", "final SQL")
+SQL_WORDS = Vocabulary("sql", "execution_accuracy", "execution accuracy", "EX", "gold_sql")
 
 
 def vocabulary(family: str) -> Vocabulary:
     """The words of task family `family` (its `TaskFamily.name`)."""
     if family == "sql":
         return SQL_WORDS
-    return Vocabulary(family, "accuracy", "accuracy", "acc", "ground_truth", "ground truth", "final answer")
+    return Vocabulary(family, "accuracy", "accuracy", "acc", "ground_truth")
 
 
 def vocabulary_of(results: Mapping[str, Any]) -> Vocabulary:

@@ -44,7 +44,7 @@ def evaluate(config: Config, ask: EvalRequest) -> EvaluationRun:
     """Evaluate as `ask` says on `config`'s task family and MCP servers; writes `ask.paths`."""
     from skyrl_tool_agent.env.families import family_oracle, resolve_family
     from skyrl_tool_agent.eval.compare import anatomy_comparison, load_results, run_labels
-    from skyrl_tool_agent.eval.evaluate import OPENAI, ORACLE, EvalOptions, collector_settings, run_evaluation
+    from skyrl_tool_agent.eval.evaluate import OPENAI, ORACLE, EvalOptions, run_evaluation
     from skyrl_tool_agent.eval.splits import load_eval_tasks
     from skyrl_tool_agent.eval.vocabulary import vocabulary
     from skyrl_tool_agent.eval.weave_setup import weave_mode
@@ -52,6 +52,7 @@ def evaluate(config: Config, ask: EvalRequest) -> EvaluationRun:
     from skyrl_tool_agent.jobs.run import open_run
     from skyrl_tool_agent.reports.evaluation import print_anatomy, print_comparison, print_results, write_outputs
     from skyrl_tool_agent.reports.rollouts import load_rollouts
+    from skyrl_tool_agent.rollout.collector import CollectorSettings
     from skyrl_tool_agent.rollout.openai_agent import probe_endpoint
 
     baseline = load_results(ask.compare) if ask.compare else None  # fail before the run, not after
@@ -71,8 +72,8 @@ def evaluate(config: Config, ask: EvalRequest) -> EvaluationRun:
         family=family.name,
     )
     # Requests to a server are independent: no lockstep batches (their order cannot change a result).
-    settings = collector_settings(config, max_turns=ask.max_turns, concurrency=ask.concurrency, evaluation=True,
-                                  deterministic=ask.policy != OPENAI)
+    settings = CollectorSettings.from_config(config, max_turns=ask.max_turns, concurrency=ask.concurrency,
+                                             evaluation=True, deterministic=ask.policy != OPENAI)
     policy: Any
     if ask.policy == OPENAI:
         assert ask.endpoint is not None, "--policy openai comes with its endpoint"

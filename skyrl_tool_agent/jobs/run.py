@@ -32,7 +32,6 @@ class Run:
     """An open run: `runtime` (`EnvRuntime`); `policy` when asked for; with GRPO, `trainer` (whose
     policy is `policy`), `logger` (rank 0's `RunLogger`, elsewhere a `NullRunLogger`), `resumed`."""
 
-    config: Config
     runtime: Any
     policy: Any = None
     trainer: Any = None
@@ -49,7 +48,7 @@ def open_run(config: Config, db_root: Path, *, policy_mode: str | None = None,
     from skyrl_tool_agent.env.pools import EnvRuntime
 
     with EnvRuntime(config.env, db_root) as runtime:
-        run = Run(config, runtime)
+        run = Run(runtime)
         try:
             if grpo is not None:
                 from skyrl_tool_agent.data.loader import build_loader

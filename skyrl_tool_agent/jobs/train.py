@@ -270,7 +270,7 @@ def run_training(config: Config, *, resume: str | None = None, rebuild: bool = F
             ctx.close()  # waits for rank 0's outputs
             return None
         summary = finish_run(out, before, after, trainer.step, stop_reason=trainer.stop_reason,
-                             seconds=time.monotonic() - start, history=history, training_seconds=trainer.train_seconds,
+                             seconds=time.monotonic() - start, training_seconds=trainer.train_seconds,
                              config=config, test=(test.before, test_after) if test_after is not None else None)
         outputs.write(trainer, after=after, stop_reason=trainer.stop_reason,
                       grpo_seconds=history[-1].get("time/elapsed_s") if history else None, test=summary.test)

@@ -111,21 +111,17 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
     the headline with its paired-bootstrap interval (given this run's per-question `records`), then
     any warnings."""
     from rich.console import Console
-    from rich.table import Table
 
     from skyrl_tool_agent.reports.templates import fmt
 
     console = console or Console()
-    table = Table(title=f"{base_label} vs {current_label} (n={base.get('n')} / {current.get('n')})")
-    table.add_column("metric")
-    table.add_column(base_label, justify="right")
-    table.add_column(current_label, justify="right")
-    table.add_column("delta", justify="right")
+    rows = []
     for row in comparison_rows(base, current):
         style = {1: "green", -1: "red"}.get(row.verdict)
-        table.add_row(row.label, fmt(row.base), fmt(row.current),
-                      f"[{style}]{row.delta:+.3f}[/]" if style else fmt(row.delta, "+f3"))
-    console.print(table)
+        rows.append((row.label, fmt(row.base), fmt(row.current),
+                     f"[{style}]{row.delta:+.3f}[/]" if style else fmt(row.delta, "+f3")))
+    print_table(f"{base_label} vs {current_label} (n={base.get('n')} / {current.get('n')})",
+                ("metric", base_label, current_label, "delta"), rows, console)
     change = paired_change(base, records) if records is not None else None
     if change is not None:
         console.print(f"{vocabulary_of(current).accuracy_label} change ({current_label} - {base_label}): "

@@ -78,7 +78,7 @@ METRICS_TABLE_FILE = "metrics_table.md"
 
 
 def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: int, *, stop_reason: str,
-               seconds: float, history: list[dict[str, Any]], training_seconds: float, config: Config,
+               seconds: float, training_seconds: float, config: Config,
                test: tuple[dict[str, Any], dict[str, Any]] | None = None) -> RunSummary:
     """Write before_after.json (`before_after_record`; `test`: the test split's evaluations before
     and after), error_anatomy.png and the model card in final/ (the curves, the table and
@@ -96,7 +96,7 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
         write_model_card(out / "final", config, record)
     from skyrl_tool_agent.env.families import resolve_family
 
-    return RunSummary(before, after, steps, seconds, out, history, stop_reason, record["execution_accuracy_delta"],
+    return RunSummary(before, after, steps, seconds, out, stop_reason, record["execution_accuracy_delta"],
                       family=resolve_family(config.env.task_family).name, sampled_delta=record["avg_at_k_delta"],
                       anatomy_delta=record["error_anatomy_delta"], test=record.get("test"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,8 @@ from skyrl_tool_agent.eval.vocabulary import vocabulary
 logger = logging.getLogger(__name__)
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    """A rich table on the console: the first column left-aligned (labels), the others right."""
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[str]], console: Any = None) -> None:
+    """A rich table on `console` (default: a new one): the first column left-aligned (labels), the others right."""
     from rich.console import Console
     from rich.table import Table
 
@@ -27,7 +27,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    (console or Console()).print(table)
 
 
 def print_before_after(summary: Any) -> None:
@@ -225,7 +225,6 @@ class RunSummary:
     steps: int
     seconds: float
     output_dir: Path
-    history: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str = ""
     #: Execution-accuracy change on the eval tasks with its paired-bootstrap 95% interval.
     delta: dict[str, float] | None = None

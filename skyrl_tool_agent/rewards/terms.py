@@ -19,7 +19,6 @@ built-in term is 0 without an answer. Your own term is any function of an `Episo
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from skyrl_tool_agent.config.env import DEFAULT_TERMS
-from skyrl_tool_agent.config.user_code import load_module_file
+from skyrl_tool_agent.config.user_code import load_module
 from skyrl_tool_agent.rewards.execution import ExecutionComparison
 from skyrl_tool_agent.rewards.partial import partial_credit, sql_is_valid
 
@@ -128,16 +127,10 @@ def load_term_function(target: str) -> TermFn:
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr.isidentifier():
         raise ValueError(f"function '{target}': expected 'module:function' or 'path/to/file.py:function'")
+    if where.endswith(".py") and not (path := Path(where).expanduser().resolve()).is_file():
+        raise ValueError(f"function '{target}': no file {path}")
     try:
-        if where.endswith(".py"):
-            path = Path(where).expanduser().resolve()
-            if not path.is_file():
-                raise ValueError(f"function '{target}': no file {path}")
-            module = load_module_file(path)
-        else:
-            module = importlib.import_module(where)
-    except ValueError:
-        raise
+        module = load_module(where)
     except Exception as exc:  # noqa: BLE001 - any failure in the user's module is a config error
         raise ValueError(f"function '{target}': cannot import {where} ({type(exc).__name__}: {exc})") from None
     fn = getattr(module, attr, None)
