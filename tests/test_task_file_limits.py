@@ -118,7 +118,7 @@ def test_a_huge_error_message_is_clipped(pool: BackgroundMCPPool) -> None:
 
 
 def test_a_call_is_answered_by_the_servers_deadline(pool: BackgroundMCPPool) -> None:
-    pids = pool.server_pids()
+    pids = pool.pool.server_pids()
     # A tool that takes longer than the server's limit: the server answers, before the client's deadline.
     text, is_error, seconds = timed_call(pool, "wait_then_text", seconds=4.5, chars=10)
     assert (text, is_error) == (f"timeout: wait_then_text ran longer than {SERVER_LIMIT_S:g} s", True)
@@ -130,7 +130,7 @@ def test_a_call_is_answered_by_the_servers_deadline(pool: BackgroundMCPPool) -> 
     # The session answered each time: still the same server, in rotation, serving at once.
     text, is_error, seconds = timed_call(pool, "numbers", n=2)
     assert (text, is_error) == ("0\n1", False) and seconds < 1.0
-    assert pool.server_pids() == pids
+    assert pool.pool.server_pids() == pids
 
 
 def test_a_tool_the_watchdog_gave_up_on_stops(pool: BackgroundMCPPool, tmp_path: Path) -> None:
