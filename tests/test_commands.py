@@ -73,6 +73,16 @@ def test_console_script_runs_from_an_empty_directory(empty_dir: Path, tmp_path: 
     assert list(empty_dir.iterdir()) == []  # nothing written where it was run
 
 
+def test_a_command_loading_a_policy_does_not_load_torchs_compiler() -> None:
+    """peft imports bitsandbytes, which wraps kernels in torch.compile at import: with TorchDynamo
+    on, that loads torch's compiler stack (~0.9 CPU-s in every run and every rank). The commands
+    turn it off (`commands/__init__.py`; a user's TORCHDYNAMO_DISABLE=0 is kept)."""
+    code = "import sys, skyrl_tool_agent.commands.train, peft\nprint('torch._inductor.compile_fx' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHDYNAMO_DISABLE"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "False", (done.stdout, done.stderr[-2000:])
+
+
 def test_console_script_is_declared_and_dispatches_every_command() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert project["project"]["scripts"] == {"skyrl-tool-agent": "skyrl_tool_agent.commands.main:main"}

@@ -8,6 +8,15 @@ where a command writes a directory the flag is `--output-dir` (HF's `--output_di
 
 import atexit
 import gc
+import os
+
+# The commands never compile (nothing here calls torch.compile), but bitsandbytes, which peft
+# imports in every run that loads a policy, wraps its device-generic fallback kernels in
+# torch.compile at import, and that loads torch's compiler stack: ~0.9 CPU-s in every such process,
+# each rank of a launch. With TorchDynamo off those wrappers are plain functions; the kernels that
+# run are the same (bitsandbytes' own CPU and CUDA kernels replace the fallbacks). Set
+# TORCHDYNAMO_DISABLE=0 to keep it on.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
 def _collect_then_freeze() -> None:
