@@ -96,8 +96,8 @@ def resolved_settings(config: Config, deepspeed: dict[str, Any] | None = None) -
     return flat
 
 
-def first_difference(settings: Sequence[dict[str, str]]) -> tuple[str, int, int] | None:
-    """(knob, how many knobs differ, rank) of the first knob some rank resolves otherwise than rank 0,
+def first_difference(settings: Sequence[dict[str, str]]) -> tuple[list[str], int] | None:
+    """(the knobs that differ, rank) of the first rank resolving some knob otherwise than rank 0,
     or None when all agree (`model files` null differs from nothing)."""
     def differ(key: str, a: str | None, b: str | None) -> bool:
         return a != b and not (key == MODEL_FILES and "null" in (a, b))
@@ -107,7 +107,7 @@ def first_difference(settings: Sequence[dict[str, str]]) -> tuple[str, int, int]
         keys = [*main, *(k for k in mine if k not in main)]
         differing = [k for k in keys if differ(k, main.get(k), mine.get(k))]
         if differing:
-            return differing[0], len(differing), rank
+            return differing, rank
     return None
 
 
@@ -118,9 +118,11 @@ def agree_on_settings(ctx: Any, config: Config, deepspeed: dict[str, Any] | None
     found = first_difference([settings for _, settings in gathered])
     if found is None:
         return
-    key, count, rank = found
+    (key, *others), rank = found
     (host0, main), (host, mine) = gathered[0], gathered[rank]
-    more = f" (and {count - 1} more setting{'s' if count > 2 else ''})" if count > 1 else ""
+    named = others[:3] + ([f"{len(others) - 3} more"] if len(others) > 3 else [])
+    listed = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+    more = f" (also {listed})" if named else ""  # every differing knob named at once, not one launch each
     raise UserInputError(
         f"the ranks' settings differ: {key} is {main.get(key, '(unset)')} on rank 0 ({host0}) but "
         f"{mine.get(key, '(unset)')} on rank {rank} ({host}){more}: launch every node with the same command, "
