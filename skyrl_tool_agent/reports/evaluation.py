@@ -13,7 +13,7 @@ from typing import Any
 from skyrl_tool_agent.eval.compare import AnatomyRow, comparison_rows, comparison_warnings, paired_change
 from skyrl_tool_agent.eval.evaluate import EvaluationRun
 from skyrl_tool_agent.eval.vocabulary import vocabulary_of
-from skyrl_tool_agent.reports.html import TrainingRunView, write_report
+from skyrl_tool_agent.reports.html import TrainingRunView, render_report
 from skyrl_tool_agent.reports.tables import print_table
 
 
@@ -61,10 +61,10 @@ def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str,
         for record in run.records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     write_text_atomically(paths.results, json.dumps(run.results, indent=1, ensure_ascii=False) + "\n")
-    if report:
-        write_report(run.results, run.records, paths.report, difficulty_png=paths.difficulty_png, baseline=baseline,
-                     rollouts=rollouts, db_root=db_root, errors_png=paths.errors_png if anatomy else None,
-                     run=training_run)
+    if report:  # replaced atomically too: a training run rewrites its report while a person may have it open
+        write_text_atomically(paths.report, render_report(
+            run.results, run.records, difficulty_png=paths.difficulty_png, baseline=baseline, rollouts=rollouts,
+            db_root=db_root, errors_png=paths.errors_png if anatomy else None, run=training_run))
     return paths
 
 
