@@ -155,14 +155,6 @@ class TaskSplits:
         splits.file("train"), splits.file("dev")
         return splits
 
-    @classmethod
-    def from_tasks(cls, config: Config, *, train: list[Task], dev: list[Task], db_root: Path) -> TaskSplits:
-        """The same rules over tasks already at hand (no file is read), e.g. a test's few tasks."""
-        splits = cls(config)
-        splits._files = {"train": SplitFile(train), "dev": SplitFile(dev)}
-        splits.db_root = db_root
-        return splits
-
     # ---------------------------------------------------------------- the files
     def file(self, name: FileSplit) -> SplitFile:
         """The train or dev file's usable tasks (loaded and checked once)."""
