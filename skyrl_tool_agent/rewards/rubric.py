@@ -196,9 +196,8 @@ def score_answer(
     rubric: Rubric | None = None,
     cache: GoldResultCache | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    keep_distinct: bool = True,
 ) -> RewardBreakdown:
     """Score a final answer alone (no turn counts or conversation) with `rubric` (default terms):
     `Rubric.score` on an `Episode` of just the answer."""
     episode = Episode(answer=answer_sql, ground_truth=gold_sql, db_path=Path(db_path), format_ok=format_ok)
-    return (rubric or Rubric.default()).score(episode, cache=cache, timeout_s=timeout_s, keep_distinct=keep_distinct)
+    return (rubric or Rubric.default()).score(episode, cache=cache, timeout_s=timeout_s)
