@@ -175,10 +175,11 @@ class TaskSplits:
             raise UserInputError(f"database root not found: {self.db_root} (training.data.db_root)")
 
     def _load(self, name: FileSplit) -> SplitFile:
-        from skyrl_tool_agent.data.builtin.location import ensure_builtin_data
+        from skyrl_tool_agent.data.builtin.location import builtin_data_dir
 
         data = self.config.training.data
-        ensure_builtin_data(data.dataset)  # a wheel install builds the built-in data on first use
+        if data.dataset == "builtin":
+            builtin_data_dir()  # built into the cache on first use (a wheel install has no data/processed)
         if data.dataset == "spider":
             from skyrl_tool_agent.data.spider import load_spider, split_file
 
@@ -304,14 +305,6 @@ class TaskSplits:
             return SplitFile(self.validation())
         return SplitFile(self.test()) if name == "test" else self.file(name)
 
-    def db_root_of(self, name: Split) -> Path:
-        """Where the databases of split `name` are: the test split's own (`test_db_root`), else `db_root`."""
-        if name == "test":
-            from skyrl_tool_agent.data.builtin.test_split import test_db_root
-
-            return test_db_root()
-        return self.db_root
-
 
 def train_pool_kind(config: Config) -> Literal["file", "generated", "frontier"]:
     """`training.data.train_pool` resolved: auto takes the frontier when the embedded model has
@@ -347,5 +340,8 @@ def load_eval_tasks(config: Config, split: Split = "dev", *, limit: int | None =
     splits = TaskSplits(config, skip_bad_records=skip_bad_records)
     chosen = splits.split(split)
     tasks = chosen.tasks if limit is None else fixed_subset(chosen.tasks, limit, seed=seed)
-    return EvalTaskSet(tasks, splits.db_root_of(split), config.training.data.dataset, split, chosen.skipped, len(chosen.tasks),
+    from skyrl_tool_agent.data.builtin.test_split import test_db_root  # the test split's databases are its own
+
+    db_root = test_db_root() if split == "test" else splits.db_root
+    return EvalTaskSet(tasks, db_root, config.training.data.dataset, split, chosen.skipped, len(chosen.tasks),
                        dict(chosen.skipped_reasons))
