@@ -299,12 +299,6 @@ class TaskSplits:
             return self.validation()[: t.eval_num_tasks]
         return fixed_subset(self.dev, t.eval_num_tasks, seed=t.seed)
 
-    def split(self, name: Split) -> SplitFile:
-        """A split by name, with what was left out of it (validation and test are generated: nothing left out)."""
-        if name == "validation":
-            return SplitFile(self.validation())
-        return SplitFile(self.test()) if name == "test" else self.file(name)
-
 
 def train_pool_kind(config: Config) -> Literal["file", "generated", "frontier"]:
     """`training.data.train_pool` resolved: auto takes the frontier when the embedded model has
@@ -338,10 +332,14 @@ def load_eval_tasks(config: Config, split: Split = "dev", *, limit: int | None =
     if limit is not None and limit < 1:
         raise UserInputError(f"--limit must be >= 1, got {limit}")
     splits = TaskSplits(config, skip_bad_records=skip_bad_records)
-    chosen = splits.split(split)
-    tasks = chosen.tasks if limit is None else fixed_subset(chosen.tasks, limit, seed=seed)
-    from skyrl_tool_agent.data.builtin.test_split import test_db_root  # the test split's databases are its own
+    db_root = splits.db_root
+    # validation and test are generated (nothing left out of them); test on databases of its own
+    if split == "test":
+        from skyrl_tool_agent.data.builtin.test_split import test_db_root
 
-    db_root = test_db_root() if split == "test" else splits.db_root
+        chosen, db_root = SplitFile(splits.test()), test_db_root()
+    else:
+        chosen = SplitFile(splits.validation()) if split == "validation" else splits.file(split)
+    tasks = chosen.tasks if limit is None else fixed_subset(chosen.tasks, limit, seed=seed)
     return EvalTaskSet(tasks, db_root, config.training.data.dataset, split, chosen.skipped, len(chosen.tasks),
                        dict(chosen.skipped_reasons))
