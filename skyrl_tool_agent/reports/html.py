@@ -26,14 +26,13 @@ from skyrl_tool_agent.eval.compare import (
     outcome_changes,
     sorted_difficulties,
 )
-from skyrl_tool_agent.reports.html_assets import CSS, JS
 from skyrl_tool_agent.reports.episodes import (
     episode,
     shared_system_prompt,
 )
 from skyrl_tool_agent.reports.rollouts import rollouts_view
 from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
-from skyrl_tool_agent.reports.templates import environment, fmt
+from skyrl_tool_agent.reports.templates import CSS, JS, environment, fmt
 from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
 __all__ = ["SUMMARY_METRICS", "TrainingRunView", "render_report"]

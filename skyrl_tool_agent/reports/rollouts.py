@@ -1,5 +1,5 @@
 """The "Training rollouts" view of report.html: a training run's `rollouts.jsonl`, grouped by step,
-filtered, searched and sorted in the page (`html_assets`).
+filtered, searched and sorted in the page (`templates`: its JS).
 """
 
 from __future__ import annotations
