@@ -125,19 +125,15 @@ class ResultPreviewer:
     and the page says so).
     """
 
-    def __init__(self, db_root: str | Path | None, *, rows: int = RESULT_ROWS, timeout_s: float = QUERY_TIMEOUT_S,
-                 budget_s: float = TIME_BUDGET_S) -> None:
+    def __init__(self, db_root: str | Path | None) -> None:
         self.db_root = Path(db_root) if db_root is not None else None
         self._databases: DatabaseRoot | None = None  # the server's listing, read at the first preview
-        self.rows = rows
-        self.timeout_s = timeout_s
-        self.budget_s = budget_s
         self.spent_s = 0.0
         self.skipped = 0  # previews not run because the budget was spent
         self._memo: dict[tuple[str, str], QueryPreview] = {}
 
     def preview(self, db_id: str, sql: str | None) -> QueryPreview:
-        """The first `rows` rows of `sql` on database `db_id` (module docstring)."""
+        """The first `RESULT_ROWS` rows of `sql` on database `db_id` (module docstring)."""
         if sql is None:
             return QueryPreview(note="no answer")
         if self.db_root is None:
@@ -157,12 +153,12 @@ class ResultPreviewer:
         return self._memo[key]
 
     def _run(self, path: Path, sql: str) -> QueryPreview:
-        if self.spent_s >= self.budget_s:
+        if self.spent_s >= TIME_BUDGET_S:
             self.skipped += 1
-            return QueryPreview(note=f"not run: the report's {self.budget_s:g} s for queries were spent")
+            return QueryPreview(note=f"not run: the report's {TIME_BUDGET_S:g} s for queries were spent")
         start = time.monotonic()
         try:
-            result = run_bounded(path, sql, timeout_s=self.timeout_s, max_rows=COUNT_ROWS)
+            result = run_bounded(path, sql, timeout_s=QUERY_TIMEOUT_S, max_rows=COUNT_ROWS)
         except SandboxError as exc:
             fault = database_fault(exc)
             if fault is not None:
@@ -173,7 +169,7 @@ class ResultPreviewer:
         keep = min(len(result.columns), MAX_COLUMNS)
         return QueryPreview(
             columns=list(result.columns[:keep]),
-            rows=[[_cell(v) for v in row[:keep]] for row in result.rows[: self.rows]],
+            rows=[[_cell(v) for v in row[:keep]] for row in result.rows[:RESULT_ROWS]],
             total=result.row_count, total_capped=result.truncated,
             hidden_columns=len(result.columns) - keep + result.omitted_columns,
         )
@@ -188,7 +184,7 @@ class ResultPreviewer:
         if self.db_root is None:
             return "Result rows: no database directory was given, so no query was run."
         text = (f"Result rows computed when this report was written, from {self.db_root}, in the read-only "
-                f"sandbox ({self.timeout_s:g} s per query; {self.spent_s:.1f} s in all)")
+                f"sandbox ({QUERY_TIMEOUT_S:g} s per query; {self.spent_s:.1f} s in all)")
         if self.skipped:
-            text += f"; {self.skipped} previews not run (the {self.budget_s:g} s budget was spent)"
+            text += f"; {self.skipped} previews not run (the {TIME_BUDGET_S:g} s budget was spent)"
         return text + "."
