@@ -136,14 +136,9 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
 
 
 def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run") -> None:
-    """A rich table: error category | baseline | this run | change of its rate [95% interval]."""
+    """A rich table: error category | baseline | this run | change of its rate [95% interval], as
+    '-2.5 points [-4.1, -0.9]' ('-' where it is not measurable)."""
     print_table("Why answers are wrong (first sample of each question in both runs)",
                 ("error", base_label, current_label, "change [95% paired bootstrap]"),
-                [(row.label, str(row.base), str(row.current), describe_change(row.change)) for row in rows])
-
-
-def describe_change(change: Any) -> str:
-    """'-2.5 points [-4.1, -0.9]' for a `stats.PairedDelta` of a rate ('-' for None)."""
-    if change is None:
-        return "-"
-    return f"{100 * change.delta:+.1f} points [{100 * change.low:+.1f}, {100 * change.high:+.1f}]"
+                [(row.label, str(row.base), str(row.current), "-" if (c := row.change) is None else
+                  f"{100 * c.delta:+.1f} points [{100 * c.low:+.1f}, {100 * c.high:+.1f}]") for row in rows])
