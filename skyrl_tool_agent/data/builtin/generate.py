@@ -10,13 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from skyrl_tool_agent.data.builtin.schema import Domain, create_database
-from skyrl_tool_agent.data.builtin.templates import (
-    Template,
-    has_answer,
-    limit_is_ambiguous,
-    slot_candidates,
-)
+from skyrl_tool_agent.data.builtin.schema import (Domain, Template, create_database, has_answer, limit_is_ambiguous,
+                                                 slot_candidates)
 from skyrl_tool_agent.data.hardness import spider_hardness, to_difficulty
 from skyrl_tool_agent.data.tasks import Task, db_path_for, save_tasks
 
