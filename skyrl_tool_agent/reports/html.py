@@ -1,7 +1,7 @@
 """`report.html`: one self-contained page per evaluation (no network: inline CSS/JS, plots as
 base64): summary, comparison with a baseline, per-difficulty and per-database tables, the error
 anatomy, and a viewer of the episodes (turns, reward terms, final vs gold SQL with their first rows:
-`sql_preview`); given a training run's rollouts, a "Training rollouts" view. Both viewers filter,
+`episodes`); given a training run's rollouts, a "Training rollouts" view. Both viewers filter,
 search and sort in the page; a URL fragment sets the filters (`report.html#failed`). Jinja
 autoescapes every text (`templates`).
 """
@@ -26,12 +26,8 @@ from skyrl_tool_agent.eval.compare import (
     outcome_changes,
     sorted_difficulties,
 )
-from skyrl_tool_agent.reports.episodes import (
-    episode,
-    shared_system_prompt,
-)
+from skyrl_tool_agent.reports.episodes import ResultPreviewer, episode, shared_system_prompt
 from skyrl_tool_agent.reports.rollouts import rollouts_view
-from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
 from skyrl_tool_agent.reports.templates import CSS, JS, environment, fmt
 from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
