@@ -36,13 +36,6 @@ logger = logging.getLogger(__name__)
 REPORT_FILE = "report.html"
 
 
-def run_state(step: int, max_steps: int, minutes: float, stop_reason: str = "") -> str:
-    """A run's state in words, as its curves, table and report carry it: the step, the minutes of
-    GRPO, and "running" or why it stopped."""
-    return f"step {step} of {max_steps}, {minutes:.1f} min of GRPO, " + (
-        f"stopped: {stop_reason}" if stop_reason else "running")
-
-
 class RunOutputs:
     """A run's training_curves.png, metrics_table.md and report.html, each with the run's state and
     replaced atomically, rewritten after every evaluation and probe (`after_measurement`) and at
@@ -65,7 +58,9 @@ class RunOutputs:
             after, evaluated_at = ((trainer.last_eval, trainer.last_eval_step) if trainer.last_eval is not None
                                    else (self.before, 0))
         minutes = (trainer.elapsed_s() if grpo_seconds is None else grpo_seconds) / 60
-        state = run_state(trainer.step, t.max_steps, minutes, stop_reason)
+        # the run's state in words, as its curves, table and report carry it
+        state = f"step {trainer.step} of {t.max_steps}, {minutes:.1f} min of GRPO, " + (
+            f"stopped: {stop_reason}" if stop_reason else "running")
         curves = plot_training_curves(self.out / "metrics.jsonl", self.out / "training_curves.png",
                                       eval_split=t.eval_split, kl_off=self.config.grpo.kl_coef == 0, state=state)
         record = before_after_record(self.before, after, trainer.step, stop_reason=stop_reason,
