@@ -13,16 +13,11 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-class _DropBitsandbytesKernelsNotice(logging.Filter):
-    """bitsandbytes (imported by peft on every model load) warns that its optional `kernels`
-    package is missing for a CPU 4-bit matmul this project never calls (QLoRA trains on CUDA): a
-    warning on every run that nobody can act on. Only that message is dropped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
-
-
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropBitsandbytesKernelsNotice())
+# bitsandbytes (imported by peft on every model load) warns that its optional `kernels` package is
+# missing for a CPU 4-bit matmul this project never calls (QLoRA trains on CUDA): a warning on every
+# run that nobody can act on. Only that message is dropped.
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward from kernels-community"))
 
 ENV_ID = "mcp_tool_env"
 

@@ -32,7 +32,7 @@ import pytest
 from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.validation import BadRecordsError, load_checked_tasks, read_task_file
 from skyrl_tool_agent.reports.rollouts import load_rollouts
-from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
+from skyrl_tool_agent.reports.episodes import ResultPreviewer
 from tests.fixtures.config_files import REPO
 
 GOOD = {"task_id": "t-0", "db_id": "shop", "question": "How many items?", "gold_sql": "SELECT count(*) FROM items",

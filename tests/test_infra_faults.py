@@ -196,4 +196,4 @@ def test_grpo_step_does_not_train_on_groups_with_infra_errors(tmp_path: Path) ->
     assert out.metrics["train/execution_accuracy"] == 1.0
     assert all(torch.equal(p, weights[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
     (task_id,) = {t.task_id for t in out.trajectories}
-    assert trainer.loader.sampler.pass_rate(task_id) == 1.0  # one attempt, solved (not 1 of 2)
+    assert trainer.loader.sampler.state_dict()["stats"][task_id] == [1.0, 1.0, 1.0]  # one attempt, solved (not 1 of 2)

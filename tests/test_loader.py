@@ -11,8 +11,7 @@ import pytest
 
 from skyrl_tool_agent.data.batching import TaskBatcher, fixed_subset
 from skyrl_tool_agent.data.curriculum import CurriculumSampler
-from skyrl_tool_agent.data.loader import TaskDataLoader
-from skyrl_tool_agent.data.streaming import StreamingDataset
+from skyrl_tool_agent.data.loader import StreamingDataset, TaskDataLoader
 from skyrl_tool_agent.data.tasks import Task
 
 DIFFS = ("easy", "medium", "hard")

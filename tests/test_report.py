@@ -20,10 +20,10 @@ from skyrl_tool_agent.config import UserInputError
 from skyrl_tool_agent.data.builtin.location import DB_DIR, builtin_data_dir
 from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
 from skyrl_tool_agent.eval.compare import load_results, outcome_changes
-from skyrl_tool_agent.reports.episodes import tool_names
+from skyrl_tool_agent.reports import episodes
+from skyrl_tool_agent.reports.episodes import ResultPreviewer, sql_diff, tool_names
 from skyrl_tool_agent.reports.html import render_report
 from skyrl_tool_agent.reports.rollouts import load_rollouts
-from skyrl_tool_agent.reports.sql_preview import ResultPreviewer, sql_diff
 from tests.fixtures.report_run import (
     XSS_QUESTION,
     XSS_SQL,
@@ -159,12 +159,13 @@ def _builtin_db_root() -> Path:
     return builtin_data_dir() / DB_DIR
 
 
-def test_result_rows_on_a_builtin_database():
+def test_result_rows_on_a_builtin_database(monkeypatch):
     """The first rows (and the row count) of the gold and a wrong query on a built-in database, as
     SQLite itself returns them."""
     task = next(t for t in load_tasks(builtin_data_dir() / "dev.json") if t.gold_sql.startswith("SELECT title FROM books WHERE pages >"))
     wrong = task.gold_sql.rsplit(">", 1)[0] + "> 300"
-    previewer = ResultPreviewer(_builtin_db_root(), rows=3)
+    monkeypatch.setattr(episodes, "RESULT_ROWS", 3)
+    previewer = ResultPreviewer(_builtin_db_root())
     uri = f"file:{db_path_for(_builtin_db_root(), task.db_id)}?mode=ro"
     with sqlite3.connect(uri, uri=True) as conn:
         for sql in (task.gold_sql, wrong):
@@ -178,11 +179,12 @@ def test_result_rows_on_a_builtin_database():
     assert "first 3 shown" in panel["final_rows"].summary
 
 
-def test_report_queries_run_inside_the_sandbox_limits(tmp_path):
+def test_report_queries_run_inside_the_sandbox_limits(tmp_path, monkeypatch):
     db_root = _builtin_db_root()
     path = db_path_for(db_root, "library")
     before = path.stat().st_mtime_ns, path.read_bytes()
-    previewer = ResultPreviewer(db_root, timeout_s=0.3)
+    monkeypatch.setattr(episodes, "QUERY_TIMEOUT_S", 0.3)
+    previewer = ResultPreviewer(db_root)
     denied = previewer.preview("library", "DELETE FROM books")
     assert denied.failed and "denied" in denied.summary
     assert "too_large" in previewer.preview("library", "SELECT randomblob(1000000000)").summary
@@ -193,7 +195,8 @@ def test_report_queries_run_inside_the_sandbox_limits(tmp_path):
     # No database: said in the page instead of rows; a spent budget: not run.
     assert "no database directory" in ResultPreviewer(None).preview("library", "SELECT 1").summary
     assert "does not exist" in ResultPreviewer(tmp_path).preview("library", "SELECT 1").summary
-    spent = ResultPreviewer(db_root, budget_s=0.0)
+    monkeypatch.setattr(episodes, "TIME_BUDGET_S", 0.0)
+    spent = ResultPreviewer(db_root)
     assert spent.preview("library", "SELECT 1").summary.startswith("not run") and "1 previews not run" in spent.describe()
 
 

@@ -14,7 +14,7 @@ from skyrl_tool_agent.config import ConfigError, UserInputError, load_config
 from skyrl_tool_agent.data.builtin.domains import DOMAINS
 from skyrl_tool_agent.data.builtin.pool import generated_train_pool, split_validation
 from skyrl_tool_agent.data.tasks import db_path_for, load_tasks
-from skyrl_tool_agent.eval.splits import TaskSplits
+from skyrl_tool_agent.eval.splits import SplitFile, TaskSplits
 from tests.fixtures.config_files import CONFIGS, REPO
 
 DATA = REPO / "data" / "processed"
@@ -25,8 +25,12 @@ def splits():
     return load_tasks(DATA / "train.json"), load_tasks(DATA / "dev.json")
 
 
-def _splits(config, train, dev, db_root: Path = DATA / "databases") -> TaskSplits:
-    return TaskSplits.from_tasks(config, train=train, dev=dev, db_root=db_root)
+def splits_of(config, train, dev, db_root: Path = DATA / "databases") -> TaskSplits:
+    """`TaskSplits`' rules over tasks at hand (no file read)."""
+    splits = TaskSplits(config)
+    splits._files = {"train": SplitFile(train), "dev": SplitFile(dev)}
+    splits.db_root = db_root
+    return splits
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +87,10 @@ def test_pool_is_deterministic(pool, splits) -> None:
 def test_rl_train_tasks_follows_the_knob(pool, splits) -> None:
     train, dev = splits
     config = load_config(CONFIGS, ["training.data.train_pool=file"])
-    assert _splits(config, train, dev, DATA / "databases").rl_train() is train
+    assert splits_of(config, train, dev, DATA / "databases").rl_train() is train
     config = load_config(CONFIGS, ["training.data.train_pool=generated", "training.data.validation_tasks=50"])
-    rl_pool = _splits(config, train, dev, DATA / "databases").rl_train()
-    held = {t.gold_sql for t in _splits(config, train, dev).validation()}
+    rl_pool = splits_of(config, train, dev, DATA / "databases").rl_train()
+    held = {t.gold_sql for t in splits_of(config, train, dev).validation()}
     assert len(held) == 50
     assert rl_pool == [t for t in pool if t.gold_sql not in held]  # the pool less every paraphrase of validation
 
@@ -111,7 +115,7 @@ def test_missing_or_foreign_databases_are_user_errors(splits, tmp_path: Path) ->
     train, dev = splits
     config = load_config(CONFIGS, ["training.data.train_pool=generated"])
     with pytest.raises(UserInputError, match=r"built-in database not found: .*\(training.data: the generated pool\)"):
-        _splits(config, train, dev, tmp_path / "nowhere").rl_train()
+        splits_of(config, train, dev, tmp_path / "nowhere").rl_train()
     # Right file names, wrong contents: an empty SQLite database where the first domain's should be.
     root = tmp_path / "foreign"
     shutil.copytree(DATA / "databases", root)
@@ -119,7 +123,7 @@ def test_missing_or_foreign_databases_are_user_errors(splits, tmp_path: Path) ->
     first.unlink()
     sqlite3.connect(first).close()
     with pytest.raises(UserInputError, match=rf"is not the built-in {DOMAINS[0].db_id} database .*no such table"):
-        _splits(config, train, dev, root).rl_train()
+        splits_of(config, train, dev, root).rl_train()
 
 
 def test_generated_pool_needs_the_builtin_dataset() -> None:
@@ -132,14 +136,14 @@ def test_generated_pool_needs_the_builtin_dataset() -> None:
 def test_eval_split_picks_what_a_run_evaluates(splits) -> None:
     train, dev = splits
     dev_run = load_config(CONFIGS)
-    assert _splits(dev_run, train, dev).run_eval() == sorted(dev, key=lambda t: t.task_id)  # all 320
+    assert splits_of(dev_run, train, dev).run_eval() == sorted(dev, key=lambda t: t.task_id)  # all 320
     tuning = load_config(CONFIGS, ["training.eval_split=validation", "training.eval_num_tasks=40"])
-    tasks = _splits(tuning, train, dev).run_eval()
-    assert tasks == _splits(tuning, train, dev).validation()[:40]
+    tasks = splits_of(tuning, train, dev).run_eval()
+    assert tasks == splits_of(tuning, train, dev).validation()[:40]
     assert {t.gold_sql for t in tasks}.isdisjoint({t.gold_sql for t in dev})
     spider = load_config(CONFIGS, ["training.eval_split=validation", "training.data.dataset=spider"])
     with pytest.raises(UserInputError, match="eval_split: validation needs the builtin dataset"):
-        _splits(spider, train, dev).run_eval()
+        splits_of(spider, train, dev).run_eval()
 
 
 def _spider_with_a_broken_gold_query(root: Path) -> None:

@@ -27,7 +27,6 @@ from skyrl_tool_agent.config.grpo import (
 )
 from skyrl_tool_agent.config.loader import (
     Config,
-    ConfigSources,
     load_config,
     load_deepspeed_config,
 )
@@ -49,7 +48,6 @@ __all__ = [
     "CollectorConfig",
     "Config",
     "ConfigError",
-    "ConfigSources",
     "CurriculumConfig",
     "DataConfig",
     "DeepSpeedConfig",

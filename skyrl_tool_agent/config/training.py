@@ -11,15 +11,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from skyrl_tool_agent.config.base import Section, expand_path, knob
-from skyrl_tool_agent.config.builtin_paths import builtin_data_location
+from skyrl_tool_agent.config.builtin_paths import DB_DIR, DEV_FILE, TRAIN_FILE, builtin_data_location
 
-#: Built-in data (task JSON lists + Spider-layout SQLite databases), relative to the built-in data
-#: directory: a source checkout's data/processed, else built on first use into the cache
-#: (skyrl_tool_agent.config.builtin_paths), never relative to the working directory. Loading the
-#: tasks builds it there first (skyrl_tool_agent.data.builtin.location.builtin_data_dir).
-BUILTIN_TRAIN_FILE = "train.json"
-BUILTIN_DEV_FILE = "dev.json"
-BUILTIN_DB_ROOT = "databases"
 #: Files of the Spider release, relative to `spider_root`.
 SPIDER_TRAIN_FILE = "train_spider_compact.json"
 SPIDER_DEV_FILE = "dev.json"
@@ -28,7 +21,8 @@ SPIDER_DB_DIR = "database"
 
 class DataConfig(Section):
     """Which tasks to train and evaluate on. Relative paths you give are relative to the working
-    directory; the built-in defaults (null) are not (see BUILTIN_TRAIN_FILE)."""
+    directory; the built-in defaults (null) are the built-in data directory's (a checkout's
+    data/processed, else the cache: `config.builtin_paths`, built there on first use)."""
 
     dataset: Literal["builtin", "spider"] = knob(
         "builtin",
@@ -118,15 +112,15 @@ class DataConfig(Section):
 
     def resolved_train_file(self) -> Path:
         """`train_file`, or the dataset's default training file."""
-        return self._resolve(self.train_file, BUILTIN_TRAIN_FILE, SPIDER_TRAIN_FILE)
+        return self._resolve(self.train_file, TRAIN_FILE, SPIDER_TRAIN_FILE)
 
     def resolved_dev_file(self) -> Path:
         """`dev_file`, or the dataset's default dev file."""
-        return self._resolve(self.dev_file, BUILTIN_DEV_FILE, SPIDER_DEV_FILE)
+        return self._resolve(self.dev_file, DEV_FILE, SPIDER_DEV_FILE)
 
     def resolved_db_root(self) -> Path:
         """`db_root`, or the dataset's default database root."""
-        return self._resolve(self.db_root, BUILTIN_DB_ROOT, SPIDER_DB_DIR)
+        return self._resolve(self.db_root, DB_DIR, SPIDER_DB_DIR)
 
     def _resolve(self, given: str | None, builtin: str, spider_name: str) -> Path:
         if given is not None:

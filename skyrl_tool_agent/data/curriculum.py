@@ -136,11 +136,6 @@ class CurriculumSampler:
         else:
             entry[2] = (1.0 - self.ema_alpha) * entry[2] + self.ema_alpha * rate
 
-    def pass_rate(self, task_id: str) -> float | None:
-        """The task's pass rate (cumulative or EMA), or None if never attempted."""
-        entry = self._stats.get(task_id)
-        return None if entry is None else entry[2]
-
     def weight(self, task_id: str) -> float:
         """Relative sampling weight within its bucket: `min_weight` for saturated tasks, else 1."""
         if self.mode != "adaptive":

@@ -195,9 +195,8 @@ class PredictionRunner:
     """Runs final queries under `db_root`, memoised per (db_id, SQL); at most one row is fetched
     (only whether it runs and returns a row matter)."""
 
-    def __init__(self, db_root: str | Path | None, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, db_root: str | Path | None) -> None:
         self.databases = DatabaseRoot(Path(db_root)) if db_root is not None else None
-        self.timeout_s = timeout_s
         self._memo: dict[tuple[str, str], PredictionRun] = {}
 
     def run(self, db_id: str, sql: str | None) -> PredictionRun:
@@ -215,7 +214,7 @@ class PredictionRunner:
         except UnservedDatabaseError:
             return PredictionRun(unknown=True)
         try:
-            result = run_bounded(path, sql, timeout_s=self.timeout_s, max_rows=1)
+            result = run_bounded(path, sql, timeout_s=DEFAULT_TIMEOUT_S, max_rows=1)
         except SandboxError as exc:
             if database_fault(exc) is not None:  # the database's fault, not the query's
                 return PredictionRun(unknown=True)
@@ -254,8 +253,7 @@ def category_outcomes(categories: Sequence[str | None], solved: Sequence[int | N
 
 
 def anatomy_changes(before: Sequence[str | None], before_solved: Sequence[int | None],
-                    after: Sequence[str | None], after_solved: Sequence[int | None], *,
-                    seed: int = 0) -> dict[str, PairedDelta]:
+                    after: Sequence[str | None], after_solved: Sequence[int | None]) -> dict[str, PairedDelta]:
     """Each category's rate change between two evaluations of the same tasks (same order), with
     its 95% paired-bootstrap interval; a category no task was scored for on both sides is left out."""
     if len(before) != len(after):
@@ -264,7 +262,7 @@ def anatomy_changes(before: Sequence[str | None], before_solved: Sequence[int | 
     for c in CATEGORIES:
         b, a = category_outcomes(before, before_solved, c), category_outcomes(after, after_solved, c)
         try:
-            out[c] = paired_bootstrap(b, a, seed=seed)
+            out[c] = paired_bootstrap(b, a)
         except NothingScored:
             continue
     return out

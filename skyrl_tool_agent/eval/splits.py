@@ -155,14 +155,6 @@ class TaskSplits:
         splits.file("train"), splits.file("dev")
         return splits
 
-    @classmethod
-    def from_tasks(cls, config: Config, *, train: list[Task], dev: list[Task], db_root: Path) -> TaskSplits:
-        """The same rules over tasks already at hand (no file is read), e.g. a test's few tasks."""
-        splits = cls(config)
-        splits._files = {"train": SplitFile(train), "dev": SplitFile(dev)}
-        splits.db_root = db_root
-        return splits
-
     # ---------------------------------------------------------------- the files
     def file(self, name: FileSplit) -> SplitFile:
         """The train or dev file's usable tasks (loaded and checked once)."""
@@ -183,10 +175,11 @@ class TaskSplits:
             raise UserInputError(f"database root not found: {self.db_root} (training.data.db_root)")
 
     def _load(self, name: FileSplit) -> SplitFile:
-        from skyrl_tool_agent.data.builtin.location import ensure_builtin_data
+        from skyrl_tool_agent.data.builtin.location import builtin_data_dir
 
         data = self.config.training.data
-        ensure_builtin_data(data.dataset)  # a wheel install builds the built-in data on first use
+        if data.dataset == "builtin":
+            builtin_data_dir()  # built into the cache on first use (a wheel install has no data/processed)
         if data.dataset == "spider":
             from skyrl_tool_agent.data.spider import load_spider, split_file
 
@@ -306,20 +299,6 @@ class TaskSplits:
             return self.validation()[: t.eval_num_tasks]
         return fixed_subset(self.dev, t.eval_num_tasks, seed=t.seed)
 
-    def split(self, name: Split) -> SplitFile:
-        """A split by name, with what was left out of it (validation and test are generated: nothing left out)."""
-        if name == "validation":
-            return SplitFile(self.validation())
-        return SplitFile(self.test()) if name == "test" else self.file(name)
-
-    def db_root_of(self, name: Split) -> Path:
-        """Where the databases of split `name` are: the test split's own (`test_db_root`), else `db_root`."""
-        if name == "test":
-            from skyrl_tool_agent.data.builtin.test_split import test_db_root
-
-            return test_db_root()
-        return self.db_root
-
 
 def train_pool_kind(config: Config) -> Literal["file", "generated", "frontier"]:
     """`training.data.train_pool` resolved: auto takes the frontier when the embedded model has
@@ -353,7 +332,14 @@ def load_eval_tasks(config: Config, split: Split = "dev", *, limit: int | None =
     if limit is not None and limit < 1:
         raise UserInputError(f"--limit must be >= 1, got {limit}")
     splits = TaskSplits(config, skip_bad_records=skip_bad_records)
-    chosen = splits.split(split)
+    db_root = splits.db_root
+    # validation and test are generated (nothing left out of them); test on databases of its own
+    if split == "test":
+        from skyrl_tool_agent.data.builtin.test_split import test_db_root
+
+        chosen, db_root = SplitFile(splits.test()), test_db_root()
+    else:
+        chosen = SplitFile(splits.validation()) if split == "validation" else splits.file(split)
     tasks = chosen.tasks if limit is None else fixed_subset(chosen.tasks, limit, seed=seed)
-    return EvalTaskSet(tasks, splits.db_root_of(split), config.training.data.dataset, split, chosen.skipped, len(chosen.tasks),
+    return EvalTaskSet(tasks, db_root, config.training.data.dataset, split, chosen.skipped, len(chosen.tasks),
                        dict(chosen.skipped_reasons))

@@ -13,7 +13,7 @@ from typing import Any
 from skyrl_tool_agent.eval.compare import AnatomyRow, comparison_rows, comparison_warnings, paired_change
 from skyrl_tool_agent.eval.evaluate import EvaluationRun
 from skyrl_tool_agent.eval.vocabulary import vocabulary_of
-from skyrl_tool_agent.reports.html import TrainingRunView, write_report
+from skyrl_tool_agent.reports.html import TrainingRunView, render_report
 from skyrl_tool_agent.reports.tables import print_table
 
 
@@ -61,10 +61,10 @@ def write_outputs(run: EvaluationRun, paths: OutputPaths, *, baseline: dict[str,
         for record in run.records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     write_text_atomically(paths.results, json.dumps(run.results, indent=1, ensure_ascii=False) + "\n")
-    if report:
-        write_report(run.results, run.records, paths.report, difficulty_png=paths.difficulty_png, baseline=baseline,
-                     rollouts=rollouts, db_root=db_root, errors_png=paths.errors_png if anatomy else None,
-                     run=training_run)
+    if report:  # replaced atomically too: a training run rewrites its report while a person may have it open
+        write_text_atomically(paths.report, render_report(
+            run.results, run.records, difficulty_png=paths.difficulty_png, baseline=baseline, rollouts=rollouts,
+            db_root=db_root, errors_png=paths.errors_png if anatomy else None, run=training_run))
     return paths
 
 
@@ -136,14 +136,9 @@ def print_comparison(base: Mapping[str, Any], current: Mapping[str, Any], *, bas
 
 
 def print_anatomy(rows: Sequence[AnatomyRow], *, base_label: str = "baseline", current_label: str = "this run") -> None:
-    """A rich table: error category | baseline | this run | change of its rate [95% interval]."""
+    """A rich table: error category | baseline | this run | change of its rate [95% interval], as
+    '-2.5 points [-4.1, -0.9]' ('-' where it is not measurable)."""
     print_table("Why answers are wrong (first sample of each question in both runs)",
                 ("error", base_label, current_label, "change [95% paired bootstrap]"),
-                [(row.label, str(row.base), str(row.current), describe_change(row.change)) for row in rows])
-
-
-def describe_change(change: Any) -> str:
-    """'-2.5 points [-4.1, -0.9]' for a `stats.PairedDelta` of a rate ('-' for None)."""
-    if change is None:
-        return "-"
-    return f"{100 * change.delta:+.1f} points [{100 * change.low:+.1f}, {100 * change.high:+.1f}]"
+                [(row.label, str(row.base), str(row.current), "-" if (c := row.change) is None else
+                  f"{100 * c.delta:+.1f} points [{100 * c.low:+.1f}, {100 * c.high:+.1f}]") for row in rows])

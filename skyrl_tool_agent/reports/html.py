@@ -1,7 +1,7 @@
 """`report.html`: one self-contained page per evaluation (no network: inline CSS/JS, plots as
 base64): summary, comparison with a baseline, per-difficulty and per-database tables, the error
 anatomy, and a viewer of the episodes (turns, reward terms, final vs gold SQL with their first rows:
-`sql_preview`); given a training run's rollouts, a "Training rollouts" view. Both viewers filter,
+`episodes`); given a training run's rollouts, a "Training rollouts" view. Both viewers filter,
 search and sort in the page; a URL fragment sets the filters (`report.html#failed`). Jinja
 autoescapes every text (`templates`).
 """
@@ -18,7 +18,6 @@ from typing import Any
 from markupsafe import Markup
 
 from skyrl_tool_agent.eval.anatomy import CATEGORIES, LABELS
-from skyrl_tool_agent.reports.atomic import write_text_atomically
 from skyrl_tool_agent.eval.compare import (
     anatomy_comparison,
     baseline_outcomes,
@@ -27,17 +26,12 @@ from skyrl_tool_agent.eval.compare import (
     outcome_changes,
     sorted_difficulties,
 )
-from skyrl_tool_agent.reports.html_assets import CSS, JS
-from skyrl_tool_agent.reports.episodes import (
-    episode,
-    shared_system_prompt,
-)
+from skyrl_tool_agent.reports.episodes import ResultPreviewer, episode, shared_system_prompt
 from skyrl_tool_agent.reports.rollouts import rollouts_view
-from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
-from skyrl_tool_agent.reports.templates import environment, fmt
+from skyrl_tool_agent.reports.templates import CSS, JS, environment, fmt
 from skyrl_tool_agent.eval.vocabulary import SQL_ONLY, vocabulary_of
 
-__all__ = ["SUMMARY_METRICS", "TrainingRunView", "render_report", "write_report"]
+__all__ = ["SUMMARY_METRICS", "TrainingRunView", "render_report"]
 
 
 @dataclass(frozen=True)
@@ -190,13 +184,3 @@ def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any
         run=None if run is None else {"state": run.state, "curves": _image(run.curves_png)},
     )
 
-
-def write_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], out_html: Path, *,
-                 difficulty_png: Path | None = None, baseline: Mapping[str, Any] | None = None,
-                 rollouts: Sequence[Mapping[str, Any]] | None = None, db_root: Path | None = None,
-                 errors_png: Path | None = None, run: TrainingRunView | None = None) -> Path:
-    """Write `render_report(...)` to `out_html` (UTF-8; replaced atomically: a training run rewrites
-    its report while a person may have it open); returns the path."""
-    html = render_report(results, records, difficulty_png=difficulty_png, baseline=baseline, rollouts=rollouts,
-                         db_root=db_root, errors_png=errors_png, run=run)
-    return write_text_atomically(Path(out_html), html)

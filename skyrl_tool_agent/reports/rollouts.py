@@ -1,5 +1,5 @@
 """The "Training rollouts" view of report.html: a training run's `rollouts.jsonl`, grouped by step,
-filtered, searched and sorted in the page (`html_assets`).
+filtered, searched and sorted in the page (`templates`: its JS).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from skyrl_tool_agent.data.databases import name_problem, shown_name
 from skyrl_tool_agent.data.json_input import JsonNestingError, loads_bounded
 from skyrl_tool_agent.data.validation import IDENTIFIER_MAX_CHARS
 from skyrl_tool_agent.eval.metrics import group_by
-from skyrl_tool_agent.reports.episodes import episode, shared_system_prompt
-from skyrl_tool_agent.reports.sql_preview import ResultPreviewer
+from skyrl_tool_agent.reports.episodes import ResultPreviewer, episode, shared_system_prompt
 
 logger = logging.getLogger(__name__)
 

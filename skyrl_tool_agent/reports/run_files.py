@@ -1,27 +1,39 @@
 """A GRPO run's files for a person: while it runs, training_curves.png, metrics_table.md and
 report.html (`RunOutputs`); at its end, before_after.json, error_anatomy.png and the model card
-(`finish_run`)."""
+(`finish_run`).
+
+The run's report.html (`write_training_report`) shows its latest evaluation against the one before
+training, with its rollouts view, headed by the run's state and curves; it is written with
+`eval_final.json`, `eval_final_trajectories.jsonl` and `eval_final_by_difficulty.png`.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
-from skyrl_tool_agent.config import Config
+from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.data.tasks import Task
+from skyrl_tool_agent.env.families import resolve_family
+from skyrl_tool_agent.eval.evaluate import difficulty_of, scored_run
+from skyrl_tool_agent.eval.vocabulary import localise, vocabulary
+from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
+from skyrl_tool_agent.reports.html import TrainingRunView
+from skyrl_tool_agent.reports.rollouts import ROLLOUTS_FILE, load_rollouts
 from skyrl_tool_agent.reports.tables import (RunSummary, before_after_record, split_record, write_metrics_table,
                                              write_model_card)
+from skyrl_tool_agent.rollout.collector import CollectorSettings
+from skyrl_tool_agent.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
-
-def run_state(step: int, max_steps: int, minutes: float, stop_reason: str = "") -> str:
-    """A run's state in words, as its curves, table and report carry it: the step, the minutes of
-    GRPO, and "running" or why it stopped."""
-    return f"step {step} of {max_steps}, {minutes:.1f} min of GRPO, " + (
-        f"stopped: {stop_reason}" if stop_reason else "running")
+#: The report's file name in the run's output directory.
+REPORT_FILE = "report.html"
 
 
 class RunOutputs:
@@ -37,11 +49,7 @@ class RunOutputs:
               grpo_seconds: float | None = None, test: dict[str, Any] | None = None) -> None:
         """Write the three files for `trainer`'s step and latest evaluation (`after`, default its
         `last_eval`); `stop_reason`: "" while it runs; `test`: the test split's `split_record`."""
-        from skyrl_tool_agent.env.families import resolve_family
         from skyrl_tool_agent.reports.plots import plot_training_curves
-        from skyrl_tool_agent.reports.html import TrainingRunView
-        from skyrl_tool_agent.reports.training import write_training_report
-        from skyrl_tool_agent.eval.vocabulary import vocabulary
 
         t = self.config.training
         if after is not None:
@@ -50,7 +58,9 @@ class RunOutputs:
             after, evaluated_at = ((trainer.last_eval, trainer.last_eval_step) if trainer.last_eval is not None
                                    else (self.before, 0))
         minutes = (trainer.elapsed_s() if grpo_seconds is None else grpo_seconds) / 60
-        state = run_state(trainer.step, t.max_steps, minutes, stop_reason)
+        # the run's state in words, as its curves, table and report carry it
+        state = f"step {trainer.step} of {t.max_steps}, {minutes:.1f} min of GRPO, " + (
+            f"stopped: {stop_reason}" if stop_reason else "running")
         curves = plot_training_curves(self.out / "metrics.jsonl", self.out / "training_curves.png",
                                       eval_split=t.eval_split, kl_off=self.config.grpo.kl_coef == 0, state=state)
         record = before_after_record(self.before, after, trainer.step, stop_reason=stop_reason,
@@ -94,9 +104,41 @@ def finish_run(out: Path, before: dict[str, Any], after: dict[str, Any], steps: 
                            title=f"Why answers are wrong ({config.training.eval_split}, greedy)")
     if (out / "final").is_dir():
         write_model_card(out / "final", config, record)
-    from skyrl_tool_agent.env.families import resolve_family
-
     return RunSummary(before, after, steps, seconds, out, stop_reason, record["execution_accuracy_delta"],
                       family=resolve_family(config.env.task_family).name, sampled_delta=record["avg_at_k_delta"],
                       anatomy_delta=record["error_anatomy_delta"], test=record.get("test"))
 
+
+def write_training_report(config: Config, eval_tasks: Sequence[Task], trajectories: Sequence[Trajectory],
+                          before: Mapping[str, Any], *, db_root: Path, step: int,
+                          run: TrainingRunView | None = None) -> OutputPaths:
+    """Write the run's latest evaluation files and report.html into `training.output_dir` (module
+    docstring); at `step` 0 the evaluation before training is shown alone."""
+    out = config.training.resolved_output_dir()
+    family = resolve_family(config.env.task_family).name
+    words = vocabulary(family)
+    evaluation = scored_run(eval_tasks, trajectories, db_root, family=family)
+    results = evaluation.results
+    results.update(name="evaluation before training" if step == 0 else f"evaluation after step {step}", policy="model",
+                   model_path=str(out / "final"), step=step, temperature=0.0,
+                   dataset=config.training.data.dataset, split=config.training.eval_split,
+                   max_turns=CollectorSettings.from_config(config, evaluation=True).max_turns)
+    # The evaluation before training has per-task outcomes (`solved`), not per-difficulty metrics.
+    by_difficulty: dict[str, list[float]] = defaultdict(list)
+    for task, solved in zip(eval_tasks, before.get("solved") or []):
+        if solved is not None:  # None: never scored (infrastructure error)
+            by_difficulty[difficulty_of(task)].append(float(solved))
+    # `before` carries its error anatomy (`error_categories` in `eval_tasks` order): the report compares it.
+    baseline = {**before, "name": "before training", "dataset": results["dataset"], "split": results["split"],
+                "task_ids": [t.task_id for t in eval_tasks],
+                "by_difficulty": {d: {words.accuracy: mean(v)} for d, v in by_difficulty.items()}}
+    baseline = {**localise(baseline, words), "family": family}
+    rollouts = None
+    if (out / ROLLOUTS_FILE).is_file():
+        try:
+            rollouts = load_rollouts(out / ROLLOUTS_FILE)
+        except UserInputError as exc:  # a damaged log must not fail a finished run: the report goes without it
+            logger.warning("report.html without the training rollouts: %s", exc)
+    paths = OutputPaths.beside(out / "eval_final.json", report=out / REPORT_FILE)
+    return write_outputs(evaluation, paths, baseline=baseline if step else None, rollouts=rollouts, db_root=db_root,
+                         training_run=run)

@@ -45,25 +45,24 @@ class OriginalData:
         self._changed: dict[Path, str] = {}
 
     def _recheck(self, path: Path, *, full: bool) -> str | None:
-        """Why `path` no longer holds its original bytes, or None."""
+        """Why `path` no longer holds its original bytes (kept for `verify`), or None."""
         stat, original = self._files[path]
         now = _stat_key(path)
         if now == stat and not full:
             return None
         if now is None:
-            return f"{path} is gone"
-        digest = _sha256(path)
-        if digest != original:
-            return f"{path} changed (sha256 {original[:12]} -> {digest[:12]})"
-        self._files[path] = (now, original)  # the same bytes again: no need to hash it next time
-        return None
+            self._changed[path] = f"{path} is gone"
+        elif (digest := _sha256(path)) != original:
+            self._changed[path] = f"{path} changed (sha256 {original[:12]} -> {digest[:12]})"
+        else:
+            self._files[path] = (now, original)  # the same bytes again: no need to hash it next time
+            return None
+        return self._changed[path]
 
     def check(self) -> None:
         """Before scoring: raise `OriginalDataChanged` if an original changed since the start."""
         for path in self._files:
-            why = self._recheck(path, full=False)
-            if why is not None:
-                self._changed[path] = why
+            if (why := self._recheck(path, full=False)) is not None:
                 raise OriginalDataChanged(f"original data changed during the run: {why}; the episode is not scored "
                                           "(declare the server that writes it with writable_paths, so each episode "
                                           "writes a copy)")
@@ -71,7 +70,5 @@ class OriginalData:
     def verify(self) -> list[str]:
         """At the end of the run: every original hashed again; what changed (also earlier), one line each."""
         for path in self._files:
-            why = self._recheck(path, full=True)
-            if why is not None:
-                self._changed[path] = why
+            self._recheck(path, full=True)
         return list(self._changed.values())

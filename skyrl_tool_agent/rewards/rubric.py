@@ -27,8 +27,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
+from skyrl_tool_agent.config.env import RewardTermConfig
 from skyrl_tool_agent.rewards.execution import compare_execution
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
 from skyrl_tool_agent.rewards.limits import DEFAULT_TIMEOUT_S
@@ -41,18 +41,10 @@ from skyrl_tool_agent.rewards.terms import (
     resolve_term,
 )
 
-__all__ = ["RESERVED_NAMES", "RewardBreakdown", "Rubric", "Term", "TermSpec", "score_answer"]
+__all__ = ["RESERVED_NAMES", "RewardBreakdown", "Rubric", "Term", "score_answer"]
 
 #: Names a term cannot take: the train metrics' `reward/mean` and `reward/std`.
 RESERVED_NAMES = frozenset({"mean", "std"})
-
-
-class TermSpec(Protocol):
-    """A term as configured (`config.env.RewardTermConfig`): built-in by name, or `function`."""
-
-    name: str
-    weight: float
-    function: str | None
 
 
 @dataclass(frozen=True)
@@ -89,8 +81,8 @@ class Rubric:
         self._check()
 
     @classmethod
-    def from_specs(cls, specs: Iterable[TermSpec], *, verdict_term: str | None = None) -> Rubric:
-        """Terms from config entries: a built-in by name, or a user's `function` (imported here).
+    def from_specs(cls, specs: Iterable[RewardTermConfig], *, verdict_term: str | None = None) -> Rubric:
+        """Terms from config entries (`env.reward.terms`): a built-in by name, or a user's `function` (imported here).
         Raises ValueError (one line): a term that cannot be resolved is named by its place in the
         list, ``term 1 (name): ...``; a broken rule as the rule says it."""
         terms = []
@@ -196,9 +188,8 @@ def score_answer(
     rubric: Rubric | None = None,
     cache: GoldResultCache | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    keep_distinct: bool = True,
 ) -> RewardBreakdown:
     """Score a final answer alone (no turn counts or conversation) with `rubric` (default terms):
     `Rubric.score` on an `Episode` of just the answer."""
     episode = Episode(answer=answer_sql, ground_truth=gold_sql, db_path=Path(db_path), format_ok=format_ok)
-    return (rubric or Rubric.default()).score(episode, cache=cache, timeout_s=timeout_s, keep_distinct=keep_distinct)
+    return (rubric or Rubric.default()).score(episode, cache=cache, timeout_s=timeout_s)

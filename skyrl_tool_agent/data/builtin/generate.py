@@ -10,13 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from skyrl_tool_agent.data.builtin.schema import Domain, create_database
-from skyrl_tool_agent.data.builtin.templates import (
-    Template,
-    has_answer,
-    limit_is_ambiguous,
-    slot_candidates,
-)
+from skyrl_tool_agent.data.builtin.schema import (Domain, Template, create_database, has_answer, limit_is_ambiguous,
+                                                 slot_candidates)
 from skyrl_tool_agent.data.hardness import spider_hardness, to_difficulty
 from skyrl_tool_agent.data.tasks import Task, db_path_for, save_tasks
 
@@ -37,6 +32,11 @@ class Instance:
     db_id: str
     question: str
     gold_sql: str
+
+    def task(self, task_id: str, split: str, difficulty: str) -> Task:
+        """This instance as a built-in task of `split`."""
+        return Task(task_id=task_id, db_id=self.db_id, question=self.question, gold_sql=self.gold_sql,
+                    difficulty=difficulty, source="builtin", split=split, template_id=self.template_id)
 
 
 @dataclass
@@ -108,19 +108,8 @@ def split_template(groups: list[list[Instance]], rng: random.Random, train_n: in
 
 
 def _to_tasks(instances: list[Instance], split: str) -> list[Task]:
-    return [
-        Task(
-            task_id=f"builtin-{split}-{i:05d}",
-            db_id=inst.db_id,
-            question=inst.question,
-            gold_sql=inst.gold_sql,
-            difficulty=to_difficulty(spider_hardness(inst.gold_sql)),
-            source="builtin",
-            split=split,
-            template_id=inst.template_id,
-        )
-        for i, inst in enumerate(instances)
-    ]
+    return [inst.task(f"builtin-{split}-{i:05d}", split, to_difficulty(spider_hardness(inst.gold_sql)))
+            for i, inst in enumerate(instances)]
 
 
 def _check_questions(train: list[Instance], dev: list[Instance]) -> None:

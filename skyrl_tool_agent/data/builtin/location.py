@@ -23,8 +23,7 @@ from skyrl_tool_agent.config.builtin_paths import (
     is_complete,
 )
 
-__all__ = ["DB_DIR", "DEV_FILE", "TRAIN_FILE", "build_into", "builtin_data_dir", "default_output_dir",
-           "ensure_builtin_data"]
+__all__ = ["DB_DIR", "DEV_FILE", "TRAIN_FILE", "build_into", "builtin_data_dir", "default_output_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +34,6 @@ def builtin_data_dir() -> Path:
     if not is_complete(target):
         build_into(target)
     return target
-
-
-def ensure_builtin_data(dataset: str) -> None:
-    """Before tasks of `dataset` are loaded: the built-in data is built into the cache on first use
-    (a wheel install has no data/processed); any other dataset is the user's files."""
-    if dataset == "builtin":
-        builtin_data_dir()
 
 
 def build_into(target: Path, build: Callable[[Path], object] | None = None,

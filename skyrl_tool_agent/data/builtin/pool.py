@@ -80,10 +80,7 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
             skipped += 1
             continue
         for inst in group:
-            tasks.append(Task(task_id=f"builtin-pool-{len(tasks):05d}", db_id=inst.db_id,
-                              question=inst.question, gold_sql=inst.gold_sql,
-                              difficulty=template_difficulty(inst), source="builtin",
-                              split="train", template_id=inst.template_id))
+            tasks.append(inst.task(f"builtin-pool-{len(tasks):05d}", "train", template_difficulty(inst)))
     logger.info("generated training pool: %d questions (%d slot assignments held out)", len(tasks), skipped)
     return tasks
 

@@ -82,7 +82,5 @@ def generated_test_split(db_root: str | Path, exclude: Sequence[Task], n: int) -
     for i, sql in enumerate(sorted(chosen)):
         group = fresh[sql]
         inst = group[int(hashlib.sha256(f"{TEST_NAMESPACE}:{sql}:q".encode()).hexdigest(), 16) % len(group)]
-        tasks.append(Task(task_id=f"builtin-test-{i:05d}", db_id=inst.db_id, question=inst.question,
-                          gold_sql=inst.gold_sql, difficulty=template_difficulty(inst), source="builtin",
-                          split="test", template_id=inst.template_id))
+        tasks.append(inst.task(f"builtin-test-{i:05d}", "test", template_difficulty(inst)))
     return tasks

@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 from skyrl_tool_agent.data.builtin.names import CITIES, iso_date, maybe, person_names, skewed_choices
-from skyrl_tool_agent.data.builtin.schema import Domain, Row, Table
-from skyrl_tool_agent.data.builtin.templates import T
+from skyrl_tool_agent.data.builtin.schema import Domain, Row, T, Table
 
 AIRPORT_CODES = ("BOS", "ORD", "DEN", "SEA", "YYZ", "YVR", "LYS", "CDG", "BER", "MUC",
                  "MAD", "SVQ", "FCO", "MXP", "HND", "KIX", "SYD", "PER", "LOS", "BOM")

@@ -7,8 +7,7 @@ import random
 from skyrl_tool_agent.data.builtin.names import (
     ADJECTIVES, CITIES, FIRST_NAMES, LAST_NAMES, NOUNS, email_for, iso_date, maybe, skewed_choices,
 )
-from skyrl_tool_agent.data.builtin.schema import Domain, Row, Table
-from skyrl_tool_agent.data.builtin.templates import T
+from skyrl_tool_agent.data.builtin.schema import Domain, Row, T, Table
 
 DEPARTMENTS = (
     "Sales", "Marketing", "Finance", "Legal", "Engineering", "Support", "Research", "Operations",

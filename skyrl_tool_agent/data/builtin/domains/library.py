@@ -8,8 +8,7 @@ from datetime import date, timedelta
 from skyrl_tool_agent.data.builtin.names import (
     CITIES, email_for, iso_date, maybe, person_names, skewed_choices, titles,
 )
-from skyrl_tool_agent.data.builtin.schema import Domain, Row, Table
-from skyrl_tool_agent.data.builtin.templates import T
+from skyrl_tool_agent.data.builtin.schema import Domain, Row, T, Table
 
 GENRES = ("Fantasy", "Sci-Fi", "Mystery", "Romance", "History", "Poetry", "Biography", "Thriller")
 PRICES = (7.99, 9.99, 12.5, 14.99, 18.0, 19.99, 24.5, 29.95)

@@ -7,8 +7,7 @@ import random
 from skyrl_tool_agent.data.builtin.names import (
     ADJECTIVES, CITIES, NOUNS, iso_date, maybe, plural, skewed_choices, titles,
 )
-from skyrl_tool_agent.data.builtin.schema import Domain, Row, Table
-from skyrl_tool_agent.data.builtin.templates import T
+from skyrl_tool_agent.data.builtin.schema import Domain, Row, T, Table
 
 GENRES = ("Rock", "Jazz", "Hip-Hop", "Folk", "Electronic", "Pop", "Blues")
 VENUE_KINDS = ("Arena", "Hall", "Club", "Theatre", "Stadium", "Garden")

@@ -8,8 +8,7 @@ from datetime import date, timedelta
 from skyrl_tool_agent.data.builtin.names import (
     ADJECTIVES, CITIES, NOUNS, iso_date, maybe, person_names, skewed_choices,
 )
-from skyrl_tool_agent.data.builtin.schema import Domain, Row, Table
-from skyrl_tool_agent.data.builtin.templates import T
+from skyrl_tool_agent.data.builtin.schema import Domain, Row, T, Table
 
 AGENCIES = ("Keystone Realty", "BlueDoor Homes", "Urban Nest", "Harbor Estates", "Summit Properties")
 PROPERTY_TYPES = ("House", "Apartment", "Condo", "Townhouse", "Studio")

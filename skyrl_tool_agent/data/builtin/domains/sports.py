@@ -6,8 +6,7 @@ import itertools
 import random
 
 from skyrl_tool_agent.data.builtin.names import CITIES, NOUNS, iso_date, maybe, person_names, plural, skewed_choices
-from skyrl_tool_agent.data.builtin.schema import Domain, Row, Table
-from skyrl_tool_agent.data.builtin.templates import T
+from skyrl_tool_agent.data.builtin.schema import Domain, Row, T, Table
 
 POSITIONS = ("Goalkeeper", "Defender", "Defender", "Midfielder", "Midfielder", "Forward")
 NATIONALITIES = ("Brazil", "France", "Ghana", "Japan", "Mexico", "Norway", "Portugal", "Spain")

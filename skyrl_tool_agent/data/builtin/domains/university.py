@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 from skyrl_tool_agent.data.builtin.names import email_for, iso_date, maybe, person_names, skewed_choices
-from skyrl_tool_agent.data.builtin.schema import Domain, Row, Table
-from skyrl_tool_agent.data.builtin.templates import T
+from skyrl_tool_agent.data.builtin.schema import Domain, Row, T, Table
 
 DEPARTMENTS = (
     "Mathematics", "Physics", "Chemistry", "Biology", "Computer Science", "History", "Philosophy",
