@@ -2,7 +2,7 @@
 
 `knob(default, "What it is. Details.", h100=VALUE)` is a pydantic `Field` whose description ends
 with "CPU default X; H100: Y." and whose H100 value is kept as metadata, so the YAML writer
-(`loader.render_section`) can put it in the file's comment and write an H100 profile. The first
+(`yaml_io.render_section`) can put it in the file's comment and write an H100 profile. The first
 sentence of the description is the short gloss used as the YAML comment: keep it short.
 """
 
