@@ -431,7 +431,9 @@ def flip_sampling(kit: Kit) -> None:
 def flip_lockstep(kit: Kit) -> None:
     """env.collector.lockstep: a lockstep collection hands the engine whole batches (each waits for
     every episode in flight); off, every turn goes to the engine as it arrives (continuous). Real
-    episodes of the shipped model through the real env."""
+    episodes of the shipped model through the real env. What is checked is the size of each
+    `act` call, which the knob decides, not the batches the engine happened to see: on a loaded
+    machine all four turns of a continuous collection can be pending at once."""
     import asyncio
     import dataclasses
 
@@ -446,18 +448,26 @@ def flip_lockstep(kit: Kit) -> None:
     tasks, settings, policy = shipped_greedy_check(2)
     runtime = EnvRuntime(EnvConfig(), REPO / "data" / "processed" / "databases")
     try:
-        batches = {}
+        sizes: dict[bool, list[int]] = {}
         for lockstep in (True, False):
             deterministic = CollectorSettings.from_config(kit.config(env__collector__lockstep=lockstep)).deterministic
             assert deterministic is lockstep
-            collector = TrajectoryCollector(runtime, make_agent(policy, SamplingParams()), tokenizer=policy.tokenizer,
+            agent = make_agent(policy, SamplingParams())
+            sizes[lockstep], act = [], agent.act
+
+            async def counted_act(requests, sizes=sizes[lockstep], act=act):
+                sizes.append(len(requests))
+                return await act(requests)
+
+            agent.act = counted_act
+            collector = TrajectoryCollector(runtime, agent, tokenizer=policy.tokenizer,
                                             settings=dataclasses.replace(settings, deterministic=deterministic))
             asyncio.run(collector.collect(tasks, group_size=2))
-            batches[lockstep] = collector.last_stats["mean_generation_batch"]
     finally:
         runtime.close()
-    # lockstep: every batch waits for all 4 episodes in flight; continuous: turns go as they come
-    assert batches[True] == 4 and batches[False] < 4, batches
+    # lockstep: every call holds all 4 episodes in flight; continuous: each turn on its own, as it comes
+    assert set(sizes[True]) == {4} and set(sizes[False]) == {1}, sizes
+    assert len(sizes[False]) >= 4, sizes  # every episode's turns went one by one
     assert policy._engine is not None  # the engine samples either way, and stays for the run
 
 
