@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from skyrl_tool_agent.config import EMBEDDED, ModelConfig, UserInputError, require_extra
-from skyrl_tool_agent.policy.device import resolve_dtype
+from skyrl_tool_agent.policy.device import DTYPES, resolve_dtype
 from skyrl_tool_agent.policy.manifest import verify_manifest
 
 if TYPE_CHECKING:  # transformers is imported where a model is loaded: a launch's ranks resolve the
@@ -69,13 +69,10 @@ def _quantization_kwargs(config: ModelConfig, device: torch.device) -> dict[str,
         return {}
     require_extra("bitsandbytes", "qlora", "model.quantization.load_in_4bit (QLoRA)")
     from transformers import BitsAndBytesConfig
-    compute = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
-        config.quantization.compute_dtype
-    ]
     bnb = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type=config.quantization.quant_type,
-        bnb_4bit_compute_dtype=compute,
+        bnb_4bit_compute_dtype=DTYPES[config.quantization.compute_dtype],
         bnb_4bit_use_double_quant=config.quantization.double_quant,
     )
     return {"quantization_config": bnb, "device_map": {"": device}}
