@@ -28,18 +28,15 @@ from torch import Tensor
 
 from skyrl_tool_agent.config.grpo import Aggregation, KLEstimator
 from skyrl_tool_agent.grpo.masking import masked_max, masked_mean
-from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
 
 __all__ = [
     "Aggregation",
     "KLEstimator",
     "aggregate",
     "clipped_policy_loss",
-    "entropy_from_logits",  # re-exported from logprobs for convenience
     "grpo_loss",
     "kl_estimate",
     "loss_normalizer",
-    "token_logprobs",  # re-exported from logprobs for convenience
 ]
 
 
