@@ -1,10 +1,5 @@
-"""Peak memory of one GRPO update per training mode, measured on this device (the `memory-profile`
-command parses its flags and calls `profile`).
-
-Each config runs in a fresh subprocess (clean peaks): the policy and trainer as training builds
-them, `updates` real `_update` calls on a synthetic batch. Peak: RSS on CPU, `max_memory_allocated`
-on CUDA.
-"""
+"""Peak memory of one GRPO update per training mode, measured on this device: the `memory-profile`
+command (whose docstring says how each config is measured) parses its flags and calls `profile`."""
 
 from __future__ import annotations
 
