@@ -28,7 +28,7 @@ from skyrl_tool_agent.memory.device import GIB, DeviceMemory
 from skyrl_tool_agent.memory.plan import PlanError, plan_run, plan_slots
 from skyrl_tool_agent.memory.shape import QWEN25, ModelShape, qwen25
 from skyrl_tool_agent.policy import engine as engine_module
-from skyrl_tool_agent.policy.engine import RolloutEngine
+from skyrl_tool_agent.policy.engine import EpisodeTurn, RolloutEngine
 from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.slot_model import default_prefill_tokens
 from tests.fixtures.peak_bytes import PeakBytes
@@ -77,10 +77,11 @@ def _two_turn_episodes(engine: RolloutEngine, prompts: list[list[int]]) -> list:
     observation), driven from its own thread as the collector drives them; released at its end."""
 
     def episode(key: int) -> tuple:
-        params = dict(key=key, seed=500 + key)
-        first = engine.submit(prompts[key], SamplingParams(), max_new_tokens=10, **params).result(timeout=30)
+        (turn,) = engine.submit_all([EpisodeTurn(prompts[key], 10, key, 500 + key)], SamplingParams())
+        first = turn.result(timeout=30)
         observation = [3 + (key * 7 + i) % 90 for i in range(4 + key % 3)]
-        second = engine.submit(prompts[key] + first[0] + observation, SamplingParams(), max_new_tokens=8, **params).result(timeout=30)
+        (turn,) = engine.submit_all([EpisodeTurn(prompts[key] + first[0] + observation, 8, key, 500 + key)], SamplingParams())
+        second = turn.result(timeout=30)
         engine.release(key)
         return first, second
 

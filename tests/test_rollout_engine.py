@@ -29,7 +29,7 @@ import torch
 
 from skyrl_tool_agent.kernels.cpu_threads import release_thread_pool
 from skyrl_tool_agent.config import ModelConfig
-from skyrl_tool_agent.policy.engine import IDLE_RELEASE_S, RolloutEngine
+from skyrl_tool_agent.policy.engine import IDLE_RELEASE_S, EpisodeTurn, RolloutEngine
 from skyrl_tool_agent.policy.qwen import QwenPolicy
 from skyrl_tool_agent.policy.sampling_params import SamplingParams
 from skyrl_tool_agent.policy.token_sampling import counter_uniform, sample_tokens
@@ -60,7 +60,7 @@ def _argmax_chain(model: torch.nn.Module, prompt: list[int], steps: int) -> list
 def _turns(engine: RolloutEngine, prompts: list[list[int]], keys: list[int], seeds: list[int], *, max_new_tokens: int,
            temperature: float, top_p: float) -> list:
     params = SamplingParams(temperature=temperature, top_p=top_p)
-    futures = [engine.submit(p, params, max_new_tokens=max_new_tokens, key=k, seed=s)
+    futures = [engine.submit_all([EpisodeTurn(p, max_new_tokens, k, s)], params)[0]
                for p, k, s in zip(prompts, keys, seeds)]
     return [f.result(timeout=120) for f in futures]
 
@@ -125,10 +125,10 @@ def test_an_episode_samples_the_same_tokens_alone_and_continuously_batched():
     engine = RolloutEngine(model, slots=16, capacity=160, stop_ids=[STOP], pad_id=0, stop_check_interval=3)
     try:
         half = len(prompts) // 2
-        futures = [engine.submit(p, SamplingParams(), key=i, seed=seeds[i], max_new_tokens=24)
+        futures = [engine.submit_all([EpisodeTurn(p, 24, i, seeds[i])], SamplingParams())[0]
                    for i, p in enumerate(prompts[:half])]
         time.sleep(0.05)
-        futures += [engine.submit(p, SamplingParams(), key=half + i, seed=seeds[half + i], max_new_tokens=24)
+        futures += [engine.submit_all([EpisodeTurn(p, 24, half + i, seeds[half + i])], SamplingParams())[0]
                     for i, p in enumerate(prompts[half:])]
         together = [f.result(timeout=120) for f in futures]
         # Rows that ended early left holes the others were moved into (packed for the CPU attention).
@@ -146,14 +146,14 @@ def test_more_episodes_than_slots_wait_for_a_released_slot():
     engine = RolloutEngine(model, slots=2, capacity=120, stop_ids=[STOP], pad_id=0)
     try:
         prompts = _prompts(n_tasks=2, per_task=2)
-        futures = [engine.submit(p, SamplingParams(), key=i, seed=i, max_new_tokens=6)
+        futures = [engine.submit_all([EpisodeTurn(p, 6, i, i)], SamplingParams())[0]
                    for i, p in enumerate(prompts)]
         done = [f.result(timeout=60) for f in futures[:2]]
         assert not futures[2].done() and not futures[3].done()  # no slot yet
         engine.release(0)
         engine.release(1)
         assert all(len(f.result(timeout=60)[0]) >= 1 for f in futures[2:]) and len(done) == 2
-        too_long = engine.submit([5] * 100, SamplingParams(), key=9, seed=0, max_new_tokens=50)
+        (too_long,) = engine.submit_all([EpisodeTurn([5] * 100, 50, 9, 0)], SamplingParams())
         with pytest.raises(ValueError, match="capacity"):
             too_long.result(timeout=5)
     finally:

@@ -115,7 +115,3 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             print(f"spider {split}: {len(result.tasks)} loaded, {result.skipped} skipped "
                   f"{result.skipped_db_ids}, hardness {dict(sorted(levels.items()))}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

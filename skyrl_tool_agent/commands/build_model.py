@@ -130,7 +130,3 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     print(json.dumps({k: v for k, v in report.items() if k != "sft"}, indent=1))
     for row in report.get("sft", {}).get("evals", []):
         print(f"warm start step {row['step']:4d} ({row['seconds']:6.1f} s): held-out EX {row['execution_accuracy']:.3f}")
-
-
-if __name__ == "__main__":
-    main()

@@ -17,7 +17,6 @@ fails, else 0.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from skyrl_tool_agent.commands._args import new_parser
 from skyrl_tool_agent.config import Config, UserInputError, add_config_args, cli_main_guard, config_from_args
@@ -61,7 +60,3 @@ def plan_config(args: argparse.Namespace) -> Config:
     if args.gpu_memory is not None and args.profile == "auto":
         args.profile = "gpu"
     return config_from_args(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

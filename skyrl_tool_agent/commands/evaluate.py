@@ -127,7 +127,3 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             limit=args.limit, seed=args.seed, skip_bad_records=args.skip_bad_records, num_samples=args.num_samples,
             temperature=args.temperature, top_p=args.top_p, max_turns=args.max_turns, concurrency=args.concurrency,
             name=args.name, report=not args.no_report, compare=args.compare, rollouts=args.rollouts))
-
-
-if __name__ == "__main__":
-    main()

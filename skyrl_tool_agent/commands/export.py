@@ -105,7 +105,3 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                   "4-bit base")
     print(f"merged {record['adapter']} into {record['base']}: {args.output_dir} ({record['dtype']}, "
           f"{record['parameters'] / 1e6:.1f}M parameters)")
-
-
-if __name__ == "__main__":
-    main()

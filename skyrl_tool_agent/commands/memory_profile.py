@@ -83,7 +83,3 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                                "results": results, "lora_kl_target": verdict}, indent=1) + "\n")
     print(f"wrote {out}")
     return 1 if args.check and not verdict.get("met", False) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

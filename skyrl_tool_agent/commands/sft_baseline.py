@@ -64,7 +64,3 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
               else f" ({a['execution_accuracy'] - b['execution_accuracy']:+.3f})")
     print(f"continued warm start: {result['steps']} steps in {args.minutes} min: dev EX "
           f"{format_rate(b['execution_accuracy'], b)} -> {format_rate(a['execution_accuracy'], a)}{change}")
-
-
-if __name__ == "__main__":
-    main()

@@ -93,7 +93,3 @@ def main(argv: list[str] | None = None, prog: str | None = None, *, from_process
         print("error: " + "; ".join(f"{name}: {why}" for name, why in failed.items()), file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

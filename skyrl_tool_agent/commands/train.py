@@ -182,7 +182,3 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         print_before_after(summary)
         if repo:
             push_to_hub(summary.output_dir / "final", repo, private=config.training.push_to_hub.private)
-
-
-if __name__ == "__main__":
-    main()

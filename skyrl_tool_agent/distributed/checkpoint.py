@@ -46,6 +46,7 @@ from skyrl_tool_agent.grpo.checkpoint import (
     world_size_problem,
     write_manifest,
 )
+from skyrl_tool_agent.policy.device import DTYPES
 from skyrl_tool_agent.policy.manifest import file_sha256, tree_sizes
 
 logger = logging.getLogger(__name__)
@@ -204,8 +205,6 @@ def export_consolidated(checkpoint: Path, out: Path, *, dtype: str = "bfloat16")
     final/. Returns what was done."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from skyrl_tool_agent.policy.export import DTYPES
 
     if not is_sharded_checkpoint(checkpoint) or not (checkpoint / MODEL_DIR / "config.json").is_file():
         raise UserInputError(f"{checkpoint}: not a full-mode (ZeRO-3) checkpoint step-XXXXXX/ "

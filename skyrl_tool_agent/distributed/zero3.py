@@ -22,11 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from skyrl_tool_agent.config import Config, DeepSpeedConfig, UserInputError
 from skyrl_tool_agent.distributed.comm import DistContext
-from skyrl_tool_agent.policy.loading import (
-    ModelLoadError,
-    load_tokenizer,
-    resolve_model_path,
-)
+from skyrl_tool_agent.policy.loading import ModelLoadError, from_pretrained, load_tokenizer, resolve_model_path
 from skyrl_tool_agent.policy.checkpointing import recompute_activations
 from skyrl_tool_agent.memory.device import format_bytes
 from skyrl_tool_agent.policy.weights import SamplingWeights
@@ -179,19 +175,6 @@ class DeepSpeedPolicy(QwenPolicy):
 
 
 # ---------------------------------------------------------------------------- building
-def _from_pretrained(path: str, config: Config, dtype: torch.dtype) -> PreTrainedModel:
-    from transformers import AutoModelForCausalLM
-
-    m = config.model
-    try:
-        return AutoModelForCausalLM.from_pretrained(
-            path, revision=m.revision, dtype=dtype, attn_implementation=m.attn_implementation,
-            trust_remote_code=m.trust_remote_code,
-        )
-    except Exception as exc:  # noqa: BLE001 - reported as one clear line
-        raise ModelLoadError(f"cannot load model from {path!r}: {type(exc).__name__}: {exc}") from exc
-
-
 def model_hidden_size(config: Config) -> int:
     """`hidden_size` of the configured model (sizes the ZeRO buckets), read from its config.json."""
     from transformers import AutoConfig
@@ -219,12 +202,12 @@ def build_deepspeed_policy(config: Config, ctx: DistContext, ds_config: dict[str
     tokenizer = load_tokenizer(path, config.model)
     hf_ds_config = HfDeepSpeedConfig(ds_config)  # before from_pretrained (module doc)
     dtype = model_dtype(ds_config)
-    model = _from_pretrained(path, config, dtype)
+    model = from_pretrained(path, config.model, dtype)
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     reference = None
     if config.grpo.kl_coef > 0:
-        ref_model = _from_pretrained(path, config, dtype).requires_grad_(False)
+        ref_model = from_pretrained(path, config.model, dtype).requires_grad_(False)
         ref_config = {k: v for k, v in ds_config.items() if k not in ("optimizer", "scheduler")}
         reference, *_ = deepspeed.initialize(model=ref_model, config=ref_config)
         reference.eval()

@@ -28,18 +28,15 @@ from torch import Tensor
 
 from skyrl_tool_agent.config.grpo import Aggregation, KLEstimator
 from skyrl_tool_agent.grpo.masking import masked_max, masked_mean
-from skyrl_tool_agent.kernels.logprobs import entropy_from_logits, token_logprobs
 
 __all__ = [
     "Aggregation",
     "KLEstimator",
     "aggregate",
     "clipped_policy_loss",
-    "entropy_from_logits",  # re-exported from logprobs for convenience
     "grpo_loss",
     "kl_estimate",
     "loss_normalizer",
-    "token_logprobs",  # re-exported from logprobs for convenience
 ]
 
 
@@ -96,18 +93,14 @@ def clipped_policy_loss(
     loss_mask: Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
-    dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO-clip surrogate per token, `[B, L]` (not yet masked or reduced), and diagnostics.
 
     `advantages` is `[B, L]` or `[B]` (one per sequence). The gradient is exactly zero where the
     clip is active: ratio > 1 + eps_high with A > 0, or ratio < 1 - eps_low with A < 0.
-    `dual_clip` (verl's ``clip_ratio_c``, > 1) caps the loss of negative-advantage tokens at
-    `-dual_clip * A`. Masked-out positions get loss 0 and no gradient even if inf/NaN. Stats are
-    token means over the mask; ``approx_kl`` is the k3 estimate of KL(pi_old || pi).
+    Masked-out positions get loss 0 and no gradient even if inf/NaN. Stats are token means over
+    the mask; ``approx_kl`` is the k3 estimate of KL(pi_old || pi).
     """
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError("dual_clip must be > 1")
     mask = _as_bool(loss_mask)
     adv = _token_advantages(advantages, logp)
     zero = torch.zeros_like(logp)
@@ -116,8 +109,6 @@ def clipped_policy_loss(
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
-    if dual_clip is not None:
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
     per_token = torch.where(mask, per_token, zero)
 
     with torch.no_grad():
@@ -132,8 +123,6 @@ def clipped_policy_loss(
             # KL(old || new) sampled from old: k3 with the roles swapped, i.e. r - 1 - log r.
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),
         }
-        if dual_clip is not None:
-            named["dual_clip_frac"] = masked_mean((mask & (adv < 0) & (ratio > dual_clip)).float(), mask)
     return per_token, _floats(named)
 
 
@@ -190,7 +179,6 @@ def grpo_loss(
     entropy_coef: float = 0.0,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
-    dual_clip: float | None = None,
     aggregation: Aggregation = "token_mean",
     fixed_length: int | None = None,
     normalizer: float | None = None,
@@ -207,7 +195,7 @@ def grpo_loss(
     if entropy_coef != 0.0 and entropy is None:
         raise ValueError("entropy_coef != 0 needs the per-token entropy")
     mask = _as_bool(loss_mask)
-    per_token, stats = clipped_policy_loss(logp, old_logp, advantages, mask, eps_low, eps_high, dual_clip)
+    per_token, stats = clipped_policy_loss(logp, old_logp, advantages, mask, eps_low, eps_high)
 
     def reduce(x: Tensor) -> Tensor:
         return aggregate(x, mask, aggregation, fixed_length, normalizer)

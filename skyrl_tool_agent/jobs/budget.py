@@ -67,10 +67,6 @@ class JobBudget:
         """Seconds of the whole budget not yet spent."""
         return self.total_s - self.spent_s()
 
-    def ends_at_wall(self) -> float:
-        """The wall-clock time (`time.time()`) by which the job ends."""
-        return time.time() + self.left_s()
-
     def eval_tasks_that_fit(self, wanted: int, episodes_per_task: int, probe_episode_s: float) -> int:
         """How many of `wanted` eval tasks two evaluations can hold (each task `episodes_per_task`
         episodes at `EVAL_VS_PROBE_EPISODE` x the probe's seconds per episode), leaving GRPO
@@ -103,7 +99,7 @@ def process_start() -> float:
 def start_line(budget: JobBudget, *, eval_tasks: int, eval_split: str, episodes_per_task: int,
                probe_tasks: int, test_tasks: int = 0) -> str:
     """What the job says when it starts: how long it will take, in words."""
-    ends = time.strftime("%H:%M:%S", time.localtime(budget.ends_at_wall()))
+    ends = time.strftime("%H:%M:%S", time.localtime(time.time() + budget.left_s()))
     grpo = "no cap of its own" if budget.grpo_cap_s is None else f"at most {budget.grpo_cap_s / 60:.1f} min"
     sizing = (f"sized to fit from the probe's speed ({probe_tasks} episodes)" if probe_tasks
               else "not sized (training.probe_tasks is 0: nothing measured first)")

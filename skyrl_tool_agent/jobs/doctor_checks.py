@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from skyrl_tool_agent.config import ModelConfig
+from skyrl_tool_agent.memory.device import GIB
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 #: Seconds a one-rank child (NCCL, DeepSpeed) may take, imports included, before it is a FAIL.
@@ -25,10 +26,6 @@ RANK_CHECK_TIMEOUT_S = 180
 DISK_WARN_GIB = {"cuda": 60.0, "cpu": 2.0}
 #: A real question through the chat template: the training step's prompt.
 PROMPT = "Database: library\nQuestion: How many books are in the 'History' genre?"
-
-
-def _gib(n: float) -> float:
-    return n / 1024**3
 
 
 def check_torch() -> tuple[str, str]:
@@ -51,10 +48,10 @@ def check_memory(device: torch.device) -> tuple[str, str]:
         import psutil
 
         vm = psutil.virtual_memory()
-        status = PASS if vm.available >= 2 * 1024**3 else WARN
-        return status, f"RAM {_gib(vm.available):.1f} GiB available of {_gib(vm.total):.1f} (the embedded model needs < 1)"
+        status = PASS if vm.available >= 2 * GIB else WARN
+        return status, f"RAM {vm.available / GIB:.1f} GiB available of {vm.total / GIB:.1f} (the embedded model needs < 1)"
     free, total = torch.cuda.mem_get_info(device)
-    return PASS, f"{_gib(free):.1f} GiB free of {_gib(total):.1f} (the memory plan below says what a run of yours gets)"
+    return PASS, f"{free / GIB:.1f} GiB free of {total / GIB:.1f} (the memory plan below says what a run of yours gets)"
 
 
 def check_memory_plan(config: Any, device: torch.device, *, gpu_memory_gib: float | None = None,
@@ -69,7 +66,7 @@ def check_memory_plan(config: Any, device: torch.device, *, gpu_memory_gib: floa
     from skyrl_tool_agent.policy.loading import resolve_model_path
 
     if gpu_memory_gib is not None:
-        device_kind, device_bytes = "cuda", int(gpu_memory_gib * 2**30)
+        device_kind, device_bytes = "cuda", int(gpu_memory_gib * GIB)
     elif device.type == "cuda":
         device_kind, device_bytes = "cuda", int(torch.cuda.get_device_properties(device).total_memory)
     else:
@@ -85,7 +82,7 @@ def check_memory_plan(config: Any, device: torch.device, *, gpu_memory_gib: floa
     except PlanError as error:
         return FAIL, str(error)
     where = f"{world} x " if world > 1 else ""
-    return PASS, f"{config.training.mode} {model} on {where}{_gib(device_bytes):.0f} GiB: {plan.describe()}"
+    return PASS, f"{config.training.mode} {model} on {where}{device_bytes / GIB:.0f} GiB: {plan.describe()}"
 
 
 def check_bf16_matmul(device: torch.device) -> tuple[str, str]:
@@ -212,7 +209,7 @@ def check_training_step(device: torch.device) -> tuple[str, str]:
     tolerance = 0.5 if device.type == "cuda" else 1e-3  # bf16 kernels differ (docs/distributed.md: max 0.196)
     graphs_failed = capture_failed(sampling_engine(policy))
     ok = bool(torch.isfinite(loss)) and grad_ok and moved == len(params) and drift < tolerance and not graphs_failed
-    memory = (f", peak {_gib(torch.cuda.max_memory_allocated(device)):.2f} GiB" if device.type == "cuda" else "")
+    memory = (f", peak {torch.cuda.max_memory_allocated(device) / GIB:.2f} GiB" if device.type == "cuda" else "")
     return (PASS if ok else FAIL), (
         ("its engine's CUDA-graph capture FAILED (sampled eagerly); " if graphs_failed else "") +
         f"{group} episodes sampled ({policy.sampler()} sampler, {int(mask.sum())} tokens), loss "
@@ -368,7 +365,7 @@ def check_disk(device: torch.device) -> tuple[str, str]:
         cache = cache.parent
     warn = DISK_WARN_GIB["cuda" if device.type == "cuda" else "cpu"]
     spots = {"runs (.)": Path.cwd(), f"model cache ({cache})": cache}
-    free = {label: _gib(shutil.disk_usage(path).free) for label, path in spots.items()}
+    free = {label: shutil.disk_usage(path).free / GIB for label, path in spots.items()}
     detail = ", ".join(f"{label} {gib:.1f} GiB free" for label, gib in free.items())
     low = [label for label, gib in free.items() if gib < warn]
     if low:

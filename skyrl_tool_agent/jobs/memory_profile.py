@@ -1,10 +1,5 @@
-"""Peak memory of one GRPO update per training mode, measured on this device (the `memory-profile`
-command parses its flags and calls `profile`).
-
-Each config runs in a fresh subprocess (clean peaks): the policy and trainer as training builds
-them, `updates` real `_update` calls on a synthetic batch. Peak: RSS on CPU, `max_memory_allocated`
-on CUDA.
-"""
+"""Peak memory of one GRPO update per training mode, measured on this device: the `memory-profile`
+command (whose docstring says how each config is measured) parses its flags and calls `profile`."""
 
 from __future__ import annotations
 
@@ -116,19 +111,12 @@ def run_worker(name: str, model_dir: str, shape: UpdateShape) -> dict[str, Any]:
 
 def synthetic_model(out: Path, hidden: int, layers: int, vocab: int) -> Path:
     """A randomly initialised Qwen2 (GQA, SwiGLU, like Qwen2.5 at a smaller size) + the embedded tokenizer."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from skyrl_tool_agent.policy.embedded import train_tokenizer
+    from skyrl_tool_agent.policy.embedded import new_tiny_qwen2, train_tokenizer
 
     tokenizer = train_tokenizer(["SELECT name FROM singer WHERE age > 30 ORDER BY name"] * 50, 300)
-    torch.manual_seed(0)
     heads = max(1, hidden // 64)
-    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=max(1, heads // 4), tie_word_embeddings=True,
-                         max_position_embeddings=4096, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
-    Qwen2ForCausalLM(config).save_pretrained(out)
+    new_tiny_qwen2(tokenizer, hidden_size=hidden, layers=layers, heads=heads, kv_heads=max(1, heads // 4),
+                   intermediate_size=3 * hidden, vocab_size=vocab).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 

@@ -113,12 +113,10 @@ class Speedrun:
                         self.budget.left_s())
             self.write()
 
-    def arm_config(self, **model: Any) -> Config:
+    def arm_config(self) -> Config:
         """The run's config with the built start as the model."""
         config = copy.deepcopy(self.config)
         config.model.name_or_path = str(self.start_dir)
-        for key, value in model.items():
-            setattr(config.model, key, value)
         return config
 
     # ------------------------------------------------------------------ phases

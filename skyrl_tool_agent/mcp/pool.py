@@ -26,7 +26,7 @@ import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
 from mcp.client.session import ClientSession
@@ -95,7 +95,6 @@ class MCPClientPool:
         sessions_per_server: int = default_of(EnvConfig, "sessions_per_server"),
         startup_timeout_s: float = 30.0,
         ping_timeout_s: float = 5.0,
-        server_stderr: TextIO | None = None,
         allow_empty: bool = False,
     ) -> None:
         names = [s.name for s in servers]
@@ -110,7 +109,6 @@ class MCPClientPool:
         self.sessions_per_server = sessions_per_server
         self.startup_timeout_s = startup_timeout_s
         self.ping_timeout_s = ping_timeout_s
-        self.server_stderr = server_stderr
         #: Servers that report errors as text: their pattern, by server name.
         self._error_patterns = {s.name: re.compile(s.error_pattern) for s in servers if s.error_pattern}
         self._groups: dict[str, SlotGroup] = {}
@@ -137,7 +135,6 @@ class MCPClientPool:
                         group,
                         startup_timeout_s=self.startup_timeout_s,
                         ping_timeout_s=self.ping_timeout_s,
-                        errlog=self.server_stderr,
                         call_timeout_s=self.call_timeout_s,
                     )
                 )

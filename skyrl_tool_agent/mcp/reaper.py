@@ -38,10 +38,6 @@ ROOT_NAME = "skyrl-tool-agent"
 OWNER_FILE = "owner.json"
 
 
-def runs_root() -> Path:
-    return Path(tempfile.gettempdir()) / ROOT_NAME
-
-
 def _owner_alive(run: Path) -> bool:
     """Whether the process that made `run` still runs (same pid and start time), or may: it runs on
     another host (directories written before the host was recorded count as this host's)."""
@@ -80,7 +76,7 @@ class RunReaper:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        root = runs_root()
+        root = Path(tempfile.gettempdir()) / ROOT_NAME
         root.mkdir(parents=True, exist_ok=True)
         sweep_dead_runs(root)
         self.run_dir = root / f"run-{self.pid}-{secrets.token_hex(4)}"

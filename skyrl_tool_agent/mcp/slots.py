@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
 from mcp.client.session import ClientSession
@@ -91,7 +91,6 @@ class ServerSlot:
         *,
         startup_timeout_s: float,
         ping_timeout_s: float,
-        errlog: TextIO | None,
         call_timeout_s: float | None = None,
     ) -> None:
         self.spec = spec
@@ -99,7 +98,6 @@ class ServerSlot:
         self.group = group
         self.startup_timeout_s = startup_timeout_s
         self.ping_timeout_s = ping_timeout_s
-        self.errlog = errlog
         #: The pool's deadline for one call, told to the server (`CLIENT_DEADLINE_ENV_VAR`) so a
         #: server can answer `timeout:` itself before the client gives up (mcp_tools.call_lanes).
         self.call_timeout_s = call_timeout_s
@@ -203,8 +201,7 @@ class ServerSlot:
                 backoff = min(backoff * 2, 5.0)
 
     async def _serve_once(self) -> None:
-        errlog = self.errlog if self.errlog is not None else (sys.__stderr__ or sys.stderr)
-        output = ServerOutput(f"{self.spec.name}[{self.index}]", errlog)
+        output = ServerOutput(f"{self.spec.name}[{self.index}]", sys.__stderr__ or sys.stderr)
         failure: str | None = None
         try:
             async with server_transport(self.spec.command, list(self.spec.args), env=self._env(), cwd=self.spec.cwd,

@@ -91,18 +91,13 @@ class RunPlan:
     through_modules: bool  # sampled through the model's modules (no snapshot copy)
     parts: dict[str, float]  # bytes by part (weights, reference, snapshot, cache, engine working set, update)
 
-    @property
-    def limit(self) -> str:
-        """What bounds the episodes in flight, in words."""
-        if self.slots >= self.demand:
-            return "all the step's episodes on this device"
-        return "memory (the rest of the step's episodes wait for a slot)"
-
     def describe(self) -> str:
         """The plan in one line (logged before the first step; `doctor` prints it)."""
+        limit = ("all the step's episodes on this device" if self.slots >= self.demand
+                 else "memory (the rest of the step's episodes wait for a slot)")
         p = {k: format_bytes(int(v)) for k, v in self.parts.items()}
         snapshot = "none (adapters beside the weights)" if self.through_modules and not self.parts["snapshot"] else p["snapshot"]
-        return (f"memory plan: {self.slots} of {self.demand} episodes in flight (bound by {self.limit}), update of "
+        return (f"memory plan: {self.slots} of {self.demand} episodes in flight (bound by {limit}), update of "
                 f"{self.update_tokens:,} tokens a micro-batch, prefill chunk {self.prefill_tokens:,} tokens; of "
                 f"{self.fraction:g} x {format_bytes(self.device_bytes)}: weights {p['weights']}, snapshot {snapshot}, "
                 f"cache {p['cache']}, engine working set {p['engine_working']}, update {p['update']}")

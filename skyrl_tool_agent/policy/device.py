@@ -7,6 +7,8 @@ import os
 
 import torch
 
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
 
 def resolve_device(device: str) -> torch.device:
     """`auto` = cuda > mps > cpu. Under a distributed launcher, cuda uses LOCAL_RANK."""
@@ -26,4 +28,4 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """`auto` = bf16 on CUDA, fp32 elsewhere (CPU bf16 matmuls are slow and MPS bf16 is partial)."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return DTYPES[dtype]

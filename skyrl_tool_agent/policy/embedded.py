@@ -64,13 +64,14 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> PreTrained
 
 def new_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, *, hidden_size: int = 256, layers: int = 4,
                    heads: int = 4, kv_heads: int = 2, intermediate_size: int = 704,
-                   max_positions: int = 4096, seed: int = 0) -> Qwen2ForCausalLM:
-    """A freshly initialised Qwen2 with tied embeddings (~3.5M parameters at the defaults)."""
+                   max_positions: int = 4096, seed: int = 0, vocab_size: int | None = None) -> Qwen2ForCausalLM:
+    """A freshly initialised Qwen2 with tied embeddings (~3.5M parameters at the defaults); its
+    vocabulary is the tokenizer's unless `vocab_size`."""
     import torch
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=layers,

@@ -148,15 +148,10 @@ class RolloutEngine:
                           reserved_bytes=memory.in_use + working + update_bytes, explanation=explanation)
 
     # ------------------------------------------------------------------ public API (any thread)
-    def submit(self, prompt: Sequence[int], params: SamplingParams, *, max_new_tokens: int, key: Hashable,
-               seed: int) -> Future:
-        """Queue one turn of episode `key` (a continuation when `prompt` extends what the episode's
-        slot holds, else a fresh start), sampled with `params`; the future resolves to (ids,
-        log-probs, stopped)."""
-        return self.submit_all([EpisodeTurn(prompt, max_new_tokens, key, seed)], params)[0]
-
     def submit_all(self, turns: Sequence[EpisodeTurn], params: SamplingParams) -> list[Future]:
-        """Queue `turns` (as `submit`) to be admitted together: the worker never starts some of
+        """Queue `turns`, sampled with `params`, each a turn of its episode `key` (a continuation when
+        its prompt extends what the episode's slot holds, else a fresh start); each future resolves
+        to (ids, log-probs, stopped). They are admitted together: the worker never starts some of
         them a decode step before the others, so a lockstep batch is prefilled and decoded the same
         way however the threads are scheduled (exactly reproducible runs and resumes)."""
         requests = [_Request(list(t.prompt), params, t.max_new_tokens, t.key, t.seed & 0x7FFFFFFF) for t in turns]

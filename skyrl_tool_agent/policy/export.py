@@ -13,13 +13,12 @@ import torch
 from transformers import PreTrainedModel
 
 from skyrl_tool_agent.config import ModelConfig
-from skyrl_tool_agent.policy.device import resolve_device
+from skyrl_tool_agent.policy.device import DTYPES, resolve_device
 from skyrl_tool_agent.policy.loading import ModelLoadError, load_model, load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def has_tokenizer(path: Path) -> bool:

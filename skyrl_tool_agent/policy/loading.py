@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from skyrl_tool_agent.config import EMBEDDED, ModelConfig, UserInputError, require_extra
-from skyrl_tool_agent.policy.device import resolve_dtype
+from skyrl_tool_agent.policy.device import DTYPES, resolve_dtype
 from skyrl_tool_agent.policy.manifest import verify_manifest
 
 if TYPE_CHECKING:  # transformers is imported where a model is loaded: a launch's ranks resolve the
@@ -69,35 +69,32 @@ def _quantization_kwargs(config: ModelConfig, device: torch.device) -> dict[str,
         return {}
     require_extra("bitsandbytes", "qlora", "model.quantization.load_in_4bit (QLoRA)")
     from transformers import BitsAndBytesConfig
-    compute = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
-        config.quantization.compute_dtype
-    ]
     bnb = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type=config.quantization.quant_type,
-        bnb_4bit_compute_dtype=compute,
+        bnb_4bit_compute_dtype=DTYPES[config.quantization.compute_dtype],
         bnb_4bit_use_double_quant=config.quantization.double_quant,
     )
     return {"quantization_config": bnb, "device_map": {"": device}}
 
 
-def load_model(path: str, config: ModelConfig, device: torch.device, *, mode: str) -> PreTrainedModel:
-    """Load the base model, then wrap it for `mode` ('lora' adds peft adapters; 'full' trains all)."""
+def from_pretrained(path: str, config: ModelConfig, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:
+    """The causal LM at `path` in `dtype`, with `config`'s revision, attention and remote-code
+    settings (and `kwargs`); a failure is one `ModelLoadError` line."""
     from transformers import AutoModelForCausalLM
 
-    dtype = resolve_dtype(config.dtype, device)
-    quant = _quantization_kwargs(config, device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path,
-            revision=config.revision,
-            dtype=dtype,
-            attn_implementation=config.attn_implementation,
-            trust_remote_code=config.trust_remote_code,
-            **quant,
-        )
-    except Exception as exc:  # noqa: BLE001
+        return AutoModelForCausalLM.from_pretrained(path, revision=config.revision, dtype=dtype,
+                                                    attn_implementation=config.attn_implementation,
+                                                    trust_remote_code=config.trust_remote_code, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any failure is reported as one clear line
         raise ModelLoadError(f"cannot load model from {path!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_model(path: str, config: ModelConfig, device: torch.device, *, mode: str) -> PreTrainedModel:
+    """Load the base model, then wrap it for `mode` ('lora' adds peft adapters; 'full' trains all)."""
+    quant = _quantization_kwargs(config, device)
+    model = from_pretrained(path, config, resolve_dtype(config.dtype, device), **quant)
     if not quant:
         model.to(device)
     else:

@@ -72,12 +72,7 @@ def model_weights_sha256(directory: Path) -> str:
 def tree_hashes(directory: Path, *, exclude: Collection[str] = ()) -> dict[str, str]:
     """sha256 of every regular file under `directory`, recursively, keyed by its POSIX path
     relative to `directory` (paths in `exclude` are left out); for checkpoints, which nest."""
-    hashes = {}
-    for path in sorted(directory.rglob("*")):
-        name = path.relative_to(directory).as_posix()
-        if path.is_file() and name not in exclude:
-            hashes[name] = file_sha256(path)
-    return hashes
+    return {name: file_sha256(directory / name) for name in tree_sizes(directory, exclude=exclude)}
 
 
 def tree_sizes(directory: Path, *, exclude: Collection[str] = ()) -> dict[str, int]:

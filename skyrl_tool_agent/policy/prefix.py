@@ -36,10 +36,6 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def expand_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], batch: int) -> DynamicCache:
-    return DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in kv])
-
-
 def output_head(model: torch.nn.Module, *, partitioned: bool = False) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     """(the decoder body, the output projection) of a causal LM whose log-probs `head_token_stats`
     can take from the hidden states: a plain bias-free `lm_head` with nothing after it; None for
@@ -99,8 +95,9 @@ def shared_prefix_logprobs(
         suffix_mask = attention_mask[rows, prefix_len:prefix_len + ids.shape[1]]
         positions = prefix_len + (suffix_mask.cumsum(1) - 1).clamp(min=0)
         ones = torch.ones(len(rows), prefix_len, dtype=suffix_mask.dtype, device=input_ids.device)
+        cache = DynamicCache(ddp_cache_data=[(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in kv])
         suf_hidden = body(input_ids=ids, attention_mask=torch.cat([ones, suffix_mask], 1), position_ids=positions,
-                          past_key_values=expand_cache(kv, len(rows)), use_cache=False).last_hidden_state
+                          past_key_values=cache, use_cache=False).last_hidden_state
         own = torch.cat([pre_hidden[:, -1:].expand(len(rows), -1, -1), suf_hidden[:, :-1]], dim=1)
         own_lp, own_h = _head_stats(weight, own, ids, scored[rows, prefix_len - 1:prefix_len - 1 + ids.shape[1]],
                                     temperature, with_entropy)

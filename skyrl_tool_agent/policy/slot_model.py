@@ -67,11 +67,11 @@ class SlotModel:
         attention = attention or ("triton" if on_cuda and triton_available() else "torch")
         self.attend = {"triton": decode_attention, "torch": reference_decode_attention}[attention]
         self.prefill_tokens = prefill_tokens or default_prefill_tokens(self.device)
-        shape = (slots + 2, w.kv_heads, capacity, w.head_dim)
+        shape = (slots + 2, w.shape.kv_heads, capacity, w.shape.head_dim)
         # Uninitialised: on the CPU only the pages episodes reach are ever resident (attention never
         # reads a position its row did not write: `cascade_attention`, `prefill_attention`).
-        self.keys = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
-        self.values = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(w.layers_n)]
+        self.keys = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(w.shape.layers)]
+        self.values = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(w.shape.layers)]
         # Root positions each slot reads (0: none); its own positions start there.
         self.slot_root = torch.zeros(slots + 2, dtype=torch.long, device=self.device)
         # Token history per slot: the id at position p and its sampling log-prob (sampled ones only).
@@ -132,12 +132,12 @@ class SlotModel:
         """Every decoder layer over hidden states x [..., hidden] (rotary cos/sin broadcast to the
         heads' axis); `attend` writes the new keys/values and attends."""
         w = self.weights
-        q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
+        q_size, kv_size = w.shape.q_dim, w.shape.kv_dim
         for i, layer in enumerate(w.layers):
             q, k, v = layer.qkv(w.norm(x, layer.norm1)).split([q_size, kv_size, kv_size], -1)
-            q = rotate(q.unflatten(-1, (w.heads, w.head_dim)), cos, sin)
-            k = rotate(k.unflatten(-1, (w.kv_heads, w.head_dim)), cos, sin)
-            x = x + layer.o(attend(i, q, k, v.unflatten(-1, (w.kv_heads, w.head_dim))).flatten(-2))
+            q = rotate(q.unflatten(-1, (w.shape.heads, w.shape.head_dim)), cos, sin)
+            k = rotate(k.unflatten(-1, (w.shape.kv_heads, w.shape.head_dim)), cos, sin)
+            x = x + layer.o(attend(i, q, k, v.unflatten(-1, (w.shape.kv_heads, w.shape.head_dim))).flatten(-2))
             gate, up = layer.gate_up(w.norm(x, layer.norm2)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return x
@@ -178,7 +178,7 @@ class SlotModel:
         write_slots, write_pos = slots[write_rows], positions[write_rows, write_cols]
         roots = self.slot_root[slots]  # [R]
         low, used, prefix = int(roots.min()), int((starts + counts).max()), int(roots.max())
-        groups = w.heads // w.kv_heads
+        groups = w.shape.heads // w.shape.kv_heads
         # Query (g, s) of a row sees its own positions from its root's end up to its own position,
         # and the root's positions below its root length; queries stacked (g, s) per KV head.
         own = torch.arange(low, used, device=dev)
@@ -188,19 +188,19 @@ class SlotModel:
         root_visible = (torch.arange(prefix, device=dev) < roots.view(rows, 1, 1, 1))
         clamped = positions.clamp(max=self.capacity)
         cos, sin = self.cos[clamped].unsqueeze(2), self.sin[clamped].unsqueeze(2)  # [R, S, 1, D]
-        scale = w.head_dim ** -0.5
+        scale = w.shape.head_dim ** -0.5
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             k_cache, v_cache = self.keys[layer], self.values[layer]
             k_cache[write_slots, :, write_pos] = k[write_rows, write_cols]
             v_cache[write_slots, :, write_pos] = v[write_rows, write_cols]
-            q = q.view(rows, width, w.kv_heads, groups, w.head_dim).permute(0, 2, 3, 1, 4)
-            q = q.reshape(rows, w.kv_heads, groups * width, w.head_dim) * scale
+            q = q.view(rows, width, w.shape.kv_heads, groups, w.shape.head_dim).permute(0, 2, 3, 1, 4)
+            q = q.reshape(rows, w.shape.kv_heads, groups * width, w.shape.head_dim) * scale
             out = prefill_attention(q, k_cache[:, :, low:used].index_select(0, slots),
                                     v_cache[:, :, low:used].index_select(0, slots), own_visible, own_written,
                                     k_cache[self.root, :, :prefix], v_cache[self.root, :, :prefix], root_visible)
-            return out.view(rows, w.kv_heads, groups, width, w.head_dim).permute(0, 3, 1, 2, 4).reshape(
-                rows, width, w.heads, w.head_dim)
+            return out.view(rows, w.shape.kv_heads, groups, width, w.shape.head_dim).permute(0, 3, 1, 2, 4).reshape(
+                rows, width, w.shape.heads, w.shape.head_dim)
 
         x = self._layers(F.embedding(ids, w.embed).to(self.dtype), cos, sin, attend)
         if sample:
@@ -220,7 +220,7 @@ class SlotModel:
         """Feed each row's pending token at its position, sample the next one, advance `lengths`."""
         w = self.weights
         slots, lengths = inputs.slots, inputs.lengths
-        roots, valid, scale = self.slot_root[slots], lengths + 1, w.head_dim ** -0.5
+        roots, valid, scale = self.slot_root[slots], lengths + 1, w.shape.head_dim ** -0.5
         if self.attend is reference_decode_attention:  # the rows' masks once for every layer
             step = ReferenceDecodeAttention(slots, valid, roots, self.root_index)
             attention = lambda q, keys, values: step(q, keys, values, scale)  # noqa: E731

@@ -157,10 +157,7 @@ class SamplingWeights:
         self.model = model
         base = base_model(model)
         cfg = base.config
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.layers_n = cfg.num_hidden_layers
-        self.shape = ModelShape.from_config(cfg)
+        self.shape = ModelShape.from_config(cfg)  # heads, kv_heads, head_dim, layers: what the engine's shapes use
         self.rotary = base.model.rotary_emb
         self.eps = base.model.norm.variance_epsilon
         self.dtype = sampling_dtype(model)

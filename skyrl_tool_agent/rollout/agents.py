@@ -172,7 +172,6 @@ class OracleAgent(ScriptedAgent):
         super().__init__(lambda r: oracle_turn_texts(r.task, r.env_info, describe=describe))
 
 
-
 def make_agent(policy: Any, params: SamplingParams = GREEDY, *, seed: int = 0) -> Agent:
     """The agent for `policy`: 'oracle' -> `OracleAgent`, an `Endpoint` -> `OpenAIChatAgent`, a
     `SamplingPolicy` -> `PolicyAgent`, an `Agent` -> itself. Model agents sample with `params`

@@ -306,13 +306,11 @@ class OpenAIChatAgent(Agent):
     async def act(self, requests: Sequence[TurnRequest]) -> list[AgentTurn]:
         return list(await asyncio.gather(*(self._turn(r) for r in requests)))
 
-    def _request_seed(self, request: TurnRequest) -> int | None:
-        return None if self.params.greedy else (self.seed * 1_000_003 + request.seq * 1_009 + request.turn) % 2**31
-
     async def _turn(self, request: TurnRequest) -> AgentTurn:
         client, slots = self._session()
+        seed = None if self.params.greedy else (self.seed * 1_000_003 + request.seq * 1_009 + request.turn) % 2**31
         body = _body(self.endpoint.model, request.messages, temperature=self.params.temperature, top_p=self.params.top_p,
-                     max_tokens=request.max_new_tokens, seed=self._request_seed(request))
+                     max_tokens=request.max_new_tokens, seed=seed)
         url = f"{self.endpoint.base_url}/chat/completions"
         limits = ReplyLimits.for_turn(request.max_new_tokens)
         attempts = 0

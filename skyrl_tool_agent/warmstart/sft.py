@@ -149,13 +149,6 @@ class PackedExamples:
                 "labels": self.labels.index_select(0, index)[:, :width]}
 
 
-def make_optimizer(model: torch.nn.Module, settings: SFTSettings) -> torch.optim.Optimizer:
-    """AdamW, fused on CUDA (one kernel for every parameter's update), foreach elsewhere."""
-    cuda = next(model.parameters()).device.type == "cuda"
-    return torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay,
-                             **({"fused": True} if cuda else {"foreach": True}))
-
-
 def token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, bf16: bool | None) -> torch.Tensor:
     """Mean negative log-likelihood of the labelled tokens of `batch` (module docstring: a plain
     cross-entropy on CUDA, the shared-prefix log-probs elsewhere)."""
@@ -207,7 +200,9 @@ def supervised_finetune(
     device = next(model.parameters()).device
     data = examples if isinstance(examples, PackedExamples) else PackedExamples.pack(
         examples, pad_id, device, settings.max_length)
-    optimizer = make_optimizer(model, settings)
+    # AdamW, fused on CUDA (one kernel for every parameter's update), foreach elsewhere.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay,
+                                  **({"fused": True} if device.type == "cuda" else {"foreach": True}))
     read_every = LOSS_READ_EVERY if device.type == "cuda" else 1
     pending: list[tuple[int, torch.Tensor]] = []  # (step, loss on the device) not yet read back
 
