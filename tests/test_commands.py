@@ -73,14 +73,23 @@ def test_console_script_runs_from_an_empty_directory(empty_dir: Path, tmp_path: 
     assert list(empty_dir.iterdir()) == []  # nothing written where it was run
 
 
-def test_a_command_loading_a_policy_does_not_load_torchs_compiler() -> None:
+def test_a_command_loads_neither_torchs_compiler_nor_transformers_before_it_needs_them() -> None:
     """peft imports bitsandbytes, which wraps kernels in torch.compile at import: with TorchDynamo
     on, that loads torch's compiler stack (~0.9 CPU-s in every run and every rank). The commands
-    turn it off (`commands/__init__.py`; a user's TORCHDYNAMO_DISABLE=0 is kept)."""
-    code = "import sys, skyrl_tool_agent.commands.train, peft\nprint('torch._inductor.compile_fx' in sys.modules)"
-    env = {k: v for k, v in os.environ.items() if k != "TORCHDYNAMO_DISABLE"}
+    turn it off (`commands/__init__.py`; a user's TORCHDYNAMO_DISABLE=0 is kept). And the logging
+    set-up of every command turns transformers' progress bars off in a log file without importing
+    transformers (~1 CPU-s an oracle or endpoint `eval` never needs): the switch still holds once a
+    model load imports it."""
+    code = ("import sys, skyrl_tool_agent.commands.train\n"
+            "from skyrl_tool_agent.jobs.progress import setup_logging\n"
+            "setup_logging()\n"
+            "before = 'transformers' in sys.modules\n"
+            "import peft\n"
+            "from transformers.utils import logging as hf_logging\n"
+            "print(before, hf_logging.is_progress_bar_enabled(), 'torch._inductor.compile_fx' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHDYNAMO_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
-    assert done.returncode == 0 and done.stdout.strip() == "False", (done.stdout, done.stderr[-2000:])
+    assert done.returncode == 0 and done.stdout.split() == ["False", "False", "False"], (done.stdout, done.stderr[-2000:])
 
 
 def test_console_script_is_declared_and_dispatches_every_command() -> None:

@@ -54,9 +54,15 @@ def quiet_library_noise() -> None:
 
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     if not sys.stderr.isatty():
-        from transformers.utils import logging as hf_logging
+        if "transformers" in sys.modules:  # its switch was read from huggingface_hub's at its import
+            from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+            hf_logging.disable_progress_bar()
+        else:  # read when transformers is imported; importing it here (~1 CPU-s) would tax every
+            # command that never loads a model (an oracle or endpoint `eval`)
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
 
 
