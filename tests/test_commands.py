@@ -92,6 +92,16 @@ def test_a_command_loads_neither_torchs_compiler_nor_transformers_before_it_need
     assert done.returncode == 0 and done.stdout.split() == ["False", "False", "False"], (done.stdout, done.stderr[-2000:])
 
 
+def test_a_command_module_run_with_python_m_says_how_to_run_it() -> None:
+    """Only `commands.main` dispatches: `python -m skyrl_tool_agent.commands.train` would define the
+    command and exit 0 having run nothing, so it stops with one line naming the two ways that run."""
+    done = subprocess.run([sys.executable, "-m", "skyrl_tool_agent.commands.train", "--mode", "lora"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr[-2000:])
+    assert done.stderr.strip() == ("error: python -m skyrl_tool_agent.commands.train runs nothing by itself: run "
+                                   "`skyrl-tool-agent COMMAND ...` or `python -m skyrl_tool_agent.commands.main COMMAND ...`")
+
+
 def test_console_script_is_declared_and_dispatches_every_command() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert project["project"]["scripts"] == {"skyrl-tool-agent": "skyrl_tool_agent.commands.main:main"}

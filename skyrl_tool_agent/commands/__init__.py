@@ -9,6 +9,15 @@ where a command writes a directory the flag is `--output-dir` (HF's `--output_di
 import atexit
 import gc
 import os
+import sys
+
+# `python -m skyrl_tool_agent.commands.<module>` would define that command's functions and exit 0
+# without running anything; only `.main` dispatches (sys.argv[0] is "-m" while -m imports this package).
+_run_as_main = sys.orig_argv[sys.orig_argv.index("-m") + 1] if sys.argv[:1] == ["-m"] else ""
+if _run_as_main.startswith(f"{__name__}.") and _run_as_main != f"{__name__}.main":
+    print(f"error: python -m {_run_as_main} runs nothing by itself: run `skyrl-tool-agent COMMAND ...` "
+          f"or `python -m {__name__}.main COMMAND ...`", file=sys.stderr)
+    raise SystemExit(2)
 
 # The commands never compile (nothing here calls torch.compile), but bitsandbytes, which peft
 # imports in every run that loads a policy, wraps its device-generic fallback kernels in
