@@ -72,7 +72,7 @@ def _metrics(out: Path) -> list[dict]:
 def _main_here(cmd: list[str]) -> str:
     """`cmd` (a launch of the train script, `_cmd`) run by the script's `main` in this process (the
     script is its alias: test_bad_inputs_exit_2_with_one_line launches it, and the interrupted runs
-    below launch it three times): what it printed and logged, together as a launch's stdout and
+    below launch it twice): what it printed and logged, together as a launch's stdout and
     stderr hold them (output not a terminal: a log line per step). A launch imported torch,
     transformers and peft again (~5 s of CPU); a launched run and one in this process log the same
     metrics (the interrupted runs' launches are compared with this process's run). The job budget
@@ -204,49 +204,35 @@ def _logged_step(logs: Path, step: int) -> bool:
 
 
 @pytest.mark.slow
-def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, uninterrupted, tmp_path):
-    """One run stopped three ways, each time resumed with `--resume auto`, with no periodic
-    checkpoints (only the signal path can save the steps done before a signal): SIGINT in step 1;
-    `kill -9` once the resumed run has logged step 2, which nothing saved (the next resume must
-    drop that step's metrics and episodes and run it again); SIGTERM in step 3; then to the end.
-    Every step once, the same metrics and the same episodes as the uninterrupted run. The last
-    resume names its checkpoint's path (`--resume PATH`, the others `auto`). Each resume says the
-    minutes of the time budget its checkpoint had spent, and the clock goes on from them. (3
-    launches, one for each signal, and the last resume in this process: the kill -9 had a run and
-    a resume of its own before; tests/test_run_log.py's resume was another launch, and the last
-    resume one too.)"""
+def test_sigint_and_kill9_keep_finished_steps_and_resume_exactly(setup, uninterrupted, tmp_path):
+    """One run stopped two ways, each time resumed, with no periodic checkpoints (only the signal
+    path can save the steps done before a signal): SIGINT in step 1; `kill -9` once the run resumed
+    with `--resume auto` has logged step 2, which nothing saved; then, in this process, resumed to
+    the end from the SIGINT's checkpoint named by its path (`--resume PATH`), which drops the
+    killed step's metrics and episodes and runs it again. Every step once, the same metrics, the
+    same episodes and the same adapters as the uninterrupted run; each resume says the minutes of
+    the time budget its checkpoint had spent, and the clock goes on from them. (SIGTERM takes the
+    same path, `grpo.interrupts.STOP_SIGNALS`, and is sent to a launched run's every rank by
+    torchrun in tests/test_multinode.py.)"""
     root, model_dir = setup
     out = tmp_path / "sig"
     cmd = _cmd(root, model_dir, out, "--set", "training.checkpoint_every=0")
 
-    def stop(signum: int, resumed_from: int | None) -> int:
-        """Start (or resume) the run, send `signum` once it has finished its first step (the signal
-        lands in the next one), check how it stopped; the step it stopped after."""
-        logs = tmp_path / signal.Signals(signum).name
-        proc = _launch(cmd if resumed_from is None else [*cmd, "--resume", "auto"], logs)
-        if resumed_from is None:  # a fresh run: right after its step-0 row (the evaluation before training)
-            _wait_for(proc, lambda: 0 in _steps_logged(out), "the signal's moment")
-        else:
-            _wait_for(proc, lambda: _logged_step(logs, resumed_from + 1), "the signal's moment")
-        proc.send_signal(signum)
-        proc.wait(timeout=240)
-        stderr = (logs / "stderr").read_text()
-        stopped_at = max(_steps_logged(out))
-        assert proc.returncode == 128 + signum, stderr[-3000:]
-        assert stopped_at < STEPS
-        name = signal.Signals(signum).name
-        assert f"interrupted by {name} after step {stopped_at}: checkpoint saved in" in stderr, stderr[-3000:]
-        assert f"resume with: {sys.executable} " in stderr and stderr.rstrip().endswith("--resume auto"), stderr[-1000:]
-        assert (out / "checkpoints" / f"step-{stopped_at:06d}" / "trainer_state.json").is_file()
-        assert "Traceback" not in stderr, stderr[-3000:]
-        if resumed_from is not None:
-            assert "resumed from" in (logs / "stdout").read_text()
-            assert "min of the time budget spent)" in (logs / "stdout").read_text()
-        return stopped_at
-
-    saved = stop(signal.SIGINT, None)
+    # SIGINT right after the step-0 row (the evaluation before training): it lands in step 1
+    logs = tmp_path / "SIGINT"
+    proc = _launch(cmd, logs)
+    _wait_for(proc, lambda: 0 in _steps_logged(out), "the signal's moment")
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=240)
+    stderr = (logs / "stderr").read_text()
+    saved = max(_steps_logged(out))
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    assert saved < STEPS and "Traceback" not in stderr, stderr[-3000:]
+    assert f"interrupted by SIGINT after step {saved}: checkpoint saved in" in stderr, stderr[-3000:]
+    assert f"resume with: {sys.executable} " in stderr and stderr.rstrip().endswith("--resume auto"), stderr[-1000:]
+    checkpoint = out / "checkpoints" / f"step-{saved:06d}"
     # the minutes of the time budget the SIGINT's checkpoint records: the resumed runs' clock goes on from them
-    spent = json.loads((out / "checkpoints" / f"step-{saved:06d}" / "trainer_state.json").read_text())["elapsed_s"]
+    spent = json.loads((checkpoint / "trainer_state.json").read_text())["elapsed_s"]
     assert spent > 0
 
     logs = tmp_path / "SIGKILL"
@@ -254,20 +240,16 @@ def test_sigint_kill9_and_sigterm_keep_finished_steps_and_resume_exactly(setup, 
     _wait_for(proc, lambda: _logged_step(logs, saved + 1), "its first step")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert "resumed from" in (logs / "stdout").read_text()
+    printed = (logs / "stdout").read_text()
+    assert f"resumed from {checkpoint} at step {saved} (" in printed and "min of the time budget spent)" in printed
     assert not (out / "checkpoints" / f"step-{saved + 1:06d}").exists()  # step 2 logged, never saved
     assert saved + 1 in _steps_logged(out) and saved + 1 in [r["step"] for r in _rollouts(out)]
 
-    last = stop(signal.SIGTERM, saved)  # resumes from the SIGINT's checkpoint again
-    spent_last = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
-    assert spent_last > spent
     # to the end in this process (`_main_here`; the signals needed launches, this resume does not)
-    finished = _main_here([*cmd, "--resume", str(out / "checkpoints" / f"step-{last:06d}")])
-    assert f"resumed from {out / 'checkpoints' / f'step-{last:06d}'} at step {last} (" in finished
-    assert "min of the time budget spent)" in finished
-    # the clock went on across each --resume from the minutes its checkpoint had spent
+    finished = _main_here([*cmd, "--resume", str(checkpoint)])
+    assert f"resumed from {checkpoint} at step {saved} (" in finished and "min of the time budget spent)" in finished
+    # the clock went on from the minutes the checkpoint had spent
     assert all(r["time/elapsed_s"] > spent for r in _metrics(out)[saved + 1:])
-    assert all(r["time/elapsed_s"] > spent_last for r in _metrics(out)[last + 1:])
     full = uninterrupted[0]
     _assert_same_steps(_metrics(full), _metrics(out))
     assert [(r["step"], r["task_id"], r["reward"]) for r in _rollouts(out)] == \
