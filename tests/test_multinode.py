@@ -597,7 +597,9 @@ def test_the_heartbeat_names_the_rank_that_stopped_beating():
     """Ranks 0-2 beat in a real TCPStore; then rank 2 stops (its process died). After a failed
     collective rank 0 names no rank while all beat and rank 2 once it stopped; on its own, rank 0's
     heartbeat names rank 2 once it has been silent `lost_after_s`; a rank that stopped because of
-    rank 2 is not named with it."""
+    rank 2 is not named with it. A beat of 0.25 s (a launch's is 2 s): the threads share this
+    process's GIL with a busy machine's other work, and a live rank must never look silent for
+    2.5 beats (at 0.05 s, once at half speed: 125 ms without being scheduled)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -606,24 +608,26 @@ def test_the_heartbeat_names_the_rank_that_stopped_beating():
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
     verdicts: list[str] = []
-    beats = [Heartbeat(store, rank, 3, where="here", beat_s=0.05, lost_after_s=1.0,
+    beat_s = 0.25
+    beats = [Heartbeat(store, rank, 3, where="here", beat_s=beat_s, lost_after_s=8 * beat_s,
                        on_lost=verdicts.append if rank == 0 else None) for rank in range(3)]
     for beat in beats:
         beat.start()
     try:
-        time.sleep(0.3)
+        time.sleep(2 * beat_s)
         assert beats[0].after_failure() is None and not verdicts  # all alive: this rank's own fault
         beats[2].stop()
         assert (beats[0].after_failure() or "").startswith("rank 2 stopped answering")
         deadline = time.monotonic() + 10
         while not verdicts and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(beat_s / 5)
         # Rank 1 stops because of rank 2 (its verdict), and its beats stop a moment later: a rank
         # whose verdict comes after that names rank 2 alone, not rank 1 with it.
         assert (beats[1].after_failure() or "").startswith("rank 2 stopped answering")
         beats[1].stop()
-        time.sleep(0.5)
-        assert (beats[0].stalled(0.2) or "").startswith("rank 2 stopped answering (no heartbeat"), beats[0].stalled(0.2)
+        time.sleep(4 * beat_s)
+        assert (beats[0].stalled(2 * beat_s) or "").startswith("rank 2 stopped answering (no heartbeat"), \
+            beats[0].stalled(2 * beat_s)
     finally:
         for beat in beats:
             beat.stop()

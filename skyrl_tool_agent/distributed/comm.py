@@ -127,12 +127,12 @@ class Heartbeat:
     def stalled(self, silent_s: float) -> str | None:
         """One line naming the ranks (or the store) silent for `silent_s` seconds, first silent
         first; None when every rank beats."""
-        now = time.monotonic()
+        now, advanced = time.monotonic(), list(self._advanced)  # one look: the beat thread moves them
         if now - self._store_ok > silent_s:
             return (f"the launch's rendezvous store at {self.where} stopped answering for {now - self._store_ok:.0f} s: "
                     "the launcher or rank 0 on the first node is gone")
-        silent = sorted((r for r in range(self.world_size) if r != self.rank and now - self._advanced[r] > silent_s),
-                        key=lambda r: self._advanced[r])
+        silent = sorted((r for r in range(self.world_size) if r != self.rank and now - advanced[r] > silent_s),
+                        key=lambda r: advanced[r])
         lost = [r for r in silent if not self._following(r)]
         silent = lost or silent  # every silent rank stopped following another: name them, there is no better account
         if not silent:
@@ -140,7 +140,7 @@ class Heartbeat:
         names = ", ".join(str(r) for r in silent)
         whose = "their processes" if len(silent) > 1 else "its process"
         return (f"rank{'s' if len(silent) > 1 else ''} {names} stopped answering (no heartbeat for "
-                f"{now - self._advanced[silent[0]]:.0f} s: {whose} died, or the node is gone): "
+                f"{now - advanced[silent[0]]:.0f} s: {whose} died, or the node is gone): "
                 f"rank {self.rank} stops too; resume from the last checkpoint with --resume auto")
 
     def after_failure(self) -> str | None:
