@@ -3,6 +3,7 @@ SQLite files, disjoint from dev, a superset of train, and the errors when it can
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sqlite3
 from collections import Counter
@@ -80,8 +81,29 @@ def test_pool_gold_queries_run_and_answer(pool) -> None:
 
 
 def test_pool_is_deterministic(pool, splits) -> None:
+    from skyrl_tool_agent.data.builtin import pool as pools
+
+    pools._POOLS.clear()  # built again, not this process's copy
     again = generated_train_pool(DATA / "databases", held_out=splits[1])
-    assert [t.model_dump() for t in again] == [t.model_dump() for t in pool]
+    assert again is not pool and [t.model_dump() for t in again] == [t.model_dump() for t in pool]
+
+
+def test_a_pool_is_built_once_a_process_until_its_databases_or_held_out_tasks_change(splits, tmp_path, caplog) -> None:
+    """The same databases and held-out tasks: the pool built before (a list of its own); fewer tasks
+    held out, or a database file rewritten since: built again."""
+    shutil.copytree(DATA / "databases", tmp_path / "dbs")
+    dev = splits[1]
+    with caplog.at_level(logging.INFO, logger="skyrl_tool_agent.data.builtin.pool"):
+        first = generated_train_pool(tmp_path / "dbs", held_out=dev)
+        second = generated_train_pool(tmp_path / "dbs", held_out=dev)
+        fewer_held_out = generated_train_pool(tmp_path / "dbs", held_out=dev[:-10])
+        with sqlite3.connect(next((tmp_path / "dbs").glob("*/*.sqlite"))) as con:
+            con.execute("PRAGMA user_version = 7")  # the file rewritten, its rows the same
+        rewritten = generated_train_pool(tmp_path / "dbs", held_out=dev)
+    builds = [r for r in caplog.records if r.getMessage().startswith("generated training pool")]
+    assert len(builds) == 3, [r.getMessage() for r in builds]  # not for `second`
+    assert second == first and second is not first
+    assert len(fewer_held_out) > len(first) and rewritten == first
 
 
 def test_rl_train_tasks_follows_the_knob(pool, splits) -> None:

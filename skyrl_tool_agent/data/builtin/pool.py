@@ -11,6 +11,7 @@ questions the policy has never trained on, drawn from dev's distribution but nev
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 #: A template's difficulty by its id (`template_difficulty`).
 _TEMPLATE_DIFFICULTY: dict[str, str] = {}
+#: Pools built in this process, by their databases' identity and what was held out
+#: (`generated_train_pool`).
+_POOLS: dict[tuple, list[Task]] = {}
 
 
 def template_difficulty(instance: Instance) -> str:
@@ -69,10 +73,14 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
     """Tasks for every usable slot assignment (all paraphrases) of the built-in templates on the
     databases under `db_root`, except those whose gold SQL or question is in `held_out`.
 
-    Deterministic for given databases (templates and candidates are enumerated in a fixed order).
+    Deterministic for given databases (templates and candidates are enumerated in a fixed order), so
+    built once a process for the same database files and held-out tasks (`_pool_key`).
     Raises FileNotFoundError when a built-in database is missing and ValueError when a template's
     query fails on it (the databases are not the built-in ones).
     """
+    key = _pool_key(db_root, held_out)
+    if key in _POOLS:
+        return list(_POOLS[key])
     tasks: list[Task] = []
     skipped = 0
     for group, fresh in template_groups(db_root, held_out, "built-in"):
@@ -82,7 +90,30 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
         for inst in group:
             tasks.append(inst.task(f"builtin-pool-{len(tasks):05d}", "train", template_difficulty(inst)))
     logger.info("generated training pool: %d questions (%d slot assignments held out)", len(tasks), skipped)
-    return tasks
+    if key is not None:
+        _POOLS[key] = tasks
+    return list(tasks)
+
+
+def _pool_key(db_root: str | Path, held_out: Sequence[Task]) -> tuple | None:
+    """What a pool is a function of: each built-in database file as it is now (its path, inode,
+    size, times, and its write-ahead log's) and the held-out questions and queries; None when a
+    database is missing (the build says which). A pool is ~0.4 CPU-s to build and a process may ask
+    for it more than once (the test suite's two workers: 31 times); Tasks are frozen, so the lists
+    handed out share them."""
+    from skyrl_tool_agent.data.builtin.domains import DOMAINS
+
+    files = []
+    for domain in DOMAINS:
+        path = db_path_for(db_root, domain.db_id)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        wal = os.stat(f"{path}-wal") if os.path.exists(f"{path}-wal") else None
+        files.append((os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                      wal and (wal.st_size, wal.st_mtime_ns)))
+    return tuple(files), frozenset(t.gold_sql for t in held_out), frozenset(t.question for t in held_out)
 
 
 def split_validation(pool: Sequence[Task], seen: Sequence[Task], n: int, seed: int = 0) -> tuple[list[Task], list[Task]]:
