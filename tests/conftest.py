@@ -67,7 +67,7 @@ def spider_root() -> Path:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """The launched two-rank tests' run directory (tasks, the shop database, a tiny random Qwen2),
-    built once per test process for test_deepspeed, test_update_over_ranks and test_multinode alike; they
+    built once per test process for test_deepspeed, test_data_parallel and test_multinode alike; they
     only read it."""
     from tests.fixtures.distributed import tiny_run_root
 

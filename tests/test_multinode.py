@@ -16,7 +16,7 @@ tensor on every rank. Each planted fault (one more `--set` on node
 node that must stop every rank before any work with one line naming it. The faults run in LoRA
 mode (`ReplicatedBackend`), so both backends' launch checks run; LoRA's training over ranks is the
 same `DataParallelTrainer` with rank 0's checkpoints, resumed on every rank in
-tests/test_update_over_ranks.py's launch.
+tests/test_data_parallel.py's launch.
 """
 
 from __future__ import annotations
@@ -206,8 +206,8 @@ def error_lines(launched: Launched) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_run):
-    """The session's tiny run directory (tests/conftest.py), the one test_update_over_ranks
-    launches on: built once per test process, only read."""
+    """The session's tiny run directory (tests/conftest.py), the one test_deepspeed and
+    test_data_parallel launch on: built once per test process, only read."""
     return tiny_run
 
 
