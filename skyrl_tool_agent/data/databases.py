@@ -37,6 +37,24 @@ def shown_name(name: str) -> str:
     return f"{repr(name[:_SHOWN_CHARS])[:-1]}…' ({len(name):,} characters)"
 
 
+def file_state(db_path: str | Path) -> tuple[object, ...] | None:
+    """A database file as it is now, for keying what was computed from it in this process: its
+    real path, inode, size and change times, and its write-ahead log's size and time (pages
+    written there change what a query reads without touching the file); None if it cannot be
+    stat'ed."""
+    try:
+        st = os.stat(db_path)
+    except OSError:
+        return None
+    try:
+        wal = os.stat(f"{db_path}-wal")
+    except OSError:
+        wal_state = None
+    else:
+        wal_state = (wal.st_size, wal.st_mtime_ns)
+    return os.path.realpath(db_path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, wal_state
+
+
 def name_problem(db_id: str) -> str | None:
     """Why `db_id` cannot name a database directory at all, looking at no file (None: it can)."""
     if "\x00" in db_id:

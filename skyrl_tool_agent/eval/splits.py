@@ -24,7 +24,6 @@ database is missing (`missing_database`) or whose gold query SQLite cannot prepa
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from typing import Literal
 from skyrl_tool_agent.config import Config, UserInputError
 from skyrl_tool_agent.config.base import expand_path
 from skyrl_tool_agent.data.batching import fixed_subset
+from skyrl_tool_agent.data.databases import file_state
 from skyrl_tool_agent.data.frontier import FRONTIER_FILE, read_frontier
 from skyrl_tool_agent.data.tasks import Task, db_path_for
 from skyrl_tool_agent.data.validation import GOLD_TIMEOUT_S, GoldCheck, load_checked_tasks
@@ -95,16 +95,6 @@ def gold_sql_errors(tasks: Sequence[Task], db_root: Path) -> dict[str, str]:
 _GOLD_PASSED: set[tuple[object, ...]] = set()
 
 
-def _wal_state(db_path: Path) -> tuple[int, int] | None:
-    """Size and change time of the database's write-ahead log, None without one (pages written there
-    change what a query reads without touching the database file)."""
-    try:
-        st = os.stat(f"{db_path}-wal")
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns
-
-
 def gold_check(timeout_s: float = GOLD_TIMEOUT_S) -> GoldCheck:
     """A `data.validation.GoldCheck`: the gold query run once, as the reward runs it
     (`rewards.limits.run_bounded`: sandboxed, read-only, `timeout_s`)."""
@@ -112,15 +102,10 @@ def gold_check(timeout_s: float = GOLD_TIMEOUT_S) -> GoldCheck:
     from skyrl_tool_agent.rewards.limits import run_bounded
 
     def check(db_path: Path, sql: str) -> str | None:
-        try:
-            st = os.stat(db_path)
-        except OSError:
-            key = None  # run_bounded says what is wrong with it
-        else:
-            key = (os.path.realpath(db_path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                   _wal_state(db_path), sql, timeout_s)
-            if key in _GOLD_PASSED:
-                return None
+        state = file_state(db_path)  # None: run_bounded says what is wrong with it
+        key = None if state is None else (state, sql, timeout_s)
+        if key in _GOLD_PASSED:
+            return None
         try:
             run_bounded(db_path, sql, timeout_s=timeout_s, max_rows=None)
         except SandboxError as exc:

@@ -11,13 +11,13 @@ questions the policy has never trained on, drawn from dev's distribution but nev
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from skyrl_tool_agent.data.builtin.generate import Instance, template_instances
+from skyrl_tool_agent.data.databases import file_state
 from skyrl_tool_agent.data.hardness import spider_hardness, to_difficulty
 from skyrl_tool_agent.data.tasks import Task, db_path_for
 
@@ -96,24 +96,16 @@ def generated_train_pool(db_root: str | Path, held_out: Sequence[Task]) -> list[
 
 
 def _pool_key(db_root: str | Path, held_out: Sequence[Task]) -> tuple | None:
-    """What a pool is a function of: each built-in database file as it is now (its path, inode,
-    size, times, and its write-ahead log's) and the held-out questions and queries; None when a
-    database is missing (the build says which). A pool is ~0.4 CPU-s to build and a process may ask
-    for it more than once (the test suite's two workers: 31 times); Tasks are frozen, so the lists
-    handed out share them."""
+    """What a pool is a function of: each built-in database file as it is now (`file_state`) and
+    the held-out questions and queries; None when a database is missing (the build says which). A
+    pool is ~0.4 CPU-s to build and a process may ask for it more than once (the test suite's two
+    workers: 31 times); Tasks are frozen, so the lists handed out share them."""
     from skyrl_tool_agent.data.builtin.domains import DOMAINS
 
-    files = []
-    for domain in DOMAINS:
-        path = db_path_for(db_root, domain.db_id)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        wal = os.stat(f"{path}-wal") if os.path.exists(f"{path}-wal") else None
-        files.append((os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                      wal and (wal.st_size, wal.st_mtime_ns)))
-    return tuple(files), frozenset(t.gold_sql for t in held_out), frozenset(t.question for t in held_out)
+    files = tuple(file_state(db_path_for(db_root, domain.db_id)) for domain in DOMAINS)
+    if None in files:
+        return None
+    return files, frozenset(t.gold_sql for t in held_out), frozenset(t.question for t in held_out)
 
 
 def split_validation(pool: Sequence[Task], seen: Sequence[Task], n: int, seed: int = 0) -> tuple[list[Task], list[Task]]:
