@@ -42,6 +42,7 @@ from tests.fixtures.distributed import (
     free_port,
     launch_env,
     launched_rows,
+    metrics_rows,
     tiny_run_args,
 )
 
@@ -297,7 +298,7 @@ def interrupted(tiny, tmp_path_factory):
         last = max(int(p.name.removeprefix("step-")) for p in (out / "checkpoints").glob("step-*")
                    if p.is_dir() and not p.name.endswith(".tmp"))
         spent = json.loads((out / "checkpoints" / f"step-{last:06d}" / "trainer_state.json").read_text())["elapsed_s"]
-        steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+        steps = [row["step"] for row in metrics_rows(out)]
         return Stopped(launched, seconds, leftovers(nodes, tiny), last, spent, steps, (out / "final").exists())
 
     try:
@@ -467,8 +468,7 @@ def test_the_resumed_run_holds_the_uninterrupted_runs_state_at_its_last_checkpoi
     a, b = full / "checkpoints" / step, out / "checkpoints" / step
     keys = ("reward/mean", "train/loss", "train/kl", "train/entropy", "train/grad_norm", "policy_tokens",
             "eval/execution_accuracy")
-    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][:killed.last + 1]
-            for run in (full, out)]
+    rows = [metrics_rows(run)[:killed.last + 1] for run in (full, out)]
     assert [r["step"] for r in rows[1]] == list(range(killed.last + 1))
     differ = [(r["step"], k, r[k], again.get(k)) for r, again in zip(*rows, strict=True) for k in keys
               if k in r and again.get(k) != pytest.approx(r[k], rel=1e-5, abs=1e-7)]
