@@ -19,6 +19,13 @@ Threads come from two lanes:
   work, and a read-only query gives the same answer twice). Work that does not take a budget
   (a schema's first load: cheap by kind) runs in the express lane to its end.
 
+  A try stopped at its budget before its thread had `PROBE_MIN_CPU_S` of CPU was starved, not
+  slow: on a machine whose cores ~50 busy threads share, a `count(*)` that needs ~1 ms of CPU got
+  0.4 ms in 0.33 s, was sent to the main lane behind 68 slow calls and answered "timeout". Such a
+  try runs again at once on its express slot (its tries' CPU counted together), up to
+  `PROBE_TRIES` tries. Where a thread's CPU time cannot be read (macOS, for a try the watchdog
+  gave up on), the try counts as slow.
+
 A watchdog answers for a call whose thread is still running `WATCHDOG_GRACE_S` past its limit
 (SQLite stuck inside one operation, or a starved machine): `run` returns None. A call that got no
 thread within twice the limit gets None too, and its work never starts. What happens to a thread
@@ -76,6 +83,13 @@ EXPRESS_THREADS = 16
 #: Time limit (s) of a try in the express lane. A Spider-sized query needs a few ms of CPU; with
 #: ~40 threads sharing the cores it still gets that within this much wall time.
 PROBE_S = 0.25
+#: CPU time (s) a try's thread must have had before running out of its budget counts as slow:
+#: a `count(*)` on Spider's singer table needs 0.3-1.2 ms of it, call and answer included; a
+#: runaway query got 2-12 ms in a 0.25 s try beside 48 busy threads and 10 busy processes on 2
+#: cores. (5 ms retried more runaway tries: a cheap call behind them waited 0.51 s, not 0.35.)
+PROBE_MIN_CPU_S = 0.002
+#: Tries of a starved call on its express slot, at most, before it waits for the main lane.
+PROBE_TRIES = 4
 #: Seconds past a call's limit after which the watchdog answers itself. The query's own deadline
 #: check normally answers first; on a starved machine the worker thread may not run for a while.
 WATCHDOG_GRACE_S = 0.05
@@ -99,6 +113,11 @@ def limit_under_client(default_s: float) -> float:
     return SHARE_OF_CLIENT_DEADLINE * client_s
 
 
+#: Whether another thread's CPU time can be read (Linux, the BSDs; not macOS): a try the watchdog
+#: gave up on counts as slow where it cannot.
+_CPU_CLOCK_OF_THREAD = hasattr(time, "pthread_getcpuclockid")
+
+
 class Abandoned(BaseException):
     """Raised inside a call's thread once the watchdog has answered for it (`stop_abandoned`). A
     BaseException, so that a tool's `except Exception` does not swallow it."""
@@ -119,6 +138,17 @@ class _Stoppable:
         self._lock = threading.Lock()
         self._ident: int | None = None
         self._abandoned = False
+        self.clock: int | None = None  # the thread's CPU clock, where the platform names it
+
+    def cpu_since(self, start: float) -> float | None:
+        """CPU time the thread has had since its clock read `start`; None where unknown (no
+        per-thread clock on this platform, or the thread has just ended)."""
+        if self.clock is None:
+            return None
+        try:
+            return time.clock_gettime(self.clock) - start
+        except OSError:
+            return None
 
     def enter(self) -> None:
         with self._lock:
@@ -175,10 +205,12 @@ class _Slots:
 
 
 class _Answer(Generic[R]):
-    """What a try in the express lane came to: a value or an exception to re-raise."""
+    """What an attempt came to: a value or an exception to re-raise, and the CPU time its thread
+    had (None: unknown, or it never started)."""
 
-    def __init__(self, value: R | None = None, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
+    def __init__(self, value: R | None = None, error: BaseException | None = None,
+                 cpu_s: float | None = None) -> None:
+        self.value, self.error, self.cpu_s = value, error, cpu_s
 
     def too_slow(self) -> bool:
         """Whether the try ran out of its budget (the watchdog's None, or the query's timeout)."""
@@ -196,9 +228,10 @@ class CallLanes:
 
     def __init__(self, timeout_s: float, *, main_threads: int = MAX_QUERY_THREADS,
                  express_threads: int = EXPRESS_THREADS, probe_s: float = PROBE_S,
-                 stop_abandoned: bool = False) -> None:
+                 probe_min_cpu_s: float = PROBE_MIN_CPU_S, stop_abandoned: bool = False) -> None:
         self.timeout_s = timeout_s
         self.probe_s = probe_s
+        self.probe_min_cpu_s = probe_min_cpu_s
         self.stop_abandoned = stop_abandoned  # module docstring
         self.stopped = 0  # threads the watchdog stopped (stop_abandoned)
         self._main = _Slots(main_threads, newest_first=False)
@@ -206,6 +239,7 @@ class CallLanes:
         self._threads: anyio.CapacityLimiter | None = None  # anyio's own cap, above ours: never waits
         self.express_answers = 0  # calls answered from the express lane
         self.express_retries = 0  # tries there that ran out of budget and went to the main lane
+        self.starved_tries = 0  # tries there that ran out of budget starved, and ran again (PROBE_MIN_CPU_S)
 
     async def run(self, work: Callable[[float], R], *, takes_budget: bool = True) -> R | None:
         """`work(limit)` on a worker thread; None if the watchdog gave up on it (module docstring).
@@ -223,7 +257,7 @@ class CallLanes:
             if answer is not None:
                 return answer.get()
         try:
-            return await self._attempt(work, self.timeout_s, give_up_at)
+            return (await self._attempt(work, self.timeout_s, give_up_at)).get()
         finally:
             self._main.give_back()
 
@@ -247,27 +281,32 @@ class CallLanes:
 
         async def try_express() -> None:
             nonlocal trying
+            answer: _Answer[R] | None = None
             with express_scope:
                 await self._express.take()
                 try:
-                    if have_main:
-                        return
-                    trying = True
-                    try:
-                        value = await self._attempt(work, budget, give_up_at)
-                    except Exception as exc:  # noqa: BLE001 - the caller's to handle
-                        answers.append(_Answer(error=exc))
-                    else:
-                        answers.append(_Answer(value))
+                    cpu_s = 0.0
+                    for tries in range(1, PROBE_TRIES + 1):
+                        if have_main:
+                            return
+                        trying = True
+                        answer = await self._attempt(work, budget, give_up_at)
+                        trying = False
+                        if not (takes_budget and answer.too_slow()):
+                            break
+                        cpu_s += answer.cpu_s if answer.cpu_s is not None else math.inf
+                        if cpu_s >= self.probe_min_cpu_s or tries == PROBE_TRIES:
+                            break
+                        self.starved_tries += 1  # starved, not slow: again, on this slot
                 finally:
                     trying = False
                     self._express.give_back()
-            if not answers:  # the main lane came first
+            if answer is None:  # the main lane came first
                 return
-            if takes_budget and answers[0].too_slow():
-                answers.clear()  # the main lane runs it again, with the whole limit
-                self.express_retries += 1
+            if takes_budget and answer.too_slow():
+                self.express_retries += 1  # the main lane runs it again, with the whole limit
             else:
+                answers.append(answer)
                 self.express_answers += 1
                 main_scope.cancel()
 
@@ -287,12 +326,13 @@ class CallLanes:
             return answers[0]
         return None if have_main else _Answer(None)
 
-    async def _attempt(self, work: Callable[[float], R], limit: float, give_up_at: float) -> R | None:
-        """`work(limit)` on a worker thread; None once it runs `WATCHDOG_GRACE_S` past `limit`
-        from its thread's start, or has not started by `give_up_at` (the thread is left behind,
-        or stopped: `stop_abandoned`)."""
+    async def _attempt(self, work: Callable[[float], R], limit: float, give_up_at: float) -> _Answer[R]:
+        """`work(limit)` on a worker thread; the value None once it runs `WATCHDOG_GRACE_S` past
+        `limit` from its thread's start, or has not started by `give_up_at` (the thread is left
+        behind, or stopped: `stop_abandoned`). With the CPU time its thread had."""
         started: list[float] = []
         outcome: list[_Answer[R]] = []
+        cpu: list[float] = []  # the thread's CPU clock at the start, then the CPU time it had
         done = anyio.Event()
         thread = _Stoppable()
 
@@ -300,9 +340,13 @@ class CallLanes:
             if self.stop_abandoned:
                 thread.enter()
             started.append(time.monotonic())
+            cpu.append(time.thread_time())
+            if _CPU_CLOCK_OF_THREAD:
+                thread.clock = time.pthread_getcpuclockid(threading.get_ident())
             try:
                 return work(limit)
             finally:
+                cpu.append(time.thread_time() - cpu[0])
                 if self.stop_abandoned:
                     thread.leave()
 
@@ -323,14 +367,21 @@ class CallLanes:
                 end = started[0] + limit + WATCHDOG_GRACE_S if started else min(give_up_at, now + QUEUE_POLL_S)
                 if now >= end and (started or now >= give_up_at):
                     tg.cancel_scope.cancel()  # abandoned: the thread finishes on its own, or
-                    if self.stop_abandoned:  # is stopped (or never starts its work)
+                    if len(cpu) == 1:  # is stopped (or never starts its work)
+                        cpu.append(thread.cpu_since(cpu[0]))  # what it had so far
+                    if self.stop_abandoned:
                         thread.stop()
                         self.stopped += 1
                     break
                 with anyio.move_on_after(max(0.0, end - now)):
                     await done.wait()
-        return outcome[0].get() if outcome else None
+        cpu_s = cpu[1] if len(cpu) > 1 else None
+        if outcome:
+            outcome[0].cpu_s = cpu_s
+            return outcome[0]
+        return _Answer(cpu_s=cpu_s)
 
 
-__all__ = ["CLIENT_DEADLINE_ENV_VAR", "Abandoned", "EXPRESS_THREADS", "MAX_QUERY_THREADS", "PROBE_S", "SHARE_OF_CLIENT_DEADLINE",
+__all__ = ["CLIENT_DEADLINE_ENV_VAR", "Abandoned", "EXPRESS_THREADS", "MAX_QUERY_THREADS", "PROBE_MIN_CPU_S", "PROBE_S",
+           "PROBE_TRIES", "SHARE_OF_CLIENT_DEADLINE",
            "CallLanes", "limit_under_client"]

@@ -64,7 +64,7 @@ async def behind_slow(lanes: CallLanes, slow: int, work: Callable[[float], str],
 
 @pytest.mark.parametrize("express", [1, 0], ids=["express", "main_lane_only"])
 async def test_a_cheap_call_does_not_wait_for_slow_ones(express: int) -> None:
-    lanes = CallLanes(1.0, main_threads=2, express_threads=express, probe_s=0.1)
+    lanes = CallLanes(1.0, main_threads=2, express_threads=express, probe_s=0.1, probe_min_cpu_s=0.0)
     answer, order = await behind_slow(lanes, 3, sleeper(0.0))
     assert answer == "done"
     if express:  # answered from the express lane while every main thread was busy
@@ -74,8 +74,9 @@ async def test_a_cheap_call_does_not_wait_for_slow_ones(express: int) -> None:
 
 
 async def test_a_call_too_slow_for_the_express_lane_keeps_its_whole_limit() -> None:
-    """Tried with the 0.1 s budget, it runs again in the main lane with the whole 1 s, and answers."""
-    lanes = CallLanes(1.0, main_threads=1, express_threads=1, probe_s=0.1)
+    """Tried with the 0.1 s budget, it runs again in the main lane with the whole 1 s, and answers.
+    (Sleeping work has no CPU: `probe_min_cpu_s=0` counts its try as slow, not starved.)"""
+    lanes = CallLanes(1.0, main_threads=1, express_threads=1, probe_s=0.1, probe_min_cpu_s=0.0)
     limits: list[float] = []
     answer, order = await behind_slow(lanes, 1, sleeper(0.3, limits))
     assert answer == "done" and limits == [0.1, 1.0] and order == ["slow", "it"]
@@ -88,6 +89,60 @@ async def test_work_without_a_budget_runs_in_the_express_lane_to_its_end() -> No
     limits: list[float] = []
     answer, order = await behind_slow(lanes, 1, sleeper(0.3, limits), takes_budget=False)
     assert answer == "done" and limits == [1.0] and order == ["it", "slow"]
+
+
+def starved_once(limits: list[float], *, raises: bool) -> Callable[[float], str]:
+    """Cheap work whose first try was starved: its thread slept past the budget with no CPU, and
+    stopped at the query's deadline (`raises`) or was left to the watchdog; later tries answer."""
+
+    def work(limit: float) -> str:
+        limits.append(limit)
+        if len(limits) == 1:
+            time.sleep(limit + (0 if raises else 0.2))
+            if raises:
+                raise SandboxError("timeout: query ran longer than its limit", kind="timeout")
+        return "done"
+
+    return work
+
+
+def burning_once(limits: list[float]) -> Callable[[float], str]:
+    """Work whose first try spends 20 ms of its thread's CPU, then blocks past its limit (SQLite
+    inside one long operation): the watchdog gives up on it. Later tries answer."""
+
+    def work(limit: float) -> str:
+        limits.append(limit)
+        if len(limits) == 1:
+            start = time.thread_time()
+            while time.thread_time() - start < 0.02:
+                pass
+            time.sleep(limit + 0.2)
+        return "done"
+
+    return work
+
+
+@pytest.mark.parametrize("raises", [True, False], ids=["stopped_at_its_deadline", "given_up_by_the_watchdog"])
+async def test_a_starved_try_runs_again_in_the_express_lane(raises: bool) -> None:
+    """A try that ran out of its budget with under `probe_min_cpu_s` of CPU was starved (a busy
+    machine), not slow: it runs again at once on its express slot and is answered there, before
+    the slow call holding the main lane ends (CI: a `count(*)` starved this way went to the main
+    lane behind 68 slow calls and was answered "timeout")."""
+    lanes = CallLanes(1.0, main_threads=1, express_threads=1, probe_s=0.1, probe_min_cpu_s=0.01)
+    limits: list[float] = []
+    answer, order = await behind_slow(lanes, 1, starved_once(limits, raises=raises))
+    assert answer == "done" and limits == [0.1, 0.1] and order == ["it", "slow"]
+    assert lanes.starved_tries == 1 and lanes.express_answers == 1 and lanes.express_retries == 0
+
+
+async def test_a_try_that_had_the_cpu_is_slow_even_when_the_watchdog_gave_up_on_it() -> None:
+    """The CPU of a thread the watchdog left behind is read from outside: 20 ms, over
+    `probe_min_cpu_s`, so the call goes to the main lane with its whole limit."""
+    lanes = CallLanes(1.0, main_threads=1, express_threads=1, probe_s=0.1, probe_min_cpu_s=0.005)
+    limits: list[float] = []
+    answer, order = await behind_slow(lanes, 1, burning_once(limits))
+    assert answer == "done" and limits == [0.1, 1.0] and order == ["slow", "it"]
+    assert lanes.starved_tries == 0 and lanes.express_retries == 1
 
 
 def beating(beats: list[float], quit_: threading.Event) -> Callable[[float], str]:
