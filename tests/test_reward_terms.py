@@ -142,6 +142,21 @@ def test_an_only_when_wrong_term_of_your_own_counts_only_for_wrong_answers() -> 
     assert "0.5 x near_miss_bonus (only when the answer is wrong)) / 1" in rubric.describe()
 
 
+def test_the_builtin_literals_term_counts_the_gold_constants_of_wrong_answers_only() -> None:
+    """`literals`: a wrong answer that states the question's constant ('Thriller') earns its weight;
+    one with another constant earns nothing; a correct answer's total stays 1 (only when wrong)."""
+    with_literals, without = _rubric(*DEFAULTS, ("literals", 0.2)), _rubric(*DEFAULTS)
+    assert with_literals.normaliser == without.normaliser == pytest.approx(1.15)
+    other_columns = "SELECT title FROM books WHERE genre = 'Thriller'"  # wrong, the right constant
+    for answer, literals in ((other_columns, 1.0), (WRONG, 0.0), (GOLD, 1.0)):
+        episode = Episode(answer, GOLD, LIBRARY, format_ok=True)
+        got, base = with_literals.score(episode), without.score(episode)
+        assert got.terms["literals"] == literals, answer
+        counted = 0.0 if got.solved else 0.2 * literals / 1.15
+        assert got.total == pytest.approx(base.total + counted), answer
+    assert with_literals.score(Episode(GOLD, GOLD, LIBRARY, format_ok=True)).total == 1.0
+
+
 def test_every_term_reads_one_shared_execution_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real = rubric_module.compare_execution

@@ -19,6 +19,7 @@ from skyrl_tool_agent.rewards import (
     Rubric,
     exact_match,
     execution_match,
+    literal_match,
     partial_credit,
     score_answer,
     sql_components,
@@ -152,6 +153,16 @@ def test_partial_credit_orders_near_misses() -> None:
     assert scores[0] == 1.0
     assert scores[0] > scores[1] > scores[2] > scores[3] > scores[4] == 0.0
     assert partial_credit(GOLD, GOLD) == 1.0
+
+
+def test_literal_match_is_the_f1_of_the_literals_as_written() -> None:
+    gold = "SELECT count(*) FROM visits WHERE doctor = 'Dr. Jonas Baker' AND year > 1970"
+    assert literal_match(gold, gold) == 1.0
+    assert literal_match(gold.replace("Jonas", "Tara"), gold) == 0.5  # one of two constants
+    assert literal_match(gold.replace("1970", "'1970'"), gold) == 0.5  # a string is not the number
+    assert literal_match("SELECT count(*) FROM visits", gold) == 0.0  # the constants left out
+    assert literal_match("SELECT name FROM t", "SELECT age FROM t") == 1.0  # no constant to state
+    assert literal_match("SELEC garbage", gold) == 0.0 and literal_match(gold, "SELEC garbage") == 0.0
 
 
 def test_partial_credit_is_bounded_and_total_on_garbage() -> None:

@@ -147,10 +147,11 @@ class RewardTermConfig(Section):
 
     name: str = knob(
         ...,
-        "Term name (built-in: execution, format, syntax, partial), logged as reward/<name>. execution = "
-        "the answer returns the gold query's result; format = every turn parsed and there is one "
-        "final answer; syntax = the answer is valid SQL; partial = structural overlap with the gold "
-        "query, counted only when the answer is wrong (skyrl_tool_agent.rewards.terms). Any other "
+        "Term name (built-in: execution, format, syntax, partial, literals), logged as reward/<name>. "
+        "execution = the answer returns the gold query's result; format = every turn parsed and there "
+        "is one final answer; syntax = the answer is valid SQL; partial = structural overlap with the "
+        "gold query; literals = the answer's constants against the gold query's; partial and literals "
+        "count only when the answer is wrong (skyrl_tool_agent.rewards.terms). Any other "
         "name is a term of your own and needs `function`.",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
     )

@@ -2,7 +2,7 @@
 
 `Rubric` combines the terms (see `rubric`; the built-in terms and your own: `terms`);
 `execution_match` / `results_match` implement Spider execution-accuracy semantics (see
-`execution`); `partial_credit`, `exact_match`, `sql_is_valid` and `sql_components` are
+`execution`); `partial_credit`, `literal_match`, `exact_match`, `sql_is_valid` and `sql_components` are
 database-free structural measures (see `partial`).
 """
 
@@ -16,7 +16,7 @@ from skyrl_tool_agent.rewards.execution import (
     results_match,
 )
 from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
-from skyrl_tool_agent.rewards.partial import exact_match, partial_credit, sql_components, sql_is_valid
+from skyrl_tool_agent.rewards.partial import exact_match, literal_match, partial_credit, sql_components, sql_is_valid
 from skyrl_tool_agent.rewards.rubric import RewardBreakdown, Rubric, Term, score_answer
 from skyrl_tool_agent.rewards.terms import Episode, reward_term
 
@@ -33,6 +33,7 @@ __all__ = [
     "exact_match",
     "execution_match",
     "gold_order_matters",
+    "literal_match",
     "partial_credit",
     "results_match",
     "reward_term",

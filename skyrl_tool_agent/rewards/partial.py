@@ -1,4 +1,5 @@
-"""Structural rewards that need no database: syntax validity, exact match, partial credit.
+"""Structural rewards that need no database: syntax validity, exact match, partial credit, and
+the literals' match.
 
 ``partial_credit`` compares the *components* of two queries (see ``sql_components``) as sets and
 averages the per-component F1 over the components that occur in either query. Components are
@@ -11,6 +12,7 @@ literals, grouping, ordering or limits do.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from sqlglot import exp
 
@@ -18,7 +20,7 @@ from skyrl_tool_agent.rewards.sqlnorm import normalise, normalised_sql, parse_qu
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["COMPONENTS", "exact_match", "partial_credit", "sql_components", "sql_is_valid"]
+__all__ = ["COMPONENTS", "exact_match", "literal_match", "partial_credit", "sql_components", "sql_is_valid"]
 
 #: The component names ``sql_components`` returns, in a fixed order.
 COMPONENTS: tuple[str, ...] = (
@@ -161,3 +163,22 @@ def partial_credit(pred_sql: str, gold_sql: str) -> float:
     if not scores:  # nothing to compare (cannot happen for a query with a SELECT list)
         return 1.0 if normalised_sql(pred_sql) == normalised_sql(gold_sql) else 0.0
     return sum(scores) / len(scores)
+
+
+def _literals(tree: exp.Expression) -> Counter[str]:
+    """The query's literal values, strings quoted (`'1970'` and `1970` differ, as in SQLite)."""
+    return Counter(f"'{lit.this}'" if lit.is_string else str(lit.this) for lit in tree.find_all(exp.Literal))
+
+
+def literal_match(pred_sql: str, gold_sql: str) -> float:
+    """F1 in [0, 1] between the two queries' literals, as multisets: whether the answer wrote the
+    constants the question states (most of the shipped start's wrong answers differ from the gold
+    query by one literal only). 1.0 when neither has a literal; 0.0 when either is not a valid query."""
+    pred, gold = parse_query(pred_sql), parse_query(gold_sql)
+    if pred is None or gold is None:
+        return 0.0
+    pred_literals, gold_literals = _literals(pred), _literals(gold)
+    if not pred_literals and not gold_literals:
+        return 1.0
+    both = sum((pred_literals & gold_literals).values())
+    return 2.0 * both / (sum(pred_literals.values()) + sum(gold_literals.values()))

@@ -10,7 +10,10 @@ A term is a function ``(episode: Episode) -> float``. The built-in terms (each i
   it (SQLite is the final authority where sqlglot's grammar falls short);
 * ``partial`` -- structural similarity to the gold query (``partial.partial_credit``); declared
   ``only_when_wrong``: it counts only when the answer is wrong, so a correct answer never earns
-  less than a near miss. A correct answer reports 1.0 without computing it (the hot path).
+  less than a near miss. A correct answer reports 1.0 without computing it (the hot path);
+* ``literals`` -- the F1 of the answer's literals against the gold query's
+  (``partial.literal_match``): the constants the question states, written as stated. Declared
+  ``only_when_wrong`` like ``partial``; not in the default reward.
 
 Another task family's verifier is a term of its own, its ``verdict_term`` (1 = solved). Every
 built-in term is 0 without an answer. Your own term is any function of an `Episode`
@@ -28,7 +31,7 @@ from typing import Any, TypeVar
 from skyrl_tool_agent.config.env import DEFAULT_TERMS
 from skyrl_tool_agent.config.user_code import load_module
 from skyrl_tool_agent.rewards.execution import ExecutionComparison
-from skyrl_tool_agent.rewards.partial import partial_credit, sql_is_valid
+from skyrl_tool_agent.rewards.partial import literal_match, partial_credit, sql_is_valid
 
 __all__ = ["BUILTIN_TERMS", "DEFAULT_TERMS", "Episode", "TermFn", "is_only_when_wrong", "load_term_function",
            "resolve_term", "reward_term"]
@@ -115,9 +118,17 @@ def _partial(episode: Episode) -> float:
     return 1.0 if episode.correct else partial_credit(episode.answer or "", episode.gold_sql)
 
 
+@reward_term(only_when_wrong=True)
+def _literals(episode: Episode) -> float:
+    if not episode.answered:
+        return 0.0
+    return 1.0 if episode.correct else literal_match(episode.answer or "", episode.gold_sql)
+
+
 #: The built-in terms by name (module docstring): the one list of their names and of which count
 #: only when the answer is wrong (``partial``, by its decorator).
-BUILTIN_TERMS: dict[str, TermFn] = {"execution": _execution, "format": _format, "syntax": _syntax, "partial": _partial}
+BUILTIN_TERMS: dict[str, TermFn] = {"execution": _execution, "format": _format, "syntax": _syntax, "partial": _partial,
+                                   "literals": _literals}
 
 
 def load_term_function(target: str) -> TermFn:
