@@ -1,7 +1,7 @@
 """Cheap-call latency beside slow queries: does a SQLite MCP server stay responsive under load?
 
     python benchmarks/bench_sandbox_load.py [--servers 1] [--slow 8 32 64] [--duration S] [--reps R]
-                                            [--timeout-s T] [--json-out FILE]
+                                            [--timeout-s T] [--busy N] [--json-out FILE]
 
 For each number of server processes (`MCPClientPool(sessions_per_server=n)`, calls round-robin
 over the processes) and each load, one task sends cheap `execute_sql` calls back to back for
@@ -11,7 +11,9 @@ thread and a core for `--timeout-s`). Loads: `idle` (no slow queries) and, for e
 N slow calls on servers with the express lane (`call_lanes`, the default) and without it
 (`--express-threads 0`: every call waits for one of the 32 main threads, the behaviour before
 issue 28's finding 7: behind 32-64 slow calls a `count(*)` waited up to the whole timeout). Cells
-are interleaved within each repetition and the table shows medians over repetitions.
+are interleaved within each repetition and the table shows medians over repetitions. `--busy N`
+runs N busy-loop processes beside it all (a machine shared with other work: session 27's cheap
+call, starved of CPU in its express try, answered "timeout"; the `errors` column counts them).
 
 Then, on a server of its own (query timeout `MEMORY_TIMEOUT_S`, the default 256 MB cap), the
 server's RSS before, at the peak of (VmHWM) and after one large window-function query that fits
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import sys
 import tempfile
 import time
@@ -186,9 +189,16 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of cheap calls per cell")
     parser.add_argument("--timeout-s", type=float, default=2.0, help="the servers' query timeout")
     add_common_args(parser, "bench_sandbox_load", reps=3, warmup=0)
+    parser.add_argument("--busy", type=int, default=0, help="busy-loop processes running beside the benchmark")
     args = parser.parse_args()
     info = machine_info()
-    results = asyncio.run(run(args))
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        results = asyncio.run(run(args))
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
     info_after = machine_info()
     rows = []
     for n in args.servers:
