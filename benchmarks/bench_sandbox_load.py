@@ -1,7 +1,7 @@
 """Cheap-call latency beside slow queries: does a SQLite MCP server stay responsive under load?
 
     python benchmarks/bench_sandbox_load.py [--servers 1] [--slow 8 32 64] [--duration S] [--reps R]
-                                            [--timeout-s T] [--busy N] [--json-out FILE]
+                                            [--timeout-s T] [--busy N] [--flood R] [--json-out FILE]
 
 For each number of server processes (`MCPClientPool(sessions_per_server=n)`, calls round-robin
 over the processes) and each load, one task sends cheap `execute_sql` calls back to back for
@@ -14,6 +14,9 @@ issue 28's finding 7: behind 32-64 slow calls a `count(*)` waited up to the whol
 are interleaved within each repetition and the table shows medians over repetitions. `--busy N`
 runs N busy-loop processes beside it all (a machine shared with other work: session 27's cheap
 call, starved of CPU in its express try, answered "timeout"; the `errors` column counts them).
+`--flood R`: then, R times on the express server, the largest `--slow` number of slow calls sent
+at once and one cheap call 0.3 s later (the scenario of `tests/test_server_lanes.py`'s real-server
+test): its wait, and how many of the R were answered with an error.
 
 Then, on a server of its own (query timeout `MEMORY_TIMEOUT_S`, the default 256 MB cap), the
 server's RSS before, at the peak of (VmHWM) and after one large window-function query that fits
@@ -105,6 +108,23 @@ async def measure(pool: MCPClientPool, load: int, args: argparse.Namespace) -> d
     }
 
 
+async def measure_floods(pool: MCPClientPool, load: int, floods: int) -> dict[str, Any]:
+    """`floods` times: `load` slow calls at once, then one cheap call 0.3 s later; its waits (s)."""
+    waits: list[float] = []
+    errors = 0
+    for _ in range(floods):
+        slow = [asyncio.create_task(pool.call_tool("execute_sql", {"sql": SLOW_QUERIES[k % len(SLOW_QUERIES)]}))
+                for k in range(load)]
+        await asyncio.sleep(0.3)
+        t0 = time.perf_counter()
+        result = await pool.call_tool("execute_sql", {"sql": queries(1)[0]})
+        waits.append(time.perf_counter() - t0)
+        errors += bool(result.is_error)
+        await asyncio.gather(*slow)
+    return {"floods": floods, "slow_calls": load, "errors": errors, "waits_s": waits,
+            "p50_s": pct(waits, 0.5), "max_s": max(waits)}
+
+
 def _vm_mib(pid: int, field: str) -> float:
     """VmRSS (now) or VmHWM (peak since /proc/<pid>/clear_refs was last told 5) of a process, in MiB."""
     text = Path(f"/proc/{pid}/status").read_text()
@@ -167,6 +187,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     if rep >= args.warmup:
                         runs[cell].append(result)
                         console.log(f"rep {rep - args.warmup}: {cell}: {result}")
+            flood = (await measure_floods(pools[(args.servers[0], "express")], max(args.slow), args.flood)
+                     if args.flood else None)
         finally:
             for pool in pools.values():
                 await pool.close()
@@ -178,6 +200,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 cell[key] = samples.median
                 cell[f"{key}_all"] = samples.values
             out[f"{n}_{lanes}_{load}"] = cell
+        if flood is not None:
+            out["flood"] = flood
         out["memory"] = await measure_memory(_spec(db, MEMORY_TIMEOUT_S))
     return out
 
@@ -190,6 +214,7 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=2.0, help="the servers' query timeout")
     add_common_args(parser, "bench_sandbox_load", reps=3, warmup=0)
     parser.add_argument("--busy", type=int, default=0, help="busy-loop processes running beside the benchmark")
+    parser.add_argument("--flood", type=int, default=0, help="floods of slow calls, each with one cheap call behind")
     args = parser.parse_args()
     info = machine_info()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
@@ -215,6 +240,10 @@ def main() -> None:
         rows,
         caption=f"{load_note(info)} before, {info_after['load_average'][0]:g} after",
     )
+    if "flood" in results:
+        f = results["flood"]
+        console.print(f"{f['floods']} floods of {f['slow_calls']} slow calls, a cheap call 0.3 s behind each: answered with "
+                      f"an error {f['errors']} times; its wait median {f['p50_s']:.2f} s, longest {f['max_s']:.2f} s")
     for name, mem in results["memory"].items():
         console.print(
             f"server RSS around one large window query ({name}): {mem['rss_before_mib']:.0f} MiB before, "
