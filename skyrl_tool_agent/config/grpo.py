@@ -134,7 +134,11 @@ class GRPOConfig(Section):
     kl_estimator: KLEstimator = knob(
         "k3", "KL estimator (Schulman's k1/k2/k3; k3 is unbiased and non-negative)."
     )
-    entropy_coef: float = knob(0.0, "Weight of the entropy bonus.", ge=0)
+    entropy_coef: float = knob(
+        0.0,
+        "Weight of the entropy bonus: > 0 rewards entropy (exploration); < 0 minimises it "
+        "(sharpening, as verl's entropy_coeff does with a negative sign).",
+    )
     advantage_estimator: AdvantageEstimator = knob(
         "grpo",
         "Group advantage. grpo = (r - mean) / std; dr_grpo = r - mean (no std: no difficulty "
