@@ -19,7 +19,7 @@ import pytest
 
 from skyrl_tool_agent.config import EnvConfig
 from skyrl_tool_agent.data.tasks import Task
-from skyrl_tool_agent.env.chat_format import format_answer
+from skyrl_tool_agent.env.chat_format import format_answer, format_tool_call
 from skyrl_tool_agent.env.pools import EnvRuntime
 from skyrl_tool_agent.eval.anatomy import (
     CATEGORIES,
@@ -34,7 +34,7 @@ from skyrl_tool_agent.eval.compare import anatomy_comparison
 from skyrl_tool_agent.eval.evaluate import EvalOptions, run_evaluation
 from skyrl_tool_agent.reports.evaluation import OutputPaths, write_outputs
 from skyrl_tool_agent.eval.metrics import eval_metrics
-from skyrl_tool_agent.rollout.agents import Agent, AgentTurn
+from skyrl_tool_agent.rollout.agents import Agent, AgentTurn, ScriptedAgent
 from skyrl_tool_agent.rollout.collector import CollectorSettings
 from skyrl_tool_agent.rollout.trajectory import EpisodeResult
 from tests.conftest import BUILTIN_DATA
@@ -102,8 +102,50 @@ def test_the_same_column_name_of_the_other_table_is_a_wrong_column(runner: Predi
 
 
 def test_every_category_is_covered() -> None:
-    covered = {c for _, _, c in CASES} | {"no_answer", "tool_misuse"}
+    covered = {c for _, _, c in CASES} | {"no_answer", "tool_misuse", "retyped"}  # retyped: the test below
     assert covered == set(CATEGORIES)
+
+
+def test_an_answer_other_than_the_right_query_it_ran_is_retyped(tmp_path: Path) -> None:
+    """The start's commonest slip on new databases: it runs the right query through the real MCP
+    server, then writes another as its answer. Only a tested query that returns gold's result makes
+    the answer `retyped`; the last query the server answered is the tested one."""
+    wrong = "SELECT flight_number FROM flights WHERE price > 330"
+    broken = "SELECT flight_number FROM flights WHERE price > 300 AND"
+    scripts = {  # task a-1 (gold: GOLD_PRICE), turn by turn
+        "ran gold, answered a wrong constant": [_run(GOLD_PRICE), format_answer(wrong)],
+        "ran gold, answered a broken query": [_run(GOLD_PRICE), format_answer(broken)],
+        "ran gold, then a failing query, answered wrong": [_run(GOLD_PRICE), _run("SELECT nope FROM flights"),
+                                                            format_answer(wrong)],
+        "ran a wrong query, answered another": [_run(wrong.replace("330", "310")), format_answer(wrong)],
+        "ran the wrong query it answered": [_run(wrong), format_answer(" " + wrong.lower() + ";")],
+        "ran gold, then the wrong one it answered": [_run(GOLD_PRICE), _run(wrong), format_answer(wrong)],
+        "ran gold, answered gold": [_run(GOLD_PRICE), format_answer(GOLD_PRICE)],
+    }
+    runtime = EnvRuntime(EnvConfig(), DB_ROOT)
+    try:
+        results = {name: run_evaluation(TASKS[:1], runtime, ScriptedAgent(lambda r, t=turns: t),
+                                        CollectorSettings(max_turns=4), EvalOptions()).records[0]["samples"][0]
+                   for name, turns in scripts.items()}
+    finally:
+        runtime.close()
+    assert {name: r["error_category"] for name, r in results.items()} == {
+        "ran gold, answered a wrong constant": "retyped",
+        "ran gold, answered a broken query": "retyped",
+        "ran gold, then a failing query, answered wrong": "retyped",
+        "ran a wrong query, answered another": "literal_only",
+        "ran the wrong query it answered": "literal_only",
+        "ran gold, then the wrong one it answered": "literal_only",
+        "ran gold, answered gold": None,
+    }
+    assert results["ran gold, then a failing query, answered wrong"]["last_query"] == GOLD_PRICE
+    assert results["ran gold, then the wrong one it answered"]["last_query"] == wrong
+    # without a database to run the tested query on, nothing is called retyped
+    assert PredictionRunner(None).tested_right("airline", GOLD_PRICE, wrong, GOLD_PRICE) is False
+
+
+def _run(sql: str) -> str:
+    return format_tool_call("execute_sql", {"sql": sql})
 
 
 def test_the_database_decides_what_sqlglot_cannot(runner: PredictionRunner) -> None:

@@ -154,9 +154,9 @@ def test_errors_a_server_reports_as_text_count_as_tool_errors(shop):
     server = {"name": "shop", "command": str(mcp_server_sqlite()), "args": ["--db-path", str(database)],
               "error_pattern": TEXT_ERRORS}
     config = load_config(overrides=[f"env.mcp_servers={json.dumps([server])}", "env.offered_tools=null",
-                                    "env.schema_in_prompt=false"]).env
+                                    "env.schema_in_prompt=false", MAP_SQL]).env
     bad = format_tool_call("read_query", {"query": "SELECT nope FROM customer"})
-    turns = [bad, format_tool_call("read_query", {"query": SHOP_TASKS[0].gold_sql}), format_answer(SHOP_TASKS[0].gold_sql)]
+    turns = [format_tool_call("read_query", {"query": SHOP_TASKS[0].gold_sql}), bad, format_answer(SHOP_TASKS[0].gold_sql)]
     runtime = EnvRuntime(config, db_root)
     try:
         run = run_evaluation(SHOP_TASKS[:1], runtime, ScriptedAgent(lambda r: turns), CollectorSettings(max_turns=4),
@@ -166,6 +166,8 @@ def test_errors_a_server_reports_as_text_count_as_tool_errors(shop):
     sample = run.records[0]["samples"][0]
     assert any("Database error: no such column: nope" in m["content"] for m in sample["messages"])
     assert (sample["tool_calls"], sample["tool_errors"]) == (2, 1), sample
+    # the query it tested: the mapped tool's argument, and not the call the server answered with an error
+    assert sample["last_query"] == SHOP_TASKS[0].gold_sql
     assert run.results["tool_error_rate"] == 0.5
 
 

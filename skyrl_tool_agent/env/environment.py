@@ -116,6 +116,8 @@ class MCPToolEnvironment(BaseTextEnv):
         self.system_prompt: str = system_prompt or default_prompt
         self.chat_history: ConversationType = []
         self.final_sql: str | None = None
+        #: The last query run with the family's execute tool that the server answered (not an error).
+        self.last_query: str | None = None
         self.done = False
         self.format_errors = 0
         self.tool_calls = 0
@@ -193,12 +195,24 @@ class MCPToolEnvironment(BaseTextEnv):
 
         self.tool_calls += len(results)
         self.tool_errors += sum(1 for _, is_error in results if is_error)
+        self._note_tested_query(plan.calls, results)
         observation = {"role": "user", "content": self._observation_text(plan.parsed.errors, [t for t, _ in results])}
         self.chat_history.append(observation)
         metadata["tool_errors"] = sum(1 for _, e in results if e)
         failed = bool(plan.parsed.errors) or (bool(results) and all(e for _, e in results))
         reward = -self.runtime.settings.shaping_penalty if failed else 0.0
         return BaseTextEnvStepOutput(observations=[observation], reward=reward, done=False, metadata=metadata)
+
+    def _note_tested_query(self, calls: Sequence[ToolCall], results: Sequence[tuple[str, bool]]) -> None:
+        """Remember the last query of this turn that the family's execute tool answered."""
+        if not self.family.uses_databases:
+            return
+        tool, renamed = self.runtime.family_call("execute_sql", {"sql": ""})  # the tool_map's names
+        (argument,) = renamed
+        for call, (_, is_error) in zip(calls, results, strict=True):
+            query = call.arguments.get(argument)
+            if call.name == tool and not is_error and isinstance(query, str):
+                self.last_query = query
 
     def _observation_text(self, errors: Sequence[str], results: Sequence[str]) -> str:
         """What the policy sees after a tool turn: format errors (valid calls of the same turn still

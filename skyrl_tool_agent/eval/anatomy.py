@@ -8,6 +8,10 @@ Every wrong SQL episode gets exactly one category, the first of this list that h
 ``tool_misuse``
     No final query, and the episode had a malformed tool call (format error) or a call the server
     refused (tool error): the agent lost its turns to the tools' protocol.
+``retyped``
+    The final query is not the last query the agent ran (``EpisodeResult.last_query``), and that
+    query returns gold's result: the agent tested a right query, then answered another. The error
+    is in writing the answer out again, whatever the answer then got wrong.
 ``not_executable``
     The final query does not parse as one SQLite query (sqlglot), or SQLite refuses it on the
     task's database (no such column, a syntax error sqlglot let through, a timeout, ...).
@@ -54,6 +58,8 @@ from sqlglot import exp
 from mcp_tools.sandbox import SandboxError
 from skyrl_tool_agent.data.databases import DatabaseRoot, UnservedDatabaseError
 from skyrl_tool_agent.eval.stats import NothingScored, PairedDelta, paired_bootstrap
+from skyrl_tool_agent.rewards.execution import GoldQueryError, compare_execution
+from skyrl_tool_agent.rewards.gold_cache import GoldResultCache
 from skyrl_tool_agent.rewards.limits import DEFAULT_TIMEOUT_S, database_fault, run_bounded
 from skyrl_tool_agent.rewards.sqlnorm import normalise, parse_query, render
 from skyrl_tool_agent.rollout.trajectory import EpisodeResult, Trajectory
@@ -78,6 +84,7 @@ __all__ = [
 LABELS: dict[str, str] = {
     "no_answer": "no answer",
     "tool_misuse": "tool misuse",
+    "retyped": "retyped (ran a right query, answered another)",
     "not_executable": "not executable",
     "literal_only": "literal only (wrong constant)",
     "wrong_table_or_join": "wrong table or join",
@@ -166,12 +173,23 @@ def _tables_and_joins(sql: str) -> tuple[frozenset[str], frozenset[str]] | None:
     return tables, frozenset(joins)
 
 
+def _same_query(a: str, b: str) -> bool:
+    """Whether two queries are one after normalisation (the text itself when one does not parse)."""
+    na, nb = _normalised(a), _normalised(b)
+    if na is None or nb is None:
+        return a.strip().rstrip(";").strip() == b.strip().rstrip(";").strip()
+    return render(na) == render(nb)
+
+
 def classify_answer(final_sql: str | None, gold_sql: str, run: PredictionRun | None = None, *,
-                    format_errors: int = 0, tool_errors: int = 0) -> str:
+                    format_errors: int = 0, tool_errors: int = 0, tested_right: bool = False) -> str:
     """The category of one wrong answer (module docstring); `run` None or `unknown`: not run, so
-    `not_executable` and `empty_result` rest on sqlglot alone."""
+    `not_executable` and `empty_result` rest on sqlglot alone. `tested_right`: the last query the
+    agent ran, another than `final_sql`, returns gold's result (`PredictionRunner.tested_right`)."""
     if final_sql is None:
         return "tool_misuse" if format_errors or tool_errors else "no_answer"
+    if tested_right:
+        return "retyped"
     ran = run is not None and not run.unknown
     if _normalised(final_sql) is None or (ran and run.rows is None):
         return "not_executable"
@@ -193,11 +211,28 @@ def classify_answer(final_sql: str | None, gold_sql: str, run: PredictionRun | N
 
 class PredictionRunner:
     """Runs final queries under `db_root`, memoised per (db_id, SQL); at most one row is fetched
-    (only whether it runs and returns a row matter)."""
+    (only whether it runs and returns a row matter). `tested_right` compares a tested query's
+    result with gold's, as the reward does."""
 
     def __init__(self, db_root: str | Path | None) -> None:
         self.databases = DatabaseRoot(Path(db_root)) if db_root is not None else None
         self._memo: dict[tuple[str, str], PredictionRun] = {}
+        self._tested: dict[tuple[str, str, str], bool] = {}
+        self._gold_cache = GoldResultCache()
+
+    def tested_right(self, db_id: str, tested: str | None, final_sql: str, gold_sql: str) -> bool:
+        """Whether `tested` (the last query the agent ran) is another query than `final_sql` and
+        returns gold's result; False when there is none or no database to run it on."""
+        if tested is None or self.databases is None or _same_query(tested, final_sql):
+            return False
+        key = (db_id, tested, gold_sql)
+        if key not in self._tested:
+            try:
+                path = self.databases.path(db_id)
+                self._tested[key] = compare_execution(tested, gold_sql, path, cache=self._gold_cache).match
+            except (UnservedDatabaseError, GoldQueryError):  # nothing to read it against
+                self._tested[key] = False
+        return self._tested[key]
 
     def run(self, db_id: str, sql: str | None) -> PredictionRun:
         if sql is None or self.databases is None:
@@ -226,9 +261,10 @@ def classify_episode(result: EpisodeResult, gold_sql: str, runner: PredictionRun
     """The category of one episode (None: solved or never scored)."""
     if result.done_reason == "error" or result.solved:
         return None
-    run = runner.run(result.db_id, result.final_sql) if result.final_sql is not None else None
-    return classify_answer(result.final_sql, gold_sql, run, format_errors=result.format_errors,
-                           tool_errors=result.tool_errors)
+    if result.final_sql is None:
+        return classify_answer(None, gold_sql, format_errors=result.format_errors, tool_errors=result.tool_errors)
+    return classify_answer(result.final_sql, gold_sql, runner.run(result.db_id, result.final_sql),
+                           tested_right=runner.tested_right(result.db_id, result.last_query, result.final_sql, gold_sql))
 
 
 def classify_episodes(trajectories: Sequence[Trajectory], gold_sql: Mapping[str, str],

@@ -313,6 +313,7 @@ class TrajectoryCollector:
             format_errors=env.format_errors,
             done_reason=metadata.get("done_reason", "max_turns"),
             final_sql=env.final_sql,
+            last_query=env.last_query,
             error=error,
         )
 

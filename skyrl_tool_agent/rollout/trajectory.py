@@ -22,6 +22,9 @@ class EpisodeResult:
     # "answer" | "max_turns" | "max_tokens" | "error" (infrastructure failure after retries)
     done_reason: str = "answer"
     final_sql: str | None = None
+    # The last query the agent ran with the family's execute tool that the server answered (SQL
+    # family): what it tested, against which the error anatomy reads its answer (`retyped`).
+    last_query: str | None = None
     error: str | None = None
     retries: int = 0
 
