@@ -215,6 +215,7 @@ def _update_worker(model_dir: str, out: str) -> None:
     trainer.save()  # the sharded checkpoint the test exports
     if ctx.is_main:
         (Path(out) / "stats.json").write_text(json.dumps({**stats, "layer0_calls": len(calls)}))
+    policy.release_rollout_engine()  # as a run ends (`jobs.run.open_run`): the sampler thread joined first
     ctx.close()
 
 

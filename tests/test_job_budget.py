@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 
@@ -113,8 +114,11 @@ def test_a_run_sizes_its_evaluations_and_evaluates_the_same_tasks_after(shop, tm
         "grpo.group_size": 2, "grpo.max_turns": 2, "grpo.max_new_tokens_per_turn": 16,
     }
     config = load_config(overrides=[f"{k}={v}" for k, v in sets.items()])
+    engines_before = {t for t in threading.enumerate() if t.name == "rollout-engine"}
     with caplog.at_level(logging.INFO, logger="skyrl_tool_agent"):
         summary = run_training(config)
+    # the run's rollout engine stopped with it: no sampler thread outlives the run
+    assert {t for t in threading.enumerate() if t.name == "rollout-engine"} <= engines_before
     text = caplog.text
     assert "main job: at most 0.1 min in all" in text and "up to 3 dev tasks" in text, text
     # The run shows its memory plan before the first step: episodes in flight and why, the update's tokens.

@@ -44,7 +44,8 @@ def open_run(config: Config, db_root: Path, *, policy_mode: str | None = None,
              grpo: GRPOParts | None = None) -> Iterator[Run]:
     """Start `config.env`'s MCP servers on `db_root`; then load a policy in `policy_mode`, or with
     `grpo` seed every RNG with `training.seed` (the same on every rank), build the trainer, resume
-    it and open its logger. On exit the logger finishes and the servers stop, however it ended."""
+    it and open its logger. On exit the policy's rollout engine stops (its thread joined), the logger
+    finishes and the servers stop, however it ended: nothing of the run outlives it."""
     from skyrl_tool_agent.env.pools import EnvRuntime
 
     with EnvRuntime(config.env, db_root) as runtime:
@@ -70,5 +71,7 @@ def open_run(config: Config, db_root: Path, *, policy_mode: str | None = None,
                 run.policy = QwenPolicy.from_config(config.model, mode=policy_mode)
             yield run
         finally:
+            if run.policy is not None:
+                run.policy.release_rollout_engine()
             if run.logger is not None:
                 run.logger.finish()
