@@ -118,6 +118,11 @@ class MCPToolEnvironment(BaseTextEnv):
         self.final_sql: str | None = None
         #: The last query run with the family's execute tool that the server answered (not an error).
         self.last_query: str | None = None
+        #: (tool, argument) that run a query under the tool map's names; None without databases.
+        self._execute_call: tuple[str, str] | None = None
+        if self.family.uses_databases:
+            tool, renamed = runtime.family_call("execute_sql", {"sql": ""})
+            self._execute_call = (tool, next(iter(renamed)))
         self.done = False
         self.format_errors = 0
         self.tool_calls = 0
@@ -205,10 +210,9 @@ class MCPToolEnvironment(BaseTextEnv):
 
     def _note_tested_query(self, calls: Sequence[ToolCall], results: Sequence[tuple[str, bool]]) -> None:
         """Remember the last query of this turn that the family's execute tool answered."""
-        if not self.family.uses_databases:
+        if self._execute_call is None:
             return
-        tool, renamed = self.runtime.family_call("execute_sql", {"sql": ""})  # the tool_map's names
-        (argument,) = renamed
+        tool, argument = self._execute_call
         for call, (_, is_error) in zip(calls, results, strict=True):
             query = call.arguments.get(argument)
             if call.name == tool and not is_error and isinstance(query, str):
