@@ -5,6 +5,7 @@
 #   SET=train bash scripts/gpu_check.sh       # build, lora_step, full_step
 #   SET=update bash scripts/gpu_check.sh      # build, update_today, update_profile, update_mixed
 #   SET=memory bash scripts/gpu_check.sh      # build, memory_plan, lora_step (issue 55: the plan on a GPU)
+#   SET=learning bash scripts/gpu_check.sh    # speedrun (issue 58: does a start built at the GPU's pace copy?)
 #   bash scripts/gpu_check.sh --plan          # print each set's stages and limits; run nothing
 #   STAGES="doctor bench" bash scripts/gpu_check.sh   # any stages, in the order below
 # Each stage runs under its own limit (printed with it; NAME_S=seconds overrides one), writing its log
@@ -25,6 +26,10 @@
 #   update_profile  where the profile's update time goes (benchmarks/profile_update.py, one micro-batch of
 #              8 x 6,144 tokens, each change alone: new, casts, logits, no_ckpt)
 #   update_mixed  passes by token budget vs by row count on 16 rows of lengths 768..6,144
+#   speedrun   `skyrl-tool-agent speedrun --minutes 8.5`: a 384 x 6 start built from nothing at the GPU's
+#              pace, GRPO beside continued SFT, dev greedy and avg@8 with the error anatomy of each
+#              (issue 58: the shipped 3.5M start retypes the query it ran in 56 of its 136 wrong dev
+#              answers, which no CPU lever moved; the start's `retyped` count is the figure to read)
 # Random weights never stop a turn and never earn a reward, so the 1.5B-shaped figures are a rollout's
 # worst case and say nothing about learning. A machine that cannot install the project from an index
 # may carry wheels in .whl/ with an .whl/on_gpu.sh that installs them and sets the environment:
@@ -45,13 +50,15 @@ declare -A LIMIT=(
   [doctor]=${DOCTOR_S:-200} [build]=${BUILD_S:-60} [check]=${CHECK_S:-90} [bench]=${BENCH_S:-170}
   [lora_step]=${LORA_S:-300} [full_step]=${FULL_S:-150} [memory_plan]=${MEMORY_S:-150}
   [update_today]=${TODAY_S:-75} [update_profile]=${PROFILE_S:-100} [update_mixed]=${MIXED_S:-60}
+  [speedrun]=${SPEEDRUN_S:-535}
 )
-ORDER="doctor build check bench memory_plan lora_step full_step update_today update_profile update_mixed"
+ORDER="doctor build check bench memory_plan lora_step full_step update_today update_profile update_mixed speedrun"
 declare -A SETS=(
   [default]="doctor build check bench"
   [train]="build lora_step full_step"
   [update]="build update_today update_profile update_mixed"
   [memory]="build memory_plan lora_step"
+  [learning]="speedrun"
 )
 
 plan() {  # the stages of $1 (a list of names) with their limits, and the sum
@@ -63,7 +70,7 @@ plan() {  # the stages of $1 (a list of names) with their limits, and the sum
   printf '= %s s of limits\n' "$total"
 }
 if [ "${1:-}" = "--plan" ]; then
-  for set in default train update memory; do
+  for set in default train update memory learning; do
     printf 'SET=%s: ' "$set"
     plan "${SETS[$set]}"
   done
@@ -71,7 +78,7 @@ if [ "${1:-}" = "--plan" ]; then
 fi
 SET=${SET:-default}
 if [ -z "${STAGES:-}" ] && [ -z "${SETS[$SET]+x}" ]; then
-  echo "error: SET=$SET is not a set (default, train, update, memory); or name stages with STAGES=\"...\"" >&2
+  echo "error: SET=$SET is not a set (default, train, update, memory, learning); or name stages with STAGES=\"...\"" >&2
   exit 2
 fi
 STAGES=${STAGES:-${SETS[$SET]}}
@@ -125,6 +132,9 @@ stage_full_step() {
 stage_update_today() {  # today's path: the same measurement on an earlier commit
   [ -f .old/benchmarks/profile_update.py ] || { echo "skipped: no .old/benchmarks/profile_update.py"; return 0; }
   "$PY" .old/benchmarks/profile_update.py --model "$MODEL_DIR" --out "$OUT/update_today.json"
+}
+stage_speedrun() {  # its own budget (8.5 min, from its start) inside the stage's limit
+  "$PY" -m skyrl_tool_agent.commands.main speedrun --minutes 8.5 --output-dir "$OUT/speedrun"
 }
 stage_update_profile() { "$PY" benchmarks/profile_update.py --model "$MODEL_DIR" --out "$OUT/update_new.json"; }
 stage_update_mixed() {

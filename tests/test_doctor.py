@@ -97,13 +97,13 @@ def test_gpu_check_sets_each_fit_one_lent_command_and_print_their_limits():
     assert plan.returncode == 0, plan.stderr
     sets = {m.group(1): (m.group(2), int(m.group(3)))
             for m in re.finditer(r"^SET=(\w+): (.*)= (\d+) s of limits$", plan.stdout, re.M)}
-    assert set(sets) == {"default", "train", "update", "memory"}, plan.stdout
+    assert set(sets) == {"default", "train", "update", "memory", "learning"}, plan.stdout
     stages = set()
     for name, (listed, total) in sets.items():
         limits = [int(x) for x in re.findall(r"\((\d+) s\)", listed)]
         assert sum(limits) == total <= 540, (name, listed)
         stages |= set(re.findall(r"(\w+) \(\d+ s\)", listed))
-    assert {"doctor", "bench", "lora_step", "full_step", "update_profile", "memory_plan"} <= stages
+    assert {"doctor", "bench", "lora_step", "full_step", "update_profile", "memory_plan", "speedrun"} <= stages
     bad = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "SET": "nope"})
     assert bad.returncode == 2 and bad.stderr.startswith("error: SET=nope is not a set")
