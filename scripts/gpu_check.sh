@@ -60,6 +60,7 @@ declare -A SETS=(
   [memory]="build memory_plan lora_step"
   [learning]="speedrun"
 )
+SET_NAMES="default train update memory learning"  # the sets in the order --plan prints them
 
 plan() {  # the stages of $1 (a list of names) with their limits, and the sum
   local total=0 name
@@ -70,7 +71,7 @@ plan() {  # the stages of $1 (a list of names) with their limits, and the sum
   printf '= %s s of limits\n' "$total"
 }
 if [ "${1:-}" = "--plan" ]; then
-  for set in default train update memory learning; do
+  for set in $SET_NAMES; do
     printf 'SET=%s: ' "$set"
     plan "${SETS[$set]}"
   done
@@ -78,7 +79,7 @@ if [ "${1:-}" = "--plan" ]; then
 fi
 SET=${SET:-default}
 if [ -z "${STAGES:-}" ] && [ -z "${SETS[$SET]+x}" ]; then
-  echo "error: SET=$SET is not a set (default, train, update, memory, learning); or name stages with STAGES=\"...\"" >&2
+  echo "error: SET=$SET is not a set (${SET_NAMES// /, }); or name stages with STAGES=\"...\"" >&2
   exit 2
 fi
 STAGES=${STAGES:-${SETS[$SET]}}
